@@ -1,0 +1,39 @@
+# The two commands of the README: `make test` and `make demo`. Both install
+# missing Debian packages first (scripts/install-deps.sh, as root).
+BUILD ?= build
+ASAN_BUILD ?= build-asan
+JOBS ?= 2
+
+.PHONY: all deps build test test-asan demo bench install clean
+
+all: build
+
+deps:
+	bash scripts/install-deps.sh
+
+build: deps
+	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release >/dev/null
+	cmake --build $(BUILD) -j $(JOBS)
+
+test: build
+	cd $(BUILD) && ctest --output-on-failure -j 1
+	$(MAKE) test-asan
+
+# The same suite built with AddressSanitizer + UndefinedBehaviorSanitizer.
+test-asan: deps
+	cmake -S . -B $(ASAN_BUILD) -DCMAKE_BUILD_TYPE=Debug -DTIDE_SANITIZE=ON \
+	  -DTIDE_BUILD_BENCH_PEERS=OFF >/dev/null
+	cmake --build $(ASAN_BUILD) -j $(JOBS)
+	cd $(ASAN_BUILD) && TIDE_SANITIZED=1 ctest --output-on-failure -j 1
+
+demo: build
+	bash scripts/demo.sh $(BUILD)
+
+bench: build
+	bash scripts/bench-allreduce.sh $(BUILD)
+
+install: build
+	cmake --install $(BUILD)
+
+clean:
+	rm -rf $(BUILD) $(ASAN_BUILD)

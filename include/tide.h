@@ -1,0 +1,209 @@
+/* tide: adaptive, communication-efficient distributed training.
+ *
+ * The whole public API. Every function returns 0 on success or a negative
+ * TIDE_E* code (see tide_strerror) unless its comment says otherwise.
+ * Out-parameters are written only on success. Objects are opaque handles;
+ * destroy/free functions accept NULL.
+ */
+#ifndef TIDE_H
+#define TIDE_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "tide/errors.h"
+#include "tide/version.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- errors ------------------------------------------------------------ */
+
+/* Message for a TIDE_E* code; never NULL, static storage. */
+const char *tide_strerror(int rc);
+/* Name of a TIDE_E* code ("TIDE_EPEER"); never NULL, static storage. */
+const char *tide_err_name(int rc);
+
+/* ---- data types and reduction ops --------------------------------------- */
+
+typedef enum {
+  TIDE_F32 = 0,
+  TIDE_F64,
+  TIDE_I32,
+  TIDE_I64,
+  TIDE_F16, /* IEEE half; allreduce/reduce_scatter support TIDE_SUM/TIDE_AVG */
+  TIDE_BF16,
+  TIDE_DTYPE_COUNT
+} tide_dtype_t;
+
+typedef enum { TIDE_SUM = 0, TIDE_AVG, TIDE_MIN, TIDE_MAX, TIDE_OP_COUNT } tide_op_t;
+
+/* Bytes per element, or 0 for an unknown dtype. */
+size_t tide_dtype_size(tide_dtype_t dtype);
+/* "f32", "f64", ...; "?" for an unknown value. */
+const char *tide_dtype_name(tide_dtype_t dtype);
+/* "sum", "avg", ...; "?" for an unknown value. */
+const char *tide_op_name(tide_op_t op);
+
+/* ---- allocator ----------------------------------------------------------- */
+
+/* Replaces the allocator every tide allocation goes through. Call before any
+ * other tide function; all four must be given. Not thread-safe. */
+int tide_replace_allocator(void *(*malloc_fn)(size_t), void *(*realloc_fn)(void *, size_t),
+                           void *(*calloc_fn)(size_t, size_t), void (*free_fn)(void *));
+
+/* ---- parameters ---------------------------------------------------------- */
+
+/* Prints the table of TIDE_* environment parameters (name, type, default,
+ * current value, help) to `out`; markdown when `markdown` is non-zero. */
+void tide_params_print(FILE *out, int markdown);
+/* Reads and validates every TIDE_* variable once. A bad value returns
+ * TIDE_EINVAL and logs which variable and why. Called by tide_comm_init. */
+int tide_params_load(void);
+
+/* ---- rendezvous store ---------------------------------------------------- */
+
+/* A key-value server for rendezvous and membership. Every connection must
+ * prove the job token (HMAC-SHA256 challenge-response) before any request is
+ * served; a connection that fails is closed and logged. It runs its own
+ * thread; start/stop from one thread. */
+typedef struct tide_store_server tide_store_server_t;
+
+/* Listens on bind_host:port (port 0 picks a free port; bind_host NULL means
+ * all interfaces). token is the job secret (non-empty). */
+int tide_store_server_start(const char *bind_host, int port, const char *token,
+                            tide_store_server_t **out);
+/* The port it listens on. */
+int tide_store_server_port(const tide_store_server_t *server);
+/* Stops the thread, closes every connection and frees the server. */
+void tide_store_server_stop(tide_store_server_t *server);
+
+/* A client connection. Calls on one store handle are serialised internally,
+ * so any thread may call; blocking calls honour their deadline. */
+typedef struct tide_store tide_store_t;
+
+/* Connects to host:port, retrying until timeout_ms passes (the server may
+ * not be up yet), and authenticates with token. */
+int tide_store_connect(const char *host, int port, const char *token, int timeout_ms,
+                       tide_store_t **out);
+void tide_store_close(tide_store_t *store);
+int tide_store_set(tide_store_t *store, const char *key, const void *value, size_t len);
+/* Waits until key exists (up to timeout_ms) and returns a copy of its value
+ * in *value (free with tide_free) and its length in *len. TIDE_ETIMEDOUT when
+ * the key does not appear in time. */
+int tide_store_get(tide_store_t *store, const char *key, int timeout_ms, void **value,
+                   size_t *len);
+/* Waits until every key of keys[0..n) exists, up to timeout_ms. */
+int tide_store_wait(tide_store_t *store, const char *const *keys, size_t n, int timeout_ms);
+/* Atomically adds delta to the 64-bit integer at key (missing = 0) and
+ * writes the new value to *result. */
+int tide_store_add(tide_store_t *store, const char *key, int64_t delta, int64_t *result);
+/* Deletes key; TIDE_ENOENT if it did not exist. */
+int tide_store_delete(tide_store_t *store, const char *key);
+
+/* Frees memory tide handed to the caller (tide_store_get values). */
+void tide_free(void *ptr);
+
+/* ---- communicator -------------------------------------------------------- */
+
+/* The ranks of one job and the connections between them. A communicator's
+ * calls are made from one thread at a time (any thread); nonblocking calls
+ * run on the communicator's own progress thread. After any call returns
+ * TIDE_EPEER, TIDE_EMISMATCH, TIDE_ETIMEDOUT or TIDE_EABORTED the
+ * communicator has failed: every later call returns that same code, and the
+ * only thing left to do is tide_comm_destroy. */
+typedef struct tide_comm tide_comm_t;
+
+/* Joins the job the environment describes: TIDE_RANK/TIDE_SIZE (set by
+ * tiderun), or OMPI_COMM_WORLD_RANK/SIZE, PMI_RANK/SIZE, SLURM_PROCID/NTASKS
+ * plus TIDE_RDZV=host:port; TIDE_SIZE=1 or no launcher at all makes a
+ * one-rank job. Connects to every peer (shared memory on the same host, TCP
+ * across hosts). Collective over the whole job. */
+int tide_comm_init(tide_comm_t **out);
+/* Closes connections and frees the communicator (and its local/cross
+ * sub-communicators). Not collective: never blocks on peers. */
+void tide_comm_destroy(tide_comm_t *comm);
+
+int tide_comm_rank(const tide_comm_t *comm);
+int tide_comm_size(const tide_comm_t *comm);
+/* Rank among the ranks on this host, and how many share this host. */
+int tide_comm_local_rank(const tide_comm_t *comm);
+int tide_comm_local_size(const tide_comm_t *comm);
+/* Index of this host among the job's hosts (in order of lowest rank), and
+ * how many hosts there are. */
+int tide_comm_node(const tide_comm_t *comm);
+int tide_comm_node_count(const tide_comm_t *comm);
+/* The message of the last failure on this communicator ("" if none): it
+ * names the ranks involved, e.g. both calls of a mismatch. */
+const char *tide_comm_last_error(const tide_comm_t *comm);
+
+/* Collective. Ranks with the same color form a new communicator, ordered by
+ * (key, rank). color < 0 takes no part: *out is set to NULL. */
+int tide_comm_split(tide_comm_t *comm, int color, int key, tide_comm_t **out);
+/* The ranks on this host (intra-host), and the ranks with this local rank on
+ * every host (inter-host). Owned by comm; created on first call, which is
+ * collective over comm. */
+int tide_comm_local(tide_comm_t *comm, tide_comm_t **out);
+int tide_comm_cross(tide_comm_t *comm, tide_comm_t **out);
+
+/* ---- collectives (blocking) --------------------------------------------- */
+
+/* Every rank must make the same sequence of collective calls with the same
+ * op, dtype, count and root. A call that differs from its peers' fails with
+ * TIDE_EMISMATCH on every participant; tide_comm_last_error names the ranks
+ * and both calls. sendbuf == recvbuf means in place. count 0 is valid. */
+int tide_barrier(tide_comm_t *comm);
+int tide_broadcast(tide_comm_t *comm, void *buf, size_t count, tide_dtype_t dtype, int root);
+int tide_allreduce(tide_comm_t *comm, const void *sendbuf, void *recvbuf, size_t count,
+                   tide_dtype_t dtype, tide_op_t op);
+/* Reduces count elements over all ranks; rank r receives block r of the
+ * result, as tide_block() splits count (recvbuf holds that many elements).
+ * In place when sendbuf == recvbuf: the block is written at recvbuf's
+ * start. */
+int tide_reduce_scatter(tide_comm_t *comm, const void *sendbuf, void *recvbuf, size_t count,
+                        tide_dtype_t dtype, tide_op_t op);
+/* recvbuf holds size * count elements, rank r's at r * count. In place when
+ * sendbuf == recvbuf + rank * count elements. */
+int tide_allgather(tide_comm_t *comm, const void *sendbuf, void *recvbuf, size_t count,
+                   tide_dtype_t dtype);
+/* Rank r contributes counts[r] elements; recvbuf receives them back to back
+ * (rank r's at the sum of counts[0..r)). sendcount must equal counts[rank]. */
+int tide_allgatherv(tide_comm_t *comm, const void *sendbuf, size_t sendcount, void *recvbuf,
+                    const size_t *counts, tide_dtype_t dtype);
+
+/* The block of `count` elements that `rank` of `size` owns in a
+ * reduce-scatter: the first count % size ranks get one element more. */
+void tide_block(size_t count, int size, int rank, size_t *offset, size_t *len);
+
+/* ---- collectives (nonblocking) ------------------------------------------ */
+
+/* A nonblocking call borrows its buffers until its request completes and
+ * runs on the communicator's progress thread in call order. Blocking calls
+ * made afterwards wait for earlier nonblocking ones. */
+typedef struct tide_request tide_request_t;
+
+int tide_ibarrier(tide_comm_t *comm, tide_request_t **req);
+int tide_ibroadcast(tide_comm_t *comm, void *buf, size_t count, tide_dtype_t dtype, int root,
+                    tide_request_t **req);
+int tide_iallreduce(tide_comm_t *comm, const void *sendbuf, void *recvbuf, size_t count,
+                    tide_dtype_t dtype, tide_op_t op, tide_request_t **req);
+int tide_ireduce_scatter(tide_comm_t *comm, const void *sendbuf, void *recvbuf, size_t count,
+                         tide_dtype_t dtype, tide_op_t op, tide_request_t **req);
+int tide_iallgather(tide_comm_t *comm, const void *sendbuf, void *recvbuf, size_t count,
+                    tide_dtype_t dtype, tide_request_t **req);
+/* counts is copied: the caller may reuse it at once. */
+int tide_iallgatherv(tide_comm_t *comm, const void *sendbuf, size_t sendcount, void *recvbuf,
+                     const size_t *counts, tide_dtype_t dtype, tide_request_t **req);
+/* Waits for the request, frees it and returns its result. */
+int tide_wait(tide_request_t *req);
+/* *done = 1 when the request has completed (then tide_wait returns at
+ * once); never frees the request. */
+int tide_test(tide_request_t *req, int *done);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,29 @@
+/* tide error codes: one table, negative values, errno-mapped where one fits. */
+#ifndef TIDE_ERRORS_H
+#define TIDE_ERRORS_H
+
+#include <errno.h>
+
+/* XX(name, value, message) */
+#define TIDE_ERRNO_MAP(XX)                                                          \
+  XX(EINVAL, -EINVAL, "invalid argument")                                           \
+  XX(ENOMEM, -ENOMEM, "out of memory")                                              \
+  XX(EIO, -EIO, "i/o error")                                                        \
+  XX(ETIMEDOUT, -ETIMEDOUT, "timed out waiting for a peer (see TIDE_TIMEOUT_MS)")  \
+  XX(ENOENT, -ENOENT, "no such key or file")                                        \
+  XX(ECONNREFUSED, -ECONNREFUSED, "connection refused")                             \
+  XX(ENOSYS, -ENOSYS, "not supported in this build")                                \
+  XX(EPEER, -3001, "a peer failed or disconnected; this communicator is unusable")  \
+  XX(EMISMATCH, -3002, "collective calls do not match across ranks")                \
+  XX(EABORTED, -3003, "communicator aborted")                                       \
+  XX(EAUTH, -3004, "authentication refused: the job token does not match")          \
+  XX(EPROTO, -3005, "malformed or oversized frame on the wire")                     \
+  XX(ESTATE, -3006, "call not valid in the object's current state")
+
+enum {
+#define XX(name, value, msg) TIDE_##name = (value),
+  TIDE_ERRNO_MAP(XX)
+#undef XX
+};
+
+#endif

@@ -1,0 +1,9 @@
+#ifndef TIDE_VERSION_H
+#define TIDE_VERSION_H
+
+#define TIDE_VERSION_MAJOR 0
+#define TIDE_VERSION_MINOR 1
+#define TIDE_VERSION_PATCH 0
+#define TIDE_VERSION_STRING "0.1.0"
+
+#endif

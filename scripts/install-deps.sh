@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Installs the Debian packages tide needs to build, test and benchmark.
+# Safe to run again: it installs only what is missing. Runs apt-get as root
+# (or through sudo when available).
+set -euo pipefail
+
+packages=(build-essential cmake pkg-config zlib1g-dev
+          openmpi-bin libopenmpi-dev libgloo-dev iproute2 python3)
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+[ ${#missing[@]} -eq 0 ] && exit 0
+
+sudo=""
+if [ "$(id -u)" -ne 0 ]; then
+  command -v sudo >/dev/null || { echo "install-deps: run as root to install: ${missing[*]}" >&2; exit 1; }
+  sudo=sudo
+fi
+echo "install-deps: installing ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+$sudo apt-get update -q
+$sudo apt-get install -y -q --no-install-recommends "${missing[@]}"

@@ -1,0 +1,195 @@
+/* Allreduce: recursive doubling for small messages, ring reduce-scatter +
+ * allgather for large ones, and hierarchical (intra-host reduce-scatter,
+ * inter-host allreduce, intra-host allgather) when ranks span hosts.
+ * Every element of the result is combined in one order on one rank, or in
+ * mirrored pairs (a+b on one side, b+a on the other), so all ranks end
+ * with bitwise identical results. */
+#include <string.h>
+
+#include "coll/coll.h"
+
+static int op_pair(tide__p2p_t *ops, tide__p2p_kind_t kind, int peer, const void *src, void *dst,
+                   size_t bytes, tide_dtype_t dtype, tide_op_t op) {
+  memset(ops, 0, sizeof *ops);
+  ops->kind = kind;
+  ops->peer = peer;
+  ops->src = src;
+  ops->dst = dst;
+  ops->bytes = bytes;
+  ops->dtype = dtype;
+  ops->op = op;
+  return 1;
+}
+
+tide__algo_t tide__allreduce_algo(const tide_comm_t *comm, size_t count, tide_dtype_t dtype) {
+  if (comm->size == 1) return TIDE__ALGO_NONE;
+  size_t bytes = count * tide_dtype_size(dtype);
+  const char *forced = tide__param_str(TIDE__PARAM_ALGO);
+  int hier_ok = comm->node_count > 1 && comm->uniform_nodes && comm->local_size > 1 &&
+                count >= (size_t)comm->size;
+  if (strcmp(forced, "rd") == 0) return TIDE__ALGO_RD;
+  if (strcmp(forced, "ring") == 0) return TIDE__ALGO_RING;
+  if (strcmp(forced, "hier") == 0) return hier_ok ? TIDE__ALGO_HIER : TIDE__ALGO_RING;
+  if (bytes <= (size_t)tide__param_int(TIDE__PARAM_SMALL_BYTES) || count < (size_t)comm->size)
+    return TIDE__ALGO_RD;
+  return hier_ok ? TIDE__ALGO_HIER : TIDE__ALGO_RING;
+}
+
+/* Recursive doubling; a non-power-of-two size first folds the extra ranks
+ * into their neighbours and hands them the result at the end. */
+int tide__allreduce_rd(tide_comm_t *comm, const void *sendbuf, void *recvbuf, size_t count,
+                       tide_dtype_t dtype, tide_op_t op) {
+  size_t bytes = count * tide_dtype_size(dtype);
+  if (sendbuf != recvbuf) memcpy(recvbuf, sendbuf, bytes);
+  if (comm->size == 1 || bytes == 0) return 0;
+  void *incoming = tide__comm_scratch(comm, bytes);
+  if (incoming == NULL) return TIDE_ENOMEM;
+  int n = comm->size, r = comm->rank, pof2 = 1;
+  while (pof2 * 2 <= n) pof2 *= 2;
+  int extra = n - pof2, vrank;
+  tide__p2p_t ops[2];
+  if (r < 2 * extra) {
+    if (r % 2 == 0) { /* hand our data to r+1, get the result back at the end */
+      op_pair(&ops[0], TIDE__P2P_SEND, r + 1, recvbuf, NULL, bytes, dtype, op);
+      TIDE_CHECK(tide__comm_run(comm, ops, 1, "allreduce (recursive doubling)"));
+      op_pair(&ops[0], TIDE__P2P_RECV, r + 1, NULL, recvbuf, bytes, dtype, op);
+      return tide__comm_run(comm, ops, 1, "allreduce (recursive doubling)");
+    }
+    op_pair(&ops[0], TIDE__P2P_RECV_REDUCE, r - 1, recvbuf, recvbuf, bytes, dtype, op);
+    TIDE_CHECK(tide__comm_run(comm, ops, 1, "allreduce (recursive doubling)"));
+    vrank = r / 2;
+  } else {
+    vrank = r - extra;
+  }
+  for (int mask = 1; mask < pof2; mask <<= 1) {
+    int vpeer = vrank ^ mask;
+    int peer = vpeer < extra ? vpeer * 2 + 1 : vpeer + extra;
+    op_pair(&ops[0], TIDE__P2P_SEND, peer, recvbuf, NULL, bytes, dtype, op);
+    op_pair(&ops[1], TIDE__P2P_RECV, peer, NULL, incoming, bytes, dtype, op);
+    TIDE_CHECK(tide__comm_run(comm, ops, 2, "allreduce (recursive doubling)"));
+    tide__reduce(recvbuf, recvbuf, incoming, count, dtype, op);
+  }
+  if (r < 2 * extra) {
+    op_pair(&ops[0], TIDE__P2P_SEND, r - 1, recvbuf, NULL, bytes, dtype, op);
+    TIDE_CHECK(tide__comm_run(comm, ops, 1, "allreduce (recursive doubling)"));
+  }
+  return 0;
+}
+
+int tide__reduce_scatter_ring(tide_comm_t *comm, const void *sendbuf, void *out, size_t count,
+                              tide_dtype_t dtype, tide_op_t op) {
+  int n = comm->size, r = comm->rank;
+  size_t esize = tide_dtype_size(dtype), off, len;
+  if (n == 1) {
+    if (out != sendbuf) memmove(out, sendbuf, count * esize);
+    return 0;
+  }
+  /* Partial sums travel right; each rank adds its own block as it passes.
+   * Step s sends block r-s-1 and receives block r-s-2; the last step
+   * receives block r, which lands in out. */
+  uint8_t *work = tide__comm_scratch(comm, count * esize);
+  if (work == NULL) return TIDE_ENOMEM;
+  const uint8_t *in = sendbuf;
+  int right = (r + 1) % n, left = (r + n - 1) % n;
+  for (int s = 0; s < n - 1; s++) {
+    int send_block = ((r - s - 1) % n + n) % n, recv_block = ((r - s - 2) % n + n) % n;
+    tide__p2p_t ops[2];
+    tide_block(count, n, send_block, &off, &len);
+    op_pair(&ops[0], TIDE__P2P_SEND, right, (s == 0 ? in : work) + off * esize, NULL, len * esize, dtype, op);
+    tide_block(count, n, recv_block, &off, &len);
+    uint8_t *dst = s == n - 2 ? (uint8_t *)out : work + off * esize;
+    op_pair(&ops[1], TIDE__P2P_RECV_REDUCE, left, in + off * esize, dst, len * esize, dtype, op);
+    TIDE_CHECK(tide__comm_run(comm, ops, 2, "reduce-scatter (ring)"));
+  }
+  return 0;
+}
+
+int tide__allgatherv_ring(tide_comm_t *comm, const void *sendbuf, void *buf, const size_t *counts,
+                          const size_t *displs, tide_dtype_t dtype) {
+  int n = comm->size, r = comm->rank;
+  size_t esize = tide_dtype_size(dtype);
+  uint8_t *base = buf;
+  if (sendbuf != NULL && sendbuf != base + displs[r] * esize)
+    memmove(base + displs[r] * esize, sendbuf, counts[r] * esize);
+  int right = (r + 1) % n, left = (r + n - 1) % n;
+  for (int s = 0; s < n - 1; s++) {
+    int send_block = ((r - s) % n + n) % n, recv_block = ((r - s - 1) % n + n) % n;
+    tide__p2p_t ops[2];
+    op_pair(&ops[0], TIDE__P2P_SEND, right, base + displs[send_block] * esize, NULL,
+            counts[send_block] * esize, dtype, TIDE_SUM);
+    op_pair(&ops[1], TIDE__P2P_RECV, left, NULL, base + displs[recv_block] * esize,
+            counts[recv_block] * esize, dtype, TIDE_SUM);
+    TIDE_CHECK(tide__comm_run(comm, ops, 2, "allgather (ring)"));
+  }
+  return 0;
+}
+
+/* Block sizes and offsets of the reduce-scatter partition, for the
+ * allgather half. */
+static int partition(tide_comm_t *comm, size_t count, size_t **counts, size_t **displs) {
+  *counts = tide__malloc(2 * (size_t)comm->size * sizeof(size_t));
+  if (*counts == NULL) return TIDE_ENOMEM;
+  *displs = *counts + comm->size;
+  for (int b = 0; b < comm->size; b++) tide_block(count, comm->size, b, &(*displs)[b], &(*counts)[b]);
+  return 0;
+}
+
+int tide__allreduce_ring(tide_comm_t *comm, const void *sendbuf, void *recvbuf, size_t count,
+                         tide_dtype_t dtype, tide_op_t op) {
+  size_t *counts, *displs;
+  TIDE_CHECK(partition(comm, count, &counts, &displs));
+  size_t esize = tide_dtype_size(dtype);
+  uint8_t *mine = (uint8_t *)recvbuf + displs[comm->rank] * esize;
+  int rc = tide__reduce_scatter_ring(comm, sendbuf, mine, count, dtype, op);
+  if (rc == 0 && op == TIDE_AVG) tide__scale(mine, counts[comm->rank], dtype, comm->size);
+  if (rc == 0) rc = tide__allgatherv_ring(comm, NULL, recvbuf, counts, displs, dtype);
+  tide__free(counts);
+  return rc;
+}
+
+/* Hands a sub-communicator's failure to the parent, so the parent's later
+ * calls fail too. */
+static int lift(tide_comm_t *comm, tide_comm_t *sub, int rc) {
+  if (rc == 0) return 0;
+  return tide__comm_fail(comm, rc, 1, "%s", tide_comm_last_error(sub));
+}
+
+int tide__allreduce_hier(tide_comm_t *comm, const void *sendbuf, void *recvbuf, size_t count,
+                         tide_dtype_t dtype, tide_op_t op) {
+  tide_comm_t *local, *cross;
+  TIDE_CHECK(tide_comm_local(comm, &local));
+  TIDE_CHECK(tide_comm_cross(comm, &cross));
+  size_t *counts, *displs;
+  TIDE_CHECK(partition(local, count, &counts, &displs));
+  size_t esize = tide_dtype_size(dtype);
+  size_t mine_count = counts[local->rank];
+  uint8_t *mine = (uint8_t *)recvbuf + displs[local->rank] * esize;
+  tide_op_t sum_op = op == TIDE_AVG ? TIDE_SUM : op;
+  int rc = lift(comm, local, tide__reduce_scatter_ring(local, sendbuf, mine, count, dtype, sum_op));
+  if (rc == 0)
+    rc = lift(comm, cross,
+              tide__allreduce(cross, mine, mine, mine_count, dtype, sum_op,
+                              tide__allreduce_algo(cross, mine_count, dtype)));
+  if (rc == 0 && op == TIDE_AVG) tide__scale(mine, mine_count, dtype, comm->size);
+  if (rc == 0) rc = lift(comm, local, tide__allgatherv_ring(local, NULL, recvbuf, counts, displs, dtype));
+  tide__free(counts);
+  return rc;
+}
+
+int tide__allreduce(tide_comm_t *comm, const void *sendbuf, void *recvbuf, size_t count,
+                    tide_dtype_t dtype, tide_op_t op, tide__algo_t algo) {
+  switch (algo) {
+    case TIDE__ALGO_RD: {
+      int rc = tide__allreduce_rd(comm, sendbuf, recvbuf, count, dtype, op == TIDE_AVG ? TIDE_SUM : op);
+      if (rc == 0 && op == TIDE_AVG) tide__scale(recvbuf, count, dtype, comm->size);
+      return rc;
+    }
+    case TIDE__ALGO_RING:
+      return tide__allreduce_ring(comm, sendbuf, recvbuf, count, dtype, op);
+    case TIDE__ALGO_HIER:
+      return tide__allreduce_hier(comm, sendbuf, recvbuf, count, dtype, op);
+    default:
+      if (sendbuf != recvbuf) memcpy(recvbuf, sendbuf, count * tide_dtype_size(dtype));
+      return 0;
+  }
+}

@@ -1,0 +1,37 @@
+/* Collective algorithms over a communicator's channels. Each takes the
+ * communicator locked for execution and returns 0 or the communicator's
+ * failure. Bytes on the wire per algorithm: docs/algorithms.md. */
+#ifndef TIDE_COLL_H
+#define TIDE_COLL_H
+
+#include "comm/comm.h"
+
+typedef enum { TIDE__ALGO_NONE = 0, TIDE__ALGO_RD, TIDE__ALGO_RING, TIDE__ALGO_HIER } tide__algo_t;
+
+/* The allreduce algorithm for this call: the same on every rank given the
+ * same count, dtype and TIDE_ALGO / TIDE_SMALL_BYTES. */
+tide__algo_t tide__allreduce_algo(const tide_comm_t *comm, size_t count, tide_dtype_t dtype);
+
+int tide__allreduce_rd(tide_comm_t *comm, const void *sendbuf, void *recvbuf, size_t count,
+                       tide_dtype_t dtype, tide_op_t op);
+int tide__allreduce_ring(tide_comm_t *comm, const void *sendbuf, void *recvbuf, size_t count,
+                         tide_dtype_t dtype, tide_op_t op);
+int tide__allreduce_hier(tide_comm_t *comm, const void *sendbuf, void *recvbuf, size_t count,
+                         tide_dtype_t dtype, tide_op_t op);
+/* Runs the chosen algorithm (AVG included). */
+int tide__allreduce(tide_comm_t *comm, const void *sendbuf, void *recvbuf, size_t count,
+                    tide_dtype_t dtype, tide_op_t op, tide__algo_t algo);
+
+/* Ring reduce-scatter of count elements (tide_block partition), summing
+ * (or min/max); rank r's block goes to out. TIDE_AVG sums (caller scales). */
+int tide__reduce_scatter_ring(tide_comm_t *comm, const void *sendbuf, void *out, size_t count,
+                              tide_dtype_t dtype, tide_op_t op);
+/* Ring allgather of variable blocks: rank r's block (counts[r] elements at
+ * displacement displs[r]) is already in buf (or copied from sendbuf when it
+ * is not NULL). */
+int tide__allgatherv_ring(tide_comm_t *comm, const void *sendbuf, void *buf, const size_t *counts,
+                          const size_t *displs, tide_dtype_t dtype);
+int tide__broadcast(tide_comm_t *comm, void *buf, size_t bytes, int root);
+int tide__barrier(tide_comm_t *comm);
+
+#endif

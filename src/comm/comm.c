@@ -1,0 +1,654 @@
+/* Communicator life cycle: join the job through the store, learn where the
+ * other ranks are, connect (shared memory on the same host, TCP across
+ * hosts), watch for failures, split, destroy. */
+#include <fcntl.h>
+#include <netdb.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "comm/comm.h"
+
+#define HELLO_MAGIC 0x7469646568656c6full /* "tidehello" */
+
+typedef struct {
+  uint64_t magic;
+  uint64_t ns_hash;
+  int32_t rank;
+  int32_t pad;
+} hello_t;
+
+typedef struct {
+  char addr[64];
+  int port;
+  char host[200];
+} peer_info_t;
+
+static uint64_t hash64(const char *s) {
+  uint64_t h = 1469598103934665603ull;
+  for (; *s; s++) h = (h ^ (uint8_t)*s) * 1099511628211ull;
+  return h;
+}
+
+/* ---- failure state ---------------------------------------------------- */
+
+static void wake_waiters(tide_comm_t *comm) {
+  if (comm->seg != NULL) tide__shm_ring_bell(tide__shm_bell(comm->seg), tide__shm_sleepers(comm->seg));
+  uint64_t one = 1;
+  if (comm->wake_fd >= 0 && write(comm->wake_fd, &one, sizeof one) < 0) {
+  }
+}
+
+static int set_failed(tide_comm_t *comm, int rc, const char *msg) {
+  pthread_mutex_lock(&comm->error_lock);
+  int first = atomic_load(&comm->failed) == 0;
+  if (first) {
+    snprintf(comm->error, sizeof comm->error, "%s", msg);
+    atomic_store(&comm->failed, rc);
+  }
+  pthread_mutex_unlock(&comm->error_lock);
+  if (first) {
+    TIDE_ERROR("%s", msg);
+    wake_waiters(comm);
+  }
+  return first;
+}
+
+int tide__comm_fail(tide_comm_t *comm, int rc, int from_peer, const char *fmt, ...) {
+  char msg[900];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  if (set_failed(comm, rc, msg) && !from_peer && comm->store != NULL) {
+    char key[200], value[1000];
+    snprintf(key, sizeof key, "event/abort/%s", comm->ns);
+    int n = snprintf(value, sizeof value, "%d|%s", rc, msg);
+    tide_store_set(comm->store, key, value, (size_t)(n < (int)sizeof value ? n : (int)sizeof value - 1));
+  }
+  return atomic_load(&comm->failed);
+}
+
+/* Events from the store: another rank's failure report, a rank that died
+ * (its watch connection dropped) or one that left (destroyed the
+ * communicator after n collectives). */
+static void handle_event(tide_comm_t *comm, const char *key, const char *value) {
+  size_t ns_len = strlen(comm->ns);
+  if (strncmp(key, "event/abort/", 12) == 0 && strcmp(key + 12, comm->ns) == 0) {
+    int rc = atoi(value);
+    const char *bar = strchr(value, '|');
+    set_failed(comm, rc < 0 ? rc : TIDE_EABORTED, bar ? bar + 1 : value);
+  } else if (strncmp(key, "event/lost/", 11) == 0 && strncmp(key + 11, comm->ns, ns_len) == 0 &&
+             key[11 + ns_len] == ':') {
+    int rank = atoi(key + 12 + ns_len);
+    char msg[300];
+    snprintf(msg, sizeof msg,
+             "rank %d died (its connection to the rendezvous store dropped); rank %d stops", rank,
+             comm->rank);
+    set_failed(comm, TIDE_EPEER, msg);
+  } else if (strncmp(key, "event/left/", 11) == 0 && strcmp(key + 11, comm->ns) == 0) {
+    int rank = -1;
+    unsigned long long after = 0;
+    if (sscanf(value, "%d %llu", &rank, &after) == 2 && rank != comm->rank &&
+        after < atomic_load(&comm->left_after)) {
+      atomic_store(&comm->left_rank, rank);
+      atomic_store(&comm->left_after, (uint64_t)after);
+      wake_waiters(comm);
+    }
+  }
+}
+
+static void *watcher_main(void *arg) {
+  tide_comm_t *comm = arg;
+  struct pollfd fds[2] = {{tide__store_watch_fd(comm->watch), POLLIN, 0}, {comm->stop_fd, POLLIN, 0}};
+  for (;;) {
+    if (poll(fds, 2, -1) < 0) continue;
+    if (fds[1].revents) break;
+    for (;;) {
+      char *key = NULL;
+      void *value = NULL;
+      size_t len = 0;
+      int rc = tide__store_watch_next(comm->watch, &key, &value, &len);
+      if (rc < 0) {
+        TIDE_DEBUG("the rendezvous store closed the watch connection; peer failures are now "
+                   "seen through connections and timeouts only");
+        return NULL;
+      }
+      if (rc == 0) break;
+      char text[1024];
+      size_t n = len < sizeof text - 1 ? len : sizeof text - 1;
+      memcpy(text, value, n);
+      text[n] = '\0';
+      handle_event(comm, key, text);
+      tide__free(key);
+      tide__free(value);
+    }
+  }
+  return NULL;
+}
+
+/* ---- identity and topology -------------------------------------------- */
+
+static int env_int(const char *name, int *out) {
+  const char *v = getenv(name);
+  if (v == NULL || v[0] == '\0') return 0;
+  char *end;
+  long x = strtol(v, &end, 10);
+  if (*end != '\0' || x < 0 || x > 1 << 20) {
+    TIDE_ERROR("%s=\"%s\" is not a valid rank or size", name, v);
+    return TIDE_EINVAL;
+  }
+  *out = (int)x;
+  return 1;
+}
+
+/* Rank and size from tiderun, Open MPI, PMI (MPICH, Slurm's PMI) or Slurm.
+ * *tiderun is 1 when TIDE_RANK is set: tiderun (or a test) hosts the store. */
+static int job_identity(int *rank, int *size, int *tiderun) {
+  static const char *pairs[][2] = {{"TIDE_RANK", "TIDE_SIZE"},
+                                   {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"},
+                                   {"PMI_RANK", "PMI_SIZE"},
+                                   {"PMIX_RANK", "TIDE_SIZE"},
+                                   {"SLURM_PROCID", "SLURM_NTASKS"}};
+  for (size_t i = 0; i < sizeof pairs / sizeof pairs[0]; i++) {
+    int r = -1, s = -1;
+    int got_r = env_int(pairs[i][0], &r), got_s = env_int(pairs[i][1], &s);
+    if (got_r < 0 || got_s < 0) return TIDE_EINVAL;
+    if (got_r == 0 && got_s == 0) continue;
+    if (got_r == 0 || got_s == 0 || s < 1 || r >= s) {
+      TIDE_ERROR("%s and %s must both be set, with 0 <= rank < size", pairs[i][0], pairs[i][1]);
+      return TIDE_EINVAL;
+    }
+    *rank = r;
+    *size = s;
+    *tiderun = i == 0;
+    return 0;
+  }
+  *rank = 0;
+  *size = 1;
+  *tiderun = 0;
+  return 0;
+}
+
+static void host_identity(char *out, size_t cap) {
+  const char *forced = tide__param_str(TIDE__PARAM_HOST_ID);
+  if (forced[0] != '\0') {
+    snprintf(out, cap, "id:%s", forced);
+    return;
+  }
+  char host[64] = "?", boot[64] = "?";
+  gethostname(host, sizeof host - 1);
+  FILE *f = fopen("/proc/sys/kernel/random/boot_id", "r");
+  if (f != NULL) {
+    if (fgets(boot, sizeof boot, f) == NULL) strcpy(boot, "?");
+    boot[strcspn(boot, "\n")] = '\0';
+    fclose(f);
+  }
+  /* Network namespaces on one kernel are separate (emulated) hosts. */
+  struct stat st;
+  unsigned long long netns = stat("/proc/self/ns/net", &st) == 0 ? (unsigned long long)st.st_ino : 0;
+  snprintf(out, cap, "%s/%s/%llu", host, boot, netns);
+}
+
+/* The address peers should use to reach us: TIDE_SOCKET_IFNAME's, or the
+ * one this host uses to reach the store. */
+static int local_address(const tide_comm_t *comm, char *addr, size_t cap) {
+  const char *ifname = tide__param_str(TIDE__PARAM_SOCKET_IFNAME);
+  if (ifname[0] != '\0') {
+    if (tide__ifname_addr(ifname, addr, cap) != 0) {
+      TIDE_ERROR("TIDE_SOCKET_IFNAME=%s: no IPv4 address on that interface (see `ip addr`)", ifname);
+      return TIDE_EINVAL;
+    }
+    return 0;
+  }
+  /* A connected UDP socket sends nothing but tells which local address
+   * routes to the store's host. */
+  struct addrinfo hints, *ai;
+  memset(&hints, 0, sizeof hints);
+  hints.ai_family = AF_INET;
+  hints.ai_socktype = SOCK_DGRAM;
+  char port[16];
+  snprintf(port, sizeof port, "%d", comm->store_port);
+  if (getaddrinfo(comm->store_host, port, &hints, &ai) != 0) {
+    TIDE_ERROR("cannot resolve the store host \"%s\" (TIDE_RDZV)", comm->store_host);
+    return TIDE_EINVAL;
+  }
+  int fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  int rc = fd >= 0 && connect(fd, ai->ai_addr, ai->ai_addrlen) == 0 ? tide__sock_local_addr(fd, addr, cap) : TIDE_EIO;
+  freeaddrinfo(ai);
+  if (fd >= 0) close(fd);
+  return rc;
+}
+
+static int get_string(tide_store_t *store, const char *key, int timeout_ms, char *out, size_t cap) {
+  void *value;
+  size_t len;
+  TIDE_CHECK(tide_store_get(store, key, timeout_ms, &value, &len));
+  size_t n = len < cap - 1 ? len : cap - 1;
+  memcpy(out, value, n);
+  out[n] = '\0';
+  tide__free(value);
+  return 0;
+}
+
+/* ---- connecting -------------------------------------------------------- */
+
+static int set_string(tide_store_t *store, const char *key, const char *value) {
+  return tide_store_set(store, key, value, strlen(value));
+}
+
+static int connect_shm(tide_comm_t *comm, const int *local_ranks) {
+  int timeout = (int)comm->timeout_ms;
+  size_t ring = (size_t)tide__param_int(TIDE__PARAM_SHM_RING_BYTES) & ~(size_t)63;
+  uint8_t digest[32];
+  tide__sha256(comm->token, strlen(comm->token), digest);
+  char base[200], name[260], key[220];
+  snprintf(base, sizeof base, "/tide-%02x%02x%02x%02x-%s", digest[0], digest[1], digest[2], digest[3],
+           comm->ns);
+  for (char *p = base + 1; *p; p++)
+    if (*p == '/') *p = '_';
+  snprintf(name, sizeof name, "%s-%d", base, comm->rank);
+  tide__shm_segment_unlink(name); /* a leftover from a killed run */
+  TIDE_CHECK(tide__shm_segment_create(name, comm->local_size, ring, &comm->seg));
+  snprintf(key, sizeof key, "%s/shm/%d", comm->ns, comm->rank);
+  int rc = set_string(comm->store, key, name);
+  comm->peer_segs = tide__calloc((size_t)comm->local_size, sizeof *comm->peer_segs);
+  if (comm->peer_segs == NULL) rc = TIDE_ENOMEM;
+  for (int l = 0; rc == 0 && l < comm->local_size; l++) {
+    int peer = local_ranks[l];
+    if (peer == comm->rank) continue;
+    char peer_name[260];
+    snprintf(key, sizeof key, "%s/shm/%d", comm->ns, peer);
+    rc = get_string(comm->store, key, timeout, peer_name, sizeof peer_name);
+    if (rc == 0) rc = tide__shm_segment_open(peer_name, comm->local_size, ring, &comm->peer_segs[l]);
+    if (rc == 0)
+      tide__shm_chan_init(&comm->chans[peer], peer, comm->seg, comm->peer_segs[l], comm->local_rank, l);
+  }
+  /* Once every local peer has mapped our segment its name can go, so a
+   * crash later leaves nothing behind in /dev/shm. */
+  if (rc == 0) {
+    snprintf(key, sizeof key, "%s/mapped/%d", comm->ns, comm->rank);
+    rc = set_string(comm->store, key, "1");
+  }
+  for (int l = 0; rc == 0 && l < comm->local_size; l++) {
+    if (local_ranks[l] == comm->rank) continue;
+    snprintf(key, sizeof key, "%s/mapped/%d", comm->ns, local_ranks[l]);
+    const char *keys[1] = {key};
+    rc = tide_store_wait(comm->store, keys, 1, timeout);
+  }
+  tide__shm_segment_unlink(name);
+  return rc;
+}
+
+static int connect_tcp(tide_comm_t *comm, int listen_fd, const peer_info_t *peers, const int *use_tcp) {
+  int64_t deadline = tide__deadline_after_ms(comm->timeout_ms);
+  uint64_t ns_hash = hash64(comm->ns);
+  /* Connect to lower ranks, then accept the higher ones: rank 0 only
+   * accepts, so nobody waits in a cycle. */
+  for (int peer = 0; peer < comm->rank; peer++) {
+    if (!use_tcp[peer]) continue;
+    int fd;
+    TIDE_CHECK(tide__tcp_connect(peers[peer].addr, peers[peer].port, deadline, &fd));
+    int rc = tide__auth_handshake(fd, comm->token, 0, deadline);
+    hello_t hello = {HELLO_MAGIC, ns_hash, comm->rank, 0};
+    if (rc == 0) rc = tide__send_all(fd, &hello, sizeof hello, deadline);
+    if (rc == 0) rc = tide__tcp_chan_init(&comm->chans[peer], peer, fd);
+    if (rc != 0) {
+      close(fd);
+      TIDE_ERROR("rank %d cannot connect to rank %d at %s:%d: %s", comm->rank, peer, peers[peer].addr,
+                 peers[peer].port, tide_strerror(rc));
+      return rc;
+    }
+  }
+  int expected = 0;
+  for (int peer = comm->rank + 1; peer < comm->size; peer++) expected += use_tcp[peer];
+  while (expected > 0) {
+    int fd;
+    TIDE_CHECK(tide__tcp_accept(listen_fd, deadline, &fd));
+    int64_t hs_deadline = tide__deadline_after_ms(5000);
+    if (hs_deadline > deadline) hs_deadline = deadline;
+    int rc = tide__auth_handshake(fd, comm->token, 1, hs_deadline);
+    hello_t hello;
+    if (rc == 0) rc = tide__recv_all(fd, &hello, sizeof hello, hs_deadline);
+    if (rc == 0 && (hello.magic != HELLO_MAGIC || hello.ns_hash != ns_hash || hello.rank <= comm->rank ||
+                    hello.rank >= comm->size || !use_tcp[hello.rank] || comm->chans[hello.rank].ops != NULL))
+      rc = TIDE_EPROTO;
+    if (rc != 0) {
+      struct sockaddr_in sa;
+      socklen_t len = sizeof sa;
+      char who[64] = "?";
+      if (getpeername(fd, (struct sockaddr *)&sa, &len) == 0) inet_ntop(AF_INET, &sa.sin_addr, who, sizeof who);
+      TIDE_WARN("rank %d refused a connection from %s:%d: %s", comm->rank, who, ntohs(sa.sin_port),
+                tide_strerror(rc));
+      close(fd);
+      continue;
+    }
+    TIDE_CHECK(tide__tcp_chan_init(&comm->chans[hello.rank], hello.rank, fd));
+    expected--;
+  }
+  return 0;
+}
+
+/* Fills in topology and channels for comm (rank, size, ns, store set). */
+static int comm_connect(tide_comm_t *comm) {
+  int rc = 0, listen_fd = -1;
+  int timeout = (int)comm->timeout_ms;
+  peer_info_t *peers = tide__calloc((size_t)comm->size, sizeof *peers);
+  int *use_tcp = tide__calloc((size_t)comm->size, sizeof *use_tcp);
+  int *local_ranks = tide__calloc((size_t)comm->size, sizeof *local_ranks);
+  char **hosts = tide__calloc((size_t)comm->size, sizeof *hosts);
+  comm->chans = tide__calloc((size_t)comm->size, sizeof *comm->chans);
+  comm->node_of = tide__calloc((size_t)comm->size, sizeof *comm->node_of);
+  comm->local_rank_of = tide__calloc((size_t)comm->size, sizeof *comm->local_rank_of);
+  if (!peers || !use_tcp || !local_ranks || !hosts || !comm->chans || !comm->node_of || !comm->local_rank_of) {
+    rc = TIDE_ENOMEM;
+    goto out;
+  }
+  for (int r = 0; r < comm->size; r++) comm->chans[r].fd = -1;
+
+  char addr[64], host[200], key[220], value[400];
+  TIDE_CHECK_GOTO(local_address(comm, addr, sizeof addr), rc, out);
+  int port;
+  TIDE_CHECK_GOTO(tide__tcp_listen(addr, 0, &listen_fd, &port), rc, out);
+  host_identity(host, sizeof host);
+  snprintf(key, sizeof key, "%s/peer/%d", comm->ns, comm->rank);
+  snprintf(value, sizeof value, "%s %d %s", addr, port, host);
+  TIDE_CHECK_GOTO(set_string(comm->store, key, value), rc, out);
+  for (int r = 0; r < comm->size; r++) {
+    snprintf(key, sizeof key, "%s/peer/%d", comm->ns, r);
+    rc = get_string(comm->store, key, timeout, value, sizeof value);
+    if (rc == TIDE_ETIMEDOUT)
+      TIDE_ERROR("rank %d waited %d ms for rank %d to join (is it running, with the same "
+                 "TIDE_RDZV and size?)", comm->rank, timeout, r);
+    if (rc != 0) goto out;
+    if (sscanf(value, "%63s %d %199s", peers[r].addr, &peers[r].port, peers[r].host) != 3) {
+      rc = TIDE_EPROTO;
+      goto out;
+    }
+  }
+  /* Nodes are numbered in order of their lowest rank. */
+  int nodes = 0;
+  int *local_count = tide__calloc((size_t)comm->size, sizeof *local_count);
+  if (local_count == NULL) {
+    rc = TIDE_ENOMEM;
+    goto out;
+  }
+  for (int r = 0; r < comm->size; r++) {
+    int node = -1;
+    for (int n = 0; n < nodes && node < 0; n++)
+      if (strcmp(hosts[n], peers[r].host) == 0) node = n;
+    if (node < 0) {
+      node = nodes++;
+      hosts[node] = peers[r].host;
+    }
+    comm->node_of[r] = node;
+    comm->local_rank_of[r] = local_count[node]++;
+  }
+  comm->node = comm->node_of[comm->rank];
+  comm->node_count = nodes;
+  comm->local_rank = comm->local_rank_of[comm->rank];
+  comm->local_size = local_count[comm->node];
+  comm->uniform_nodes = 1;
+  for (int n = 0; n < nodes; n++)
+    if (local_count[n] != comm->local_size) comm->uniform_nodes = 0;
+  tide__free(local_count);
+  int shm = tide__param_int(TIDE__PARAM_SHM) != 0 && comm->local_size > 1;
+  for (int r = 0; r < comm->size; r++) {
+    if (comm->node_of[r] == comm->node) local_ranks[comm->local_rank_of[r]] = r;
+    use_tcp[r] = r != comm->rank && !(shm && comm->node_of[r] == comm->node);
+  }
+  if (shm) TIDE_CHECK_GOTO(connect_shm(comm, local_ranks), rc, out);
+  TIDE_CHECK_GOTO(connect_tcp(comm, listen_fd, peers, use_tcp), rc, out);
+
+  long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+  int64_t spin_us = tide__param_int(TIDE__PARAM_SPIN_US);
+  if (spin_us < 0) spin_us = comm->local_size > cpus ? 0 : 50;
+  comm->spin_iters = (int)spin_us; /* microseconds; see progress.c */
+
+  char name[200];
+  snprintf(name, sizeof name, "%s:%d", comm->ns, comm->rank);
+  TIDE_CHECK_GOTO(tide__store_watch_open(comm->store_host, comm->store_port, comm->token, name, timeout,
+                                         &comm->watch),
+                  rc, out);
+  if (pthread_create(&comm->watcher, NULL, watcher_main, comm) != 0) {
+    rc = TIDE_ENOMEM;
+    goto out;
+  }
+  comm->watcher_running = 1;
+  TIDE_DEBUG("communicator %s: rank %d of %d, node %d of %d, local rank %d of %d", comm->ns, comm->rank,
+             comm->size, comm->node, comm->node_count, comm->local_rank, comm->local_size);
+out:
+  if (listen_fd >= 0) close(listen_fd);
+  tide__free(peers);
+  tide__free(use_tcp);
+  tide__free(local_ranks);
+  tide__free(hosts);
+  return rc;
+}
+
+static tide_comm_t *comm_alloc(void) {
+  tide_comm_t *comm = tide__calloc(1, sizeof *comm);
+  if (comm == NULL) return NULL;
+  pthread_mutex_init(&comm->error_lock, NULL);
+  pthread_mutex_init(&comm->exec_lock, NULL);
+  pthread_mutex_init(&comm->queue_lock, NULL);
+  pthread_cond_init(&comm->queue_cond, NULL);
+  atomic_store(&comm->left_after, UINT64_MAX);
+  atomic_store(&comm->left_rank, -1);
+  comm->stop_fd = eventfd(0, EFD_CLOEXEC);
+  comm->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  comm->timeout_ms = tide__param_int(TIDE__PARAM_TIMEOUT_MS);
+  if (comm->stop_fd < 0 || comm->wake_fd < 0) {
+    tide_comm_destroy(comm);
+    return NULL;
+  }
+  return comm;
+}
+
+/* A derived token when another launcher started us without TIDE_JOB_TOKEN:
+ * it keeps strangers' stray connections out but is no secret. */
+static char *derived_token(const char *rdzv) {
+  const char *parts[] = {"OMPI_MCA_ess_base_jobid", "PMIX_NAMESPACE", "SLURM_JOB_ID", "PMI_JOBID"};
+  char text[512];
+  int n = snprintf(text, sizeof text, "tide-derived:%s", rdzv);
+  for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++) {
+    const char *v = getenv(parts[i]);
+    if (v != NULL) n += snprintf(text + n, sizeof text - (size_t)n, ":%s", v);
+  }
+  TIDE_WARN("TIDE_JOB_TOKEN is not set: using a token derived from the launcher's job id; export the "
+            "same random TIDE_JOB_TOKEN on every rank to authenticate connections");
+  return tide__strdup(text);
+}
+
+int tide_comm_init(tide_comm_t **out) {
+  if (out == NULL) return TIDE_EINVAL;
+  TIDE_CHECK(tide_params_load());
+  int rank, size, tiderun;
+  TIDE_CHECK(job_identity(&rank, &size, &tiderun));
+  tide__log_set_rank(rank);
+  static int generation;
+  int gen = generation++;
+  tide_comm_t *comm = comm_alloc();
+  if (comm == NULL) return TIDE_ENOMEM;
+  comm->rank = rank;
+  comm->size = size;
+  snprintf(comm->ns, sizeof comm->ns, "w%d", gen);
+  const char *rdzv = tide__param_str(TIDE__PARAM_RDZV);
+  int rc = 0;
+  if (size == 1 && rdzv[0] == '\0') {
+    comm->local_size = comm->node_count = 1;
+    comm->uniform_nodes = 1;
+    *out = comm;
+    return 0;
+  }
+  if (rdzv[0] == '\0') {
+    TIDE_ERROR("rank %d of %d: TIDE_RDZV is not set; start the job with tiderun, or export "
+               "TIDE_RDZV=host:port (rank 0's host) for every rank", rank, size);
+    rc = TIDE_EINVAL;
+    goto fail;
+  }
+  if (tide__parse_host_port(rdzv, comm->store_host, sizeof comm->store_host, &comm->store_port) != 0) {
+    TIDE_ERROR("TIDE_RDZV=\"%s\" is not host:port", rdzv);
+    rc = TIDE_EINVAL;
+    goto fail;
+  }
+  const char *token = tide__param_str(TIDE__PARAM_JOB_TOKEN);
+  comm->token = token[0] != '\0' ? tide__strdup(token) : derived_token(rdzv);
+  if (comm->token == NULL) {
+    rc = TIDE_ENOMEM;
+    goto fail;
+  }
+  /* Under mpirun or srun nobody hosts the store: rank 0 does, for the
+   * life of the process (later communicators meet there too). */
+  static tide_store_server_t *hosted;
+  if (!tiderun && rank == 0 && hosted == NULL)
+    TIDE_CHECK_GOTO(tide_store_server_start(NULL, comm->store_port, comm->token, &hosted), rc, fail);
+  TIDE_CHECK_GOTO(tide_store_connect(comm->store_host, comm->store_port, comm->token, (int)comm->timeout_ms,
+                                     &comm->store),
+                  rc, fail);
+  TIDE_CHECK_GOTO(comm_connect(comm), rc, fail);
+  *out = comm;
+  return 0;
+fail:
+  TIDE_ERROR("rank %d could not join the job: %s", rank, tide_strerror(rc));
+  tide_comm_destroy(comm);
+  return rc;
+}
+
+void tide_comm_destroy(tide_comm_t *comm) {
+  if (comm == NULL) return;
+  tide__task_fini(comm);
+  tide_comm_destroy(comm->local);
+  tide_comm_destroy(comm->cross);
+  if (comm->store != NULL && atomic_load(&comm->failed) == 0) {
+    /* Ranks still in a later collective with us learn we are gone. */
+    char key[200], value[64];
+    snprintf(key, sizeof key, "event/left/%s", comm->ns);
+    snprintf(value, sizeof value, "%d %llu", comm->rank, (unsigned long long)comm->seq);
+    tide_store_set(comm->store, key, value, strlen(value));
+  }
+  if (comm->watcher_running) {
+    uint64_t one = 1;
+    if (write(comm->stop_fd, &one, sizeof one) < 0) {
+    }
+    pthread_join(comm->watcher, NULL);
+  }
+  tide__store_watch_close(comm->watch);
+  if (comm->chans != NULL)
+    for (int r = 0; r < comm->size; r++)
+      if (comm->chans[r].ops != NULL) comm->chans[r].ops->close(&comm->chans[r]);
+  if (comm->peer_segs != NULL)
+    for (int l = 0; l < comm->local_size; l++) tide__shm_segment_close(comm->peer_segs[l]);
+  tide__shm_segment_close(comm->seg);
+  tide_store_close(comm->store);
+  if (comm->stop_fd >= 0) close(comm->stop_fd);
+  if (comm->wake_fd >= 0) close(comm->wake_fd);
+  pthread_mutex_destroy(&comm->error_lock);
+  pthread_mutex_destroy(&comm->exec_lock);
+  pthread_mutex_destroy(&comm->queue_lock);
+  pthread_cond_destroy(&comm->queue_cond);
+  tide__free(comm->peer_segs);
+  tide__free(comm->chans);
+  tide__free(comm->node_of);
+  tide__free(comm->local_rank_of);
+  tide__free(comm->scratch);
+  tide__free(comm->token);
+  tide__free(comm);
+}
+
+int tide_comm_rank(const tide_comm_t *comm) { return comm ? comm->rank : TIDE_EINVAL; }
+int tide_comm_size(const tide_comm_t *comm) { return comm ? comm->size : TIDE_EINVAL; }
+int tide_comm_local_rank(const tide_comm_t *comm) { return comm ? comm->local_rank : TIDE_EINVAL; }
+int tide_comm_local_size(const tide_comm_t *comm) { return comm ? comm->local_size : TIDE_EINVAL; }
+int tide_comm_node(const tide_comm_t *comm) { return comm ? comm->node : TIDE_EINVAL; }
+int tide_comm_node_count(const tide_comm_t *comm) { return comm ? comm->node_count : TIDE_EINVAL; }
+
+const char *tide_comm_last_error(const tide_comm_t *comm) {
+  if (comm == NULL) return "comm is NULL";
+  return atomic_load(&((tide_comm_t *)comm)->failed) ? comm->error : "";
+}
+
+/* ---- split ------------------------------------------------------------------- */
+
+int tide_comm_split(tide_comm_t *comm, int color, int key, tide_comm_t **out) {
+  if (comm == NULL || out == NULL) return TIDE_EINVAL;
+  int failed = atomic_load(&comm->failed);
+  if (failed) return failed;
+  int split = ++comm->splits;
+  if (comm->size == 1 && comm->store == NULL) {
+    if (color < 0) {
+      *out = NULL;
+      return 0;
+    }
+    tide_comm_t *solo = comm_alloc();
+    if (solo == NULL) return TIDE_ENOMEM;
+    solo->size = solo->local_size = solo->node_count = solo->uniform_nodes = 1;
+    if (snprintf(solo->ns, sizeof solo->ns, "%s.s%dc%d", comm->ns, split, color) >= (int)sizeof solo->ns) {
+      tide_comm_destroy(solo);
+      return TIDE_EINVAL;
+    }
+    *out = solo;
+    return 0;
+  }
+  char skey[220], value[64];
+  snprintf(skey, sizeof skey, "%s/split%d/%d", comm->ns, split, comm->rank);
+  snprintf(value, sizeof value, "%d %d", color, key);
+  TIDE_CHECK(set_string(comm->store, skey, value));
+  int my_rank = 0, count = 0;
+  for (int r = 0; r < comm->size; r++) {
+    snprintf(skey, sizeof skey, "%s/split%d/%d", comm->ns, split, r);
+    TIDE_CHECK(get_string(comm->store, skey, (int)comm->timeout_ms, value, sizeof value));
+    int c, k;
+    if (sscanf(value, "%d %d", &c, &k) != 2) return TIDE_EPROTO;
+    if (c != color || color < 0) continue;
+    count++;
+    if (k < key || (k == key && r < comm->rank)) my_rank++;
+  }
+  if (color < 0) {
+    *out = NULL;
+    return 0;
+  }
+  tide_comm_t *sub = comm_alloc();
+  if (sub == NULL) return TIDE_ENOMEM;
+  sub->rank = my_rank;
+  sub->size = count;
+  if (snprintf(sub->ns, sizeof sub->ns, "%s.s%dc%d", comm->ns, split, color) >= (int)sizeof sub->ns) {
+    TIDE_ERROR("communicators split too many times (name %s too long)", comm->ns);
+    tide_comm_destroy(sub);
+    return TIDE_EINVAL;
+  }
+  memcpy(sub->store_host, comm->store_host, sizeof sub->store_host);
+  sub->store_port = comm->store_port;
+  sub->token = tide__strdup(comm->token);
+  int rc = sub->token ? 0 : TIDE_ENOMEM;
+  if (rc == 0)
+    rc = tide_store_connect(sub->store_host, sub->store_port, sub->token, (int)sub->timeout_ms, &sub->store);
+  if (rc == 0) rc = comm_connect(sub);
+  if (rc != 0) {
+    tide_comm_destroy(sub);
+    return rc;
+  }
+  *out = sub;
+  return 0;
+}
+
+int tide_comm_local(tide_comm_t *comm, tide_comm_t **out) {
+  if (comm == NULL || out == NULL) return TIDE_EINVAL;
+  if (comm->local == NULL) TIDE_CHECK(tide_comm_split(comm, comm->node, comm->rank, &comm->local));
+  *out = comm->local;
+  return 0;
+}
+
+int tide_comm_cross(tide_comm_t *comm, tide_comm_t **out) {
+  if (comm == NULL || out == NULL) return TIDE_EINVAL;
+  if (comm->cross == NULL) TIDE_CHECK(tide_comm_split(comm, comm->local_rank, comm->rank, &comm->cross));
+  *out = comm->cross;
+  return 0;
+}

@@ -1,0 +1,94 @@
+/* The communicator: members, where they are, the channels to them, the
+ * failure state every wait checks, and the engine that drives
+ * point-to-point operations with a deadline.
+ *
+ * Threads: one thread at a time executes on a communicator (exec_lock);
+ * the watcher thread only sets the failure state and rings the doorbells. */
+#ifndef TIDE_COMM_H
+#define TIDE_COMM_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+
+#include "store/store.h"
+#include "transport/transport.h"
+
+typedef struct tide__task tide__task_t;
+
+struct tide_comm {
+  int rank, size;
+  int local_rank, local_size, node, node_count;
+  int *node_of;       /* node index of every rank */
+  int *local_rank_of; /* local rank of every rank */
+  int uniform_nodes;  /* every node has the same number of ranks */
+  char ns[160];       /* store namespace; identifies the communicator */
+
+  char store_host[256];
+  int store_port;
+  char *token;
+  tide_store_t *store;
+  tide__store_watch_t *watch;
+  pthread_t watcher;
+  int watcher_running;
+  int stop_fd; /* eventfd: stops the watcher */
+  int wake_fd; /* eventfd: the watcher wakes TCP waits */
+
+  tide__chan_t *chans; /* by rank; chans[rank] unused */
+  tide__shm_segment_t *seg;        /* ours, NULL without shared memory */
+  tide__shm_segment_t **peer_segs; /* by local rank */
+
+  _Atomic int failed; /* 0 or the TIDE_E* every call now returns */
+  pthread_mutex_t error_lock;
+  char error[1024];
+  _Atomic uint64_t left_after; /* a rank left after this many collectives */
+  _Atomic int left_rank;
+
+  pthread_mutex_t exec_lock;
+  uint64_t seq; /* collectives started */
+  int spin_iters;
+  int64_t timeout_ms;
+
+  void *scratch;
+  size_t scratch_cap;
+
+  tide_comm_t *local, *cross;
+  int splits; /* split calls made, names sub-communicators */
+
+  /* nonblocking requests, executed in order by the progress thread */
+  pthread_mutex_t queue_lock;
+  pthread_cond_t queue_cond;
+  tide__task_t *queue_head, *queue_tail;
+  uint64_t issued, completed;
+  pthread_t progress_thread;
+  int progress_running, progress_stop;
+};
+
+/* Marks the communicator failed with rc (first failure wins), records and
+ * logs the message, and tells the other ranks through the store unless the
+ * failure came from them. Returns the communicator's failure code. */
+int tide__comm_fail(tide_comm_t *comm, int rc, int from_peer, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+/* Runs ops until all are done, the communicator fails or the deadline
+ * (TIDE_TIMEOUT_MS from now) passes; `what` names the collective in
+ * messages. Ops on one channel in one direction run in order. */
+int tide__comm_run(tide_comm_t *comm, tide__p2p_t *ops, int n, const char *what);
+
+/* A scratch buffer of at least bytes, owned by comm, valid until the next
+ * call. */
+void *tide__comm_scratch(tide_comm_t *comm, size_t bytes);
+
+/* ---- nonblocking tasks (src/comm/request.c) ------------------------------ */
+
+typedef int (*tide__task_fn)(tide_comm_t *comm, void *args);
+
+/* Queues fn(comm, args) for the progress thread; args (args_size bytes) is
+ * copied. */
+int tide__task_submit(tide_comm_t *comm, tide__task_fn fn, const void *args, size_t args_size,
+                      tide_request_t **out);
+/* Waits until every queued task has completed (before a blocking call). */
+void tide__task_drain(tide_comm_t *comm);
+/* Stops the progress thread (destroy). */
+void tide__task_fini(tide_comm_t *comm);
+
+#endif

@@ -1,0 +1,116 @@
+/* The engine that drives a set of point-to-point operations to completion:
+ * progress every channel, spin briefly when nothing moves, then sleep on
+ * the shared-memory doorbell or poll the sockets, never past the deadline,
+ * and stop as soon as the communicator fails. */
+#include <poll.h>
+#include <stdio.h>
+
+#include "comm/comm.h"
+
+static inline void cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#endif
+}
+
+void *tide__comm_scratch(tide_comm_t *comm, size_t bytes) {
+  if (bytes == 0) bytes = 64;
+  if (bytes > comm->scratch_cap) {
+    void *grown = tide__realloc(comm->scratch, bytes);
+    if (grown == NULL) return NULL;
+    comm->scratch = grown;
+    comm->scratch_cap = bytes;
+  }
+  return comm->scratch;
+}
+
+/* 0, or the failure every call now returns. */
+static int check_failed(tide_comm_t *comm, const char *what) {
+  int failed = atomic_load_explicit(&comm->failed, memory_order_acquire);
+  if (failed) return failed;
+  if (comm->seq > atomic_load(&comm->left_after)) {
+    return tide__comm_fail(comm, TIDE_EPEER, 0,
+                           "rank %d left the communicator (tide_comm_destroy) after %llu collectives, "
+                           "while rank %d is in %s",
+                           atomic_load(&comm->left_rank), (unsigned long long)atomic_load(&comm->left_after),
+                           comm->rank, what);
+  }
+  return 0;
+}
+
+/* An op may start only when no earlier op in the batch on the same
+ * channel and direction is unfinished (channels are ordered streams). */
+static int blocked(const tide__p2p_t *ops, int i) {
+  int sending = ops[i].kind == TIDE__P2P_SEND;
+  for (int j = 0; j < i; j++)
+    if (ops[j].peer == ops[i].peer && (ops[j].kind == TIDE__P2P_SEND) == sending && ops[j].done < ops[j].bytes)
+      return 1;
+  return 0;
+}
+
+int tide__comm_run(tide_comm_t *comm, tide__p2p_t *ops, int n, const char *what) {
+  int64_t deadline = tide__deadline_after_ms(comm->timeout_ms);
+  int64_t spin_ns = (int64_t)comm->spin_iters * 1000, spin_start = 0;
+  int idle = 0;
+  struct pollfd fds[65];
+  for (;;) {
+    int rc = check_failed(comm, what);
+    if (rc) return rc;
+    uint32_t bell = comm->seg ? atomic_load(tide__shm_bell(comm->seg)) : 0;
+    int progressed = 0, pending = 0, shm_pending = 0, nfds = 0, waiting_on = -1;
+    for (int i = 0; i < n; i++) {
+      tide__p2p_t *op = &ops[i];
+      if (op->done >= op->bytes) continue;
+      pending++;
+      if (blocked(ops, i)) continue;
+      tide__chan_t *chan = &comm->chans[op->peer];
+      size_t before = op->done;
+      rc = chan->ops->progress(chan, op);
+      if (rc < 0)
+        return tide__comm_fail(comm, rc == TIDE_EPEER ? TIDE_EPEER : rc, 0,
+                               "rank %d lost its connection to rank %d during %s (that rank died, or "
+                               "destroyed the communicator early): %s",
+                               comm->rank, op->peer, what, tide_strerror(rc));
+      if (op->done != before) progressed = 1;
+      if (op->done >= op->bytes) {
+        pending--;
+        continue;
+      }
+      waiting_on = op->peer;
+      if (chan->fd < 0) {
+        shm_pending++;
+      } else if (nfds < 64) {
+        fds[nfds].fd = chan->fd;
+        fds[nfds].events = op->kind == TIDE__P2P_SEND ? POLLOUT : POLLIN;
+        fds[nfds].revents = 0;
+        nfds++;
+      }
+    }
+    if (pending == 0) return 0;
+    if (progressed) {
+      idle = 0;
+      continue;
+    }
+    /* Nothing moved: spin a little (the peer is usually microseconds
+     * away), then sleep. */
+    if (idle++ == 0) spin_start = tide__now_ns();
+    if ((idle & 63) != 0 || tide__now_ns() - spin_start < spin_ns) {
+      cpu_relax();
+      continue;
+    }
+    int left = tide__ms_left(deadline);
+    if (left == 0)
+      return tide__comm_fail(comm, TIDE_ETIMEDOUT, 0,
+                             "rank %d timed out after %lld ms in %s waiting for rank %d (a rank is "
+                             "stuck or did not make this call; raise TIDE_TIMEOUT_MS if it is just slow)",
+                             comm->rank, (long long)comm->timeout_ms, what, waiting_on);
+    if (nfds > 0) {
+      fds[nfds].fd = comm->wake_fd;
+      fds[nfds].events = POLLIN;
+      fds[nfds].revents = 0;
+      poll(fds, (nfds_t)nfds + 1, shm_pending ? 1 : (left < 1000 ? left : 1000));
+    } else {
+      tide__shm_wait(comm->seg, bell, left < 1000 ? left : 1000);
+    }
+  }
+}

@@ -1,0 +1,50 @@
+/* Logging: one line per call, prefixed "host:pid rank" so interleaved
+ * output from many ranks can be read. Level from TIDE_LOG_LEVEL. */
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/time.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "core.h"
+
+int tide__log_level = TIDE__LOG_WARN;
+static int log_rank = -1;
+static const char *level_names[] = {"error", "warn", "info", "debug", "trace"};
+
+void tide__log_set_rank(int rank) { log_rank = rank; }
+
+void tide__log_write(int level, const char *fmt, ...) {
+  char host[64] = "?";
+  gethostname(host, sizeof host - 1);
+  char *dot = strchr(host, '.');
+  if (dot != NULL) *dot = '\0';
+  char rank[16] = "-";
+  if (log_rank >= 0) snprintf(rank, sizeof rank, "%d", log_rank);
+  char msg[2048];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  struct timeval tv;
+  gettimeofday(&tv, NULL);
+  struct tm tm;
+  localtime_r(&tv.tv_sec, &tm);
+  char line[2300];
+  int n = snprintf(line, sizeof line, "%s:%d %s %02d:%02d:%02d.%03d tide %s: %s\n", host,
+                   (int)getpid(), rank, tm.tm_hour, tm.tm_min, tm.tm_sec, (int)(tv.tv_usec / 1000),
+                   level_names[level], msg);
+  if (n < 0) return;
+  if (n >= (int)sizeof line) n = sizeof line - 1;
+  const char *path = tide__param_str(TIDE__PARAM_LOG_FILE);
+  FILE *out = stderr;
+  FILE *file = NULL;
+  if (path[0] != '\0') {
+    file = fopen(path, "a");
+    if (file != NULL) out = file;
+  }
+  fwrite(line, 1, (size_t)n, out); /* one write per line keeps lines whole */
+  fflush(out);
+  if (file != NULL) fclose(file);
+}

@@ -1,0 +1,29 @@
+/* Internal store API beyond tide.h: the event stream the communicator uses
+ * to learn, within milliseconds, that a peer died or a collective failed.
+ *
+ * Events: a SET of any key that starts with "event/" is also pushed to every
+ * open watch connection (including the setter's own). When a watch
+ * connection that registered a name closes without saying goodbye (the
+ * process died), the server sets "event/lost/<name>" (value: the name) and
+ * pushes that to the remaining watchers. */
+#ifndef TIDE_STORE_H
+#define TIDE_STORE_H
+
+#include "core/core.h"
+
+typedef struct tide__store_watch tide__store_watch_t;
+
+/* Opens a watch connection registered as `name` (e.g. "job:rank"). */
+int tide__store_watch_open(const char *host, int port, const char *token, const char *name,
+                           int timeout_ms, tide__store_watch_t **out);
+/* An fd that becomes readable when an event (or the server's close) is
+ * pending; for poll(). */
+int tide__store_watch_fd(const tide__store_watch_t *watch);
+/* Reads one pending event without blocking: returns 1 and a key/value the
+ * caller frees with tide__free, 0 when none is pending, TIDE_EPEER when the
+ * server closed the connection. */
+int tide__store_watch_next(tide__store_watch_t *watch, char **key, void **value, size_t *len);
+/* Says goodbye (so no lost event is published) and closes. NULL is fine. */
+void tide__store_watch_close(tide__store_watch_t *watch);
+
+#endif

@@ -1,0 +1,96 @@
+#include "harness.h"
+
+#include <signal.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+int harness_status[64];
+
+int harness_store_start(const char *token, int *pid_out) {
+  int fds[2];
+  if (pipe(fds) != 0) return -1;
+  pid_t pid = fork();
+  if (pid == 0) {
+    close(fds[0]);
+    tide_store_server_t *server;
+    if (tide_store_server_start("127.0.0.1", 0, token, &server) != 0) _exit(3);
+    int port = tide_store_server_port(server);
+    if (write(fds[1], &port, sizeof port) != sizeof port) _exit(3);
+    close(fds[1]);
+    for (;;) pause(); /* killed by the parent */
+  }
+  close(fds[1]);
+  int port = -1;
+  if (read(fds[0], &port, sizeof port) != sizeof port) port = -1;
+  close(fds[0]);
+  *pid_out = pid;
+  return port;
+}
+
+int harness_run(const harness_opts_t *opts, int (*fn)(int, int, void *), void *arg) {
+  const char *token = opts->token ? opts->token : "test-token";
+  int store_pid;
+  int port = harness_store_start(token, &store_pid);
+  if (port < 0) {
+    fprintf(stderr, "harness: store server did not start\n");
+    return 1;
+  }
+  int np = opts->np;
+  pid_t pids[64];
+  for (int r = 0; r < np; r++) {
+    pid_t pid = fork();
+    if (pid == 0) {
+      char text[64];
+      snprintf(text, sizeof text, "%d", r);
+      setenv("TIDE_RANK", text, 1);
+      snprintf(text, sizeof text, "%d", np);
+      setenv("TIDE_SIZE", text, 1);
+      snprintf(text, sizeof text, "127.0.0.1:%d", port);
+      setenv("TIDE_RDZV", text, 1);
+      setenv("TIDE_JOB_TOKEN", token, 1);
+      if (opts->host_ids != NULL) setenv("TIDE_HOST_ID", opts->host_ids[r], 1);
+      if (opts->tcp_only) setenv("TIDE_SHM", "0", 1);
+      fflush(stdout);
+      _exit(fn(r, np, arg));
+    }
+    pids[r] = pid;
+  }
+  int timeout_s = opts->timeout_s > 0 ? opts->timeout_s : 120;
+  time_t start = time(NULL);
+  int left = np, failed = 0;
+  for (int r = 0; r < np; r++) harness_status[r] = -1;
+  while (left > 0) {
+    int status;
+    pid_t pid = waitpid(-1, &status, WNOHANG);
+    if (pid > 0) {
+      for (int r = 0; r < np; r++)
+        if (pids[r] == pid) {
+          harness_status[r] = status;
+          left--;
+          if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+            if (WIFSIGNALED(status))
+              fprintf(stderr, "harness: rank %d killed by signal %d\n", r, WTERMSIG(status));
+            else
+              fprintf(stderr, "harness: rank %d exited with %d\n", r, WEXITSTATUS(status));
+            failed = 1;
+          }
+        }
+      continue;
+    }
+    if (time(NULL) - start > timeout_s) {
+      fprintf(stderr, "harness: ranks still running after %d s: a hang; killing them\n", timeout_s);
+      for (int r = 0; r < np; r++)
+        if (harness_status[r] == -1) kill(pids[r], SIGKILL);
+      failed = 1;
+      while (waitpid(-1, NULL, 0) > 0 && --left > 0) {
+      }
+      break;
+    }
+    usleep(2000);
+  }
+  kill(store_pid, SIGKILL);
+  waitpid(store_pid, NULL, 0);
+  return failed;
+}

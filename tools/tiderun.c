@@ -1,0 +1,854 @@
+/* tiderun: starts the ranks of a tide job on this host, one process each,
+ * with their identity in TIDE_* variables, and hosts the rendezvous store on
+ * node 0. It forwards signals, can prefix output lines with the rank, and
+ * when one rank fails gives the others a grace period before stopping them.
+ *
+ * Threads: everything runs on the main thread except the store server, which
+ * runs its own. Signals are blocked in every thread (the server thread
+ * inherits the mask) and read from a signalfd, so the main loop is a single
+ * poll() over the signalfd and the ranks' output pipes.
+ *
+ * Each rank runs in its own process group, so a Ctrl-C at the terminal
+ * reaches tiderun only (and is forwarded once), and a signal sent to a rank
+ * also reaches the processes it started (a shell's children, say). */
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/signalfd.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "core/core.h"
+#include "tide.h"
+
+extern char **environ;
+
+#define MAX_NPROC 4096
+#define MAX_NNODES 65536
+#define LINE_CAP 65536           /* longer lines are split */
+#define KILL_AFTER_TERM_MS 1000  /* SIGTERM -> SIGKILL */
+#define DRAIN_MS 1000            /* output read after the last rank exited */
+#define NODE_LINGER_MS 30000     /* node 0 keeps the store up for the other nodes */
+#define NODES_STARTED_KEY "tiderun/nodes_started"
+#define NODES_DONE_KEY "tiderun/nodes_done"
+#define EXIT_USAGE 2
+#define EXIT_TIMEOUT 124
+
+static const char usage_text[] =
+    "usage: tiderun [options] [--] PROG [ARGS...]\n"
+    "\n"
+    "Starts the ranks of a tide job on this host, one process per rank.\n"
+    "\n"
+    "  -np N, --nproc-per-node N  ranks on this host (default 1)\n"
+    "  --nnodes K                 hosts in the job, one tiderun on each (default 1)\n"
+    "  --node-rank I              this host's index, 0 <= I < K (default 0)\n"
+    "  --rdzv HOST:PORT           the rendezvous store: node 0 listens on PORT, the other\n"
+    "                             nodes connect to it (required when K > 1; default: a\n"
+    "                             free port on 127.0.0.1)\n"
+    "  -l, --prefix               prefix every output line with \"[RANK] \"\n"
+    "  --grace-ms MS              after a rank fails, how long the others may take to exit\n"
+    "                             before they get SIGTERM, then SIGKILL (default 3000)\n"
+    "  --timeout SEC              stop every rank and fail after SEC seconds (default: none)\n"
+    "  -h, --help                 print this help\n"
+    "\n"
+    "One host:   tiderun -np 4 ./train\n"
+    "Two hosts:  export TIDE_JOB_TOKEN=$(head -c16 /dev/urandom | xxd -p)  # the same on both\n"
+    "  host A:   tiderun --nnodes 2 --node-rank 0 --nproc-per-node 2 --rdzv A:29500 ./train\n"
+    "  host B:   tiderun --nnodes 2 --node-rank 1 --nproc-per-node 2 --rdzv A:29500 ./train\n"
+    "\n"
+    "Each rank gets TIDE_RANK (node_rank * N + local rank), TIDE_SIZE, TIDE_LOCAL_RANK,\n"
+    "TIDE_LOCAL_SIZE, TIDE_NODE_RANK, TIDE_NNODES, TIDE_RDZV, TIDE_JOB_TOKEN and TIDE_JOB_ID;\n"
+    "its stdin is /dev/null. TIDE_JOB_TOKEN is taken from the environment when set (required\n"
+    "when K > 1), otherwise generated.\n"
+    "\n"
+    "Exit status: 0 when every rank exits 0; otherwise the exit code of the first rank that\n"
+    "failed (1 if it was killed by a signal), 124 after --timeout, 128+N after signal N,\n"
+    "2 for a usage error.\n";
+
+typedef struct {
+  int nproc; /* ranks on this host */
+  int nnodes;
+  int node_rank;
+  const char *rdzv; /* NULL: a private store on 127.0.0.1 */
+  char rdzv_host[256];
+  int rdzv_port;
+  int prefix;
+  int grace_ms;
+  int timeout_s; /* 0: none */
+  char **argv;   /* the program and its arguments */
+} options_t;
+
+/* One output stream of a rank in --prefix mode: the read end of its pipe and
+ * the partial line read so far. */
+typedef struct {
+  int fd;     /* -1 once closed */
+  int out_fd; /* where its lines go: 1 or 2 */
+  char *buf;  /* LINE_CAP bytes */
+  size_t len;
+} stream_t;
+
+typedef struct {
+  int rank;
+  pid_t pid; /* also its process group */
+  int running;
+  stream_t streams[2];
+} rank_t;
+
+typedef struct {
+  const options_t *opts;
+  rank_t *ranks;
+  int nranks;
+  int running;
+  int exit_code;        /* what tiderun returns; the first failure sets it */
+  int stopping;         /* the ranks were signalled: their deaths are expected */
+  int term_sent;        /* stop_ranks ran */
+  int interrupts;       /* SIGINTs received */
+  int64_t grace_end;    /* then SIGTERM */
+  int64_t kill_at;      /* then SIGKILL */
+  int64_t timeout_at;   /* --timeout */
+  int64_t drain_end;    /* stop reading output */
+} job_t;
+
+static void usage(FILE *out) { fputs(usage_text, out); }
+
+/* ---- arguments ---------------------------------------------------------------- */
+
+static int parse_int(const char *option, const char *text, long min, long max, int *out) {
+  char *end;
+  errno = 0;
+  long v = strtol(text, &end, 10);
+  if (errno != 0 || end == text || *end != '\0') {
+    fprintf(stderr, "tiderun: %s expects an integer, got \"%s\"\n", option, text);
+    return -1;
+  }
+  if (v < min || v > max) {
+    fprintf(stderr, "tiderun: %s must be between %ld and %ld, got %ld\n", option, min, max, v);
+    return -1;
+  }
+  *out = (int)v;
+  return 0;
+}
+
+enum { OPT_NPROC, OPT_NNODES, OPT_NODE_RANK, OPT_RDZV, OPT_PREFIX, OPT_GRACE, OPT_TIMEOUT, OPT_HELP };
+
+static const struct {
+  const char *name;
+  int id;
+  int has_value;
+} option_table[] = {
+    {"-np", OPT_NPROC, 1},         {"--nproc-per-node", OPT_NPROC, 1},
+    {"--nnodes", OPT_NNODES, 1},   {"--node-rank", OPT_NODE_RANK, 1},
+    {"--rdzv", OPT_RDZV, 1},       {"-l", OPT_PREFIX, 0},
+    {"--prefix", OPT_PREFIX, 0},   {"--grace-ms", OPT_GRACE, 1},
+    {"--timeout", OPT_TIMEOUT, 1}, {"-h", OPT_HELP, 0},
+    {"--help", OPT_HELP, 0},
+};
+
+/* Fills opts from argv. Returns 0 to run, 1 when help was printed, -1 after
+ * printing what is wrong. Options end at "--" or at the first argument that
+ * does not start with '-': that is the program. */
+static int parse_args(int argc, char **argv, options_t *opts) {
+  memset(opts, 0, sizeof *opts);
+  opts->nproc = 1;
+  opts->nnodes = 1;
+  opts->grace_ms = 3000;
+  int i = 1;
+  while (i < argc) {
+    const char *arg = argv[i];
+    if (strcmp(arg, "--") == 0) {
+      i++;
+      break;
+    }
+    if (arg[0] != '-' || arg[1] == '\0') break;
+    /* "--name=value" as well as "--name value" */
+    size_t name_len = strlen(arg);
+    const char *inline_value = NULL;
+    const char *eq = strchr(arg, '=');
+    if (arg[1] == '-' && eq != NULL) {
+      name_len = (size_t)(eq - arg);
+      inline_value = eq + 1;
+    }
+    int found = -1;
+    for (size_t k = 0; k < sizeof option_table / sizeof option_table[0]; k++)
+      if (strlen(option_table[k].name) == name_len &&
+          strncmp(option_table[k].name, arg, name_len) == 0)
+        found = (int)k;
+    if (found < 0) {
+      fprintf(stderr, "tiderun: unknown option \"%s\"\n\n", arg);
+      usage(stderr);
+      return -1;
+    }
+    const char *name = option_table[found].name;
+    const char *value = NULL;
+    if (option_table[found].has_value) {
+      if (inline_value != NULL) {
+        value = inline_value;
+      } else if (i + 1 < argc) {
+        value = argv[++i];
+      } else {
+        fprintf(stderr, "tiderun: %s needs a value (see tiderun --help)\n", name);
+        return -1;
+      }
+    } else if (inline_value != NULL) {
+      fprintf(stderr, "tiderun: %s takes no value\n", name);
+      return -1;
+    }
+    i++;
+    int rc = 0;
+    switch (option_table[found].id) {
+      case OPT_NPROC: rc = parse_int(name, value, 1, MAX_NPROC, &opts->nproc); break;
+      case OPT_NNODES: rc = parse_int(name, value, 1, MAX_NNODES, &opts->nnodes); break;
+      case OPT_NODE_RANK: rc = parse_int(name, value, 0, MAX_NNODES - 1, &opts->node_rank); break;
+      case OPT_RDZV: opts->rdzv = value; break;
+      case OPT_PREFIX: opts->prefix = 1; break;
+      case OPT_GRACE: rc = parse_int(name, value, 0, 24 * 3600 * 1000, &opts->grace_ms); break;
+      case OPT_TIMEOUT: rc = parse_int(name, value, 0, 365 * 24 * 3600, &opts->timeout_s); break;
+      case OPT_HELP: usage(stdout); return 1;
+    }
+    if (rc != 0) return -1;
+  }
+  if (i >= argc) {
+    fprintf(stderr, "tiderun: no program given: tiderun [options] [--] PROG [ARGS...]\n");
+    return -1;
+  }
+  opts->argv = argv + i;
+  if (opts->node_rank >= opts->nnodes) {
+    fprintf(stderr, "tiderun: --node-rank must be between 0 and %d (--nnodes %d), got %d\n",
+            opts->nnodes - 1, opts->nnodes, opts->node_rank);
+    return -1;
+  }
+  if ((long)opts->nproc * opts->nnodes > 1048576) {
+    fprintf(stderr, "tiderun: %d nodes x %d ranks is more than 1048576 ranks\n", opts->nnodes,
+            opts->nproc);
+    return -1;
+  }
+  if (opts->nnodes > 1 && opts->rdzv == NULL) {
+    fprintf(stderr, "tiderun: --nnodes %d needs --rdzv HOST:PORT, the address of node 0 "
+                    "(the same on every node)\n", opts->nnodes);
+    return -1;
+  }
+  if (opts->rdzv != NULL &&
+      tide__parse_host_port(opts->rdzv, opts->rdzv_host, sizeof opts->rdzv_host,
+                            &opts->rdzv_port) != 0) {
+    fprintf(stderr, "tiderun: --rdzv expects HOST:PORT with PORT in 1..65535, got \"%s\"\n",
+            opts->rdzv);
+    return -1;
+  }
+  return 0;
+}
+
+/* ---- job token and id ------------------------------------------------------------ */
+
+static void to_hex(const uint8_t *bytes, size_t n, char *out) {
+  static const char digits[] = "0123456789abcdef";
+  for (size_t i = 0; i < n; i++) {
+    out[2 * i] = digits[bytes[i] >> 4];
+    out[2 * i + 1] = digits[bytes[i] & 15];
+  }
+  out[2 * n] = '\0';
+}
+
+/* The job token: TIDE_JOB_TOKEN when set, required with several nodes (they
+ * must all prove the same one), otherwise 32 random bytes in hex. token_buf
+ * holds at least 65 bytes. */
+static const char *job_token(const options_t *opts, char *token_buf) {
+  const char *env = getenv("TIDE_JOB_TOKEN");
+  if (env != NULL && env[0] != '\0') return env;
+  if (opts->nnodes > 1) {
+    fprintf(stderr,
+            "tiderun: --nnodes %d needs TIDE_JOB_TOKEN in the environment, the same on every "
+            "node; for example run\n"
+            "  export TIDE_JOB_TOKEN=$(head -c16 /dev/urandom | xxd -p)\n"
+            "and copy that value to the other nodes before starting tiderun there\n",
+            opts->nnodes);
+    return NULL;
+  }
+  uint8_t bytes[32];
+  if (tide__random_bytes(bytes, sizeof bytes) != 0) {
+    fprintf(stderr, "tiderun: cannot read random bytes for the job token\n");
+    return NULL;
+  }
+  to_hex(bytes, sizeof bytes, token_buf);
+  return token_buf;
+}
+
+/* The job id: random for one node; with several, derived from the token so
+ * every node computes the same one without talking. id_buf holds 17 bytes. */
+static int job_id(const options_t *opts, const char *token, char *id_buf) {
+  uint8_t bytes[32];
+  if (opts->nnodes > 1) {
+    uint8_t digest[32];
+    tide__hmac_sha256(token, strlen(token), "tide-job-id", 11, digest);
+    memcpy(bytes, digest, 8);
+  } else if (tide__random_bytes(bytes, 8) != 0) {
+    fprintf(stderr, "tiderun: cannot read random bytes for the job id\n");
+    return -1;
+  }
+  to_hex(bytes, 8, id_buf);
+  return 0;
+}
+
+/* ---- rendezvous store ---------------------------------------------------------- */
+
+static int is_loopback(const char *host) {
+  return strcmp(host, "localhost") == 0 || strncmp(host, "127.", 4) == 0;
+}
+
+static void print_store_error(const char *what, const char *rdzv, int rc) {
+  if (rc == TIDE_EAUTH)
+    fprintf(stderr, "tiderun: the store at %s refused our job token: export the same "
+                    "TIDE_JOB_TOKEN on every node\n", rdzv);
+  else
+    fprintf(stderr, "tiderun: %s %s: %s\n", what, rdzv, tide_strerror(rc));
+}
+
+/* Non-zero nodes, before starting their ranks: fails early, with a clear
+ * message, when node 0's store cannot be reached or refuses the token
+ * (waiting up to TIDE_TIMEOUT_MS for node 0 to start), and counts this node
+ * in NODES_STARTED_KEY so node 0 knows to wait for it at the end. */
+static int register_node(const options_t *opts, const char *token) {
+  int timeout_ms = (int)tide__param_int(TIDE__PARAM_TIMEOUT_MS);
+  TIDE_INFO("tiderun: connecting to the store at %s (up to %d ms)", opts->rdzv, timeout_ms);
+  tide_store_t *store;
+  int rc = tide_store_connect(opts->rdzv_host, opts->rdzv_port, token, timeout_ms, &store);
+  if (rc == 0) {
+    int64_t started;
+    rc = tide_store_add(store, NODES_STARTED_KEY, 1, &started);
+    tide_store_close(store);
+  }
+  if (rc != 0) {
+    print_store_error("cannot reach the store of node 0 at", opts->rdzv, rc);
+    return -1;
+  }
+  return 0;
+}
+
+/* Non-zero nodes, after their ranks ended: node 0 may stop the store now. */
+static void report_node_done(const options_t *opts, const char *token) {
+  tide_store_t *store;
+  if (tide_store_connect(opts->rdzv_host, opts->rdzv_port, token, 2000, &store) != 0) return;
+  int64_t done;
+  tide_store_add(store, NODES_DONE_KEY, 1, &done);
+  tide_store_close(store);
+}
+
+/* Node 0, after its own ranks succeeded: the other nodes' ranks may still be
+ * using the store, so keep it up until every node that registered reported
+ * done, for at most NODE_LINGER_MS or until a signal arrives. (Every node
+ * registered before node 0's ranks could finish: a job completes only when
+ * all its ranks joined.) */
+static void wait_for_other_nodes(const char *host, int port, const char *token, int signal_fd) {
+  tide_store_t *store;
+  if (tide_store_connect(host, port, token, 2000, &store) != 0) return;
+  int64_t deadline = tide__deadline_after_ms(NODE_LINGER_MS);
+  for (;;) {
+    int64_t started = 0, done = 0;
+    if (tide_store_add(store, NODES_STARTED_KEY, 0, &started) != 0 ||
+        tide_store_add(store, NODES_DONE_KEY, 0, &done) != 0 || done >= started)
+      break;
+    if (tide__now_ns() >= deadline) {
+      fprintf(stderr, "tiderun: %d other node(s) did not finish within %d s; stopping the store\n",
+              (int)(started - done), NODE_LINGER_MS / 1000);
+      break;
+    }
+    struct pollfd pfd = {.fd = signal_fd, .events = POLLIN};
+    if (poll(&pfd, 1, 100) > 0) {
+      struct signalfd_siginfo si;
+      if (read(signal_fd, &si, sizeof si) == (ssize_t)sizeof si && si.ssi_signo != SIGCHLD) break;
+    }
+  }
+  tide_store_close(store);
+}
+
+/* ---- output ------------------------------------------------------------------------ */
+
+/* Writes all of buf to fd, waiting when fd is nonblocking; gives up silently
+ * when the reader went away. */
+static void write_all(int fd, const char *buf, size_t len) {
+  while (len > 0) {
+    ssize_t n = write(fd, buf, len);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN) {
+        struct pollfd pfd = {.fd = fd, .events = POLLOUT};
+        poll(&pfd, 1, 1000);
+        continue;
+      }
+      return;
+    }
+    buf += n;
+    len -= (size_t)n;
+  }
+}
+
+/* Writes the complete lines in s->buf, each with the rank prefix, and keeps
+ * the partial rest; with final, also the rest, ending it with a newline.
+ * Lines go out in as few writes as possible so that lines of different ranks
+ * do not interleave. */
+static void stream_flush(stream_t *s, int rank, int final) {
+  static char out[LINE_CAP + 32];
+  size_t out_len = 0;
+  size_t start = 0;
+  while (start < s->len) {
+    char *nl = memchr(s->buf + start, '\n', s->len - start);
+    if (nl == NULL && !final) break;
+    size_t line_len = nl != NULL ? (size_t)(nl - (s->buf + start)) : s->len - start;
+    char prefix[24];
+    int prefix_len = snprintf(prefix, sizeof prefix, "[%d] ", rank);
+    if (out_len + (size_t)prefix_len + line_len + 1 > sizeof out) {
+      write_all(s->out_fd, out, out_len);
+      out_len = 0;
+    }
+    memcpy(out + out_len, prefix, (size_t)prefix_len);
+    memcpy(out + out_len + prefix_len, s->buf + start, line_len);
+    out_len += (size_t)prefix_len + line_len;
+    out[out_len++] = '\n';
+    start += line_len + (nl != NULL ? 1 : 0);
+  }
+  write_all(s->out_fd, out, out_len);
+  memmove(s->buf, s->buf + start, s->len - start);
+  s->len -= start;
+}
+
+static void stream_close(stream_t *s, int rank) {
+  if (s->fd < 0) return;
+  stream_flush(s, rank, 1);
+  close(s->fd);
+  s->fd = -1;
+}
+
+/* Reads what the rank wrote; at end of file writes the partial line and
+ * closes the stream. */
+static void stream_read(stream_t *s, int rank) {
+  for (;;) {
+    ssize_t n = read(s->fd, s->buf + s->len, LINE_CAP - s->len);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && errno == EAGAIN) return;
+    if (n <= 0) {
+      stream_close(s, rank);
+      return;
+    }
+    s->len += (size_t)n;
+    stream_flush(s, rank, s->len == LINE_CAP); /* a full buffer is one (long) line */
+  }
+}
+
+/* ---- ranks ------------------------------------------------------------------------- */
+
+static const char *const rank_vars[] = {"TIDE_RANK",      "TIDE_SIZE",   "TIDE_LOCAL_RANK",
+                                        "TIDE_LOCAL_SIZE", "TIDE_NODE_RANK", "TIDE_NNODES",
+                                        "TIDE_RDZV",      "TIDE_JOB_TOKEN", "TIDE_JOB_ID"};
+#define NVARS (sizeof rank_vars / sizeof rank_vars[0])
+
+static int is_rank_var(const char *entry) {
+  for (size_t k = 0; k < NVARS; k++) {
+    size_t n = strlen(rank_vars[k]);
+    if (strncmp(entry, rank_vars[k], n) == 0 && entry[n] == '=') return 1;
+  }
+  return 0;
+}
+
+/* tiderun's environment without the rank variables, then values[] for them.
+ * Returns a NULL-terminated array to free with free_env. */
+static char **rank_env(char *const values[NVARS]) {
+  size_t count = 0;
+  while (environ[count] != NULL) count++;
+  char **env = calloc(count + NVARS + 1, sizeof *env);
+  if (env == NULL) return NULL;
+  size_t n = 0;
+  for (size_t i = 0; i < count; i++)
+    if (!is_rank_var(environ[i])) env[n++] = environ[i];
+  for (size_t k = 0; k < NVARS; k++) {
+    if (asprintf(&env[n], "%s=%s", rank_vars[k], values[k]) < 0) {
+      env[n] = NULL;
+      for (size_t j = n - k; j < n; j++) free(env[j]);
+      free(env);
+      return NULL;
+    }
+    n++;
+  }
+  return env;
+}
+
+static void free_env(char **env) {
+  if (env == NULL) return;
+  size_t n = 0;
+  while (env[n] != NULL) n++;
+  for (size_t j = n - NVARS; j < n; j++) free(env[j]);
+  free(env);
+}
+
+static void child_write(const char *text) {
+  ssize_t rc = write(2, text, strlen(text));
+  (void)rc;
+}
+
+/* In the child after fork: only async-signal-safe calls (the store server
+ * thread may hold locks that the child's copy will never release). */
+static void exec_rank(const options_t *opts, char **env, const int out_pipe[2],
+                      const int err_pipe[2], const sigset_t *old_mask,
+                      const struct sigaction *old_sigpipe, pid_t parent) {
+  setpgid(0, 0);
+  prctl(PR_SET_PDEATHSIG, SIGTERM); /* tiderun killed with SIGKILL: do not outlive it */
+  if (getppid() != parent) _exit(127);
+  int null_fd = open("/dev/null", O_RDONLY);
+  if (null_fd >= 0 && null_fd != 0) {
+    dup2(null_fd, 0);
+    close(null_fd);
+  }
+  if (opts->prefix) {
+    dup2(out_pipe[1], 1);
+    dup2(err_pipe[1], 2);
+  }
+  sigaction(SIGPIPE, old_sigpipe, NULL);
+  sigprocmask(SIG_SETMASK, old_mask, NULL);
+  execvpe(opts->argv[0], opts->argv, env);
+  int err = errno;
+  child_write("tiderun: cannot run ");
+  child_write(opts->argv[0]);
+  child_write(": ");
+  child_write(strerror(err));
+  child_write("\n");
+  _exit(127);
+}
+
+/* Signals each running rank's process group (the rank itself if the group
+ * is gone). */
+static void signal_ranks(job_t *job, int sig) {
+  for (int i = 0; i < job->nranks; i++) {
+    rank_t *r = &job->ranks[i];
+    if (!r->running) continue;
+    if (kill(-r->pid, sig) != 0) kill(r->pid, sig);
+  }
+}
+
+/* SIGTERM now, SIGKILL after KILL_AFTER_TERM_MS. */
+static void stop_ranks(job_t *job) {
+  if (job->term_sent || job->running == 0) return;
+  job->term_sent = 1;
+  job->stopping = 1;
+  job->grace_end = INT64_MAX;
+  signal_ranks(job, SIGTERM);
+  job->kill_at = tide__deadline_after_ms(KILL_AFTER_TERM_MS);
+}
+
+static const char *signal_name(int sig, char *buf, size_t cap) {
+  const char *abbrev = sigabbrev_np(sig);
+  if (abbrev != NULL)
+    snprintf(buf, cap, "SIG%s", abbrev);
+  else
+    snprintf(buf, cap, "%d", sig);
+  return buf;
+}
+
+/* A rank ended: report a failure unless tiderun or the user stopped it, and
+ * start the grace period at the first one. */
+static void rank_ended(job_t *job, rank_t *r, int status) {
+  r->running = 0;
+  job->running--;
+  if (WIFEXITED(status) && WEXITSTATUS(status) == 0) return;
+  if (job->stopping) return;
+  char name[32];
+  if (WIFEXITED(status))
+    fprintf(stderr, "tiderun: rank %d (pid %d) exited with status %d\n", r->rank, (int)r->pid,
+            WEXITSTATUS(status));
+  else
+    fprintf(stderr, "tiderun: rank %d (pid %d) was killed by signal %s\n", r->rank, (int)r->pid,
+            signal_name(WTERMSIG(status), name, sizeof name));
+  if (job->exit_code != 0) return;
+  job->exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 1;
+  if (job->running == 0) return;
+  if (job->opts->grace_ms == 0) {
+    stop_ranks(job);
+    return;
+  }
+  fprintf(stderr, "tiderun: the other %d rank(s) get %d ms to exit before SIGTERM\n",
+          job->running, job->opts->grace_ms);
+  job->grace_end = tide__deadline_after_ms(job->opts->grace_ms);
+}
+
+static void reap(job_t *job) {
+  int status;
+  pid_t pid;
+  while ((pid = waitpid(-1, &status, WNOHANG)) > 0)
+    for (int i = 0; i < job->nranks; i++)
+      if (job->ranks[i].pid == pid && job->ranks[i].running) rank_ended(job, &job->ranks[i], status);
+}
+
+static void on_signal(job_t *job, int sig) {
+  char name[32];
+  signal_name(sig, name, sizeof name);
+  if (sig == SIGCHLD) {
+    reap(job);
+    return;
+  }
+  if (job->exit_code == 0) job->exit_code = 128 + sig;
+  job->stopping = 1;
+  if (sig == SIGINT && ++job->interrupts >= 2) {
+    fprintf(stderr, "tiderun: second SIGINT, killing %d rank(s)\n", job->running);
+    signal_ranks(job, SIGKILL);
+    return;
+  }
+  fprintf(stderr, "tiderun: received %s, forwarding it to %d rank(s)%s\n", name, job->running,
+          sig == SIGINT ? " (press Ctrl-C again to kill them)" : "");
+  signal_ranks(job, sig);
+}
+
+static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
+
+/* Runs until every rank was reaped and its output read (or DRAIN_MS passed). */
+static void run_loop(job_t *job, int signal_fd) {
+  int nfds_max = 1 + 2 * job->nranks;
+  struct pollfd *pfds = calloc((size_t)nfds_max, sizeof *pfds);
+  stream_t **owners = calloc((size_t)nfds_max, sizeof *owners);
+  int *owner_rank = calloc((size_t)nfds_max, sizeof *owner_rank);
+  if (pfds == NULL || owners == NULL || owner_rank == NULL) {
+    fprintf(stderr, "tiderun: out of memory\n");
+    abort();
+  }
+  for (;;) {
+    int nfds = 0;
+    pfds[nfds++] = (struct pollfd){.fd = signal_fd, .events = POLLIN};
+    for (int i = 0; i < job->nranks; i++)
+      for (int k = 0; k < 2; k++) {
+        stream_t *s = &job->ranks[i].streams[k];
+        if (s->fd < 0) continue;
+        owners[nfds] = s;
+        owner_rank[nfds] = job->ranks[i].rank;
+        pfds[nfds++] = (struct pollfd){.fd = s->fd, .events = POLLIN};
+      }
+    if (job->running == 0 && nfds == 1) break;
+    if (job->running == 0 && job->drain_end == INT64_MAX)
+      job->drain_end = tide__deadline_after_ms(DRAIN_MS);
+
+    int64_t next = min64(min64(job->grace_end, job->kill_at), min64(job->timeout_at, job->drain_end));
+    int timeout_ms = -1;
+    if (next != INT64_MAX) {
+      int64_t left_ns = next - tide__now_ns();
+      timeout_ms = left_ns <= 0 ? 0 : (int)min64((left_ns + 999999) / 1000000, 1 << 30);
+    }
+    int n = poll(pfds, (nfds_t)nfds, timeout_ms);
+    if (n < 0 && errno != EINTR) {
+      fprintf(stderr, "tiderun: poll: %s\n", strerror(errno));
+      abort();
+    }
+    if (n > 0) {
+      if (pfds[0].revents & POLLIN) {
+        struct signalfd_siginfo si;
+        while (read(signal_fd, &si, sizeof si) == (ssize_t)sizeof si)
+          on_signal(job, (int)si.ssi_signo);
+      }
+      for (int i = 1; i < nfds; i++)
+        if (pfds[i].revents != 0 && owners[i]->fd >= 0) stream_read(owners[i], owner_rank[i]);
+    }
+    reap(job); /* SIGCHLD coalesces; reaping is cheap */
+
+    int64_t now = tide__now_ns();
+    if (now >= job->timeout_at) {
+      job->timeout_at = INT64_MAX;
+      if (job->running > 0) {
+        fprintf(stderr, "tiderun: --timeout %d s reached, stopping %d rank(s)\n",
+                job->opts->timeout_s, job->running);
+        if (job->exit_code == 0) job->exit_code = EXIT_TIMEOUT;
+        stop_ranks(job);
+      }
+    }
+    if (now >= job->grace_end) {
+      job->grace_end = INT64_MAX;
+      if (job->running > 0) {
+        fprintf(stderr, "tiderun: sending SIGTERM to the %d remaining rank(s)\n", job->running);
+        stop_ranks(job);
+      }
+    }
+    if (now >= job->kill_at) {
+      job->kill_at = INT64_MAX;
+      if (job->running > 0) {
+        fprintf(stderr, "tiderun: sending SIGKILL to the %d remaining rank(s)\n", job->running);
+        signal_ranks(job, SIGKILL);
+      }
+    }
+    if (now >= job->drain_end) {
+      for (int i = 0; i < job->nranks; i++)
+        for (int k = 0; k < 2; k++) stream_close(&job->ranks[i].streams[k], job->ranks[i].rank);
+    }
+  }
+  free(pfds);
+  free(owners);
+  free(owner_rank);
+}
+
+/* Creates the rank's pipes (with --prefix) and forks it. Returns 0, or -1
+ * after printing why. */
+static int start_rank(job_t *job, rank_t *r, char **env, const sigset_t *old_mask,
+                      const struct sigaction *old_sigpipe) {
+  const options_t *opts = job->opts;
+  int pipes[2][2] = {{-1, -1}, {-1, -1}};
+  if (opts->prefix) {
+    for (int k = 0; k < 2; k++) {
+      if (pipe2(pipes[k], O_CLOEXEC) != 0) {
+        fprintf(stderr, "tiderun: pipe: %s\n", strerror(errno));
+        for (int j = 0; j < k; j++) {
+          close(pipes[j][0]);
+          close(pipes[j][1]);
+        }
+        return -1;
+      }
+    }
+  }
+  pid_t parent = getpid();
+  pid_t pid = fork();
+  if (pid == 0) exec_rank(opts, env, pipes[0], pipes[1], old_mask, old_sigpipe, parent);
+  int fork_errno = errno;
+  if (opts->prefix) {
+    close(pipes[0][1]);
+    close(pipes[1][1]);
+  }
+  if (pid < 0) {
+    fprintf(stderr, "tiderun: cannot start rank %d: fork: %s\n", r->rank, strerror(fork_errno));
+    if (opts->prefix) {
+      close(pipes[0][0]);
+      close(pipes[1][0]);
+    }
+    return -1;
+  }
+  setpgid(pid, pid); /* also in the child: whichever runs first */
+  r->pid = pid;
+  r->running = 1;
+  job->running++;
+  if (opts->prefix)
+    for (int k = 0; k < 2; k++) {
+      r->streams[k].fd = pipes[k][0];
+      fcntl(pipes[k][0], F_SETFL, fcntl(pipes[k][0], F_GETFL) | O_NONBLOCK);
+    }
+  TIDE_INFO("tiderun: rank %d is pid %d", r->rank, (int)pid);
+  return 0;
+}
+
+int main(int argc, char **argv) {
+  options_t opts;
+  int rc = parse_args(argc, argv, &opts);
+  if (rc != 0) return rc > 0 ? 0 : EXIT_USAGE;
+  if (tide_params_load() != 0) {
+    fprintf(stderr, "tiderun: fix the TIDE_* variable named above\n");
+    return EXIT_USAGE;
+  }
+  char token_buf[65], id_buf[17];
+  const char *token = job_token(&opts, token_buf);
+  if (token == NULL) return EXIT_USAGE;
+  if (job_id(&opts, token, id_buf) != 0) return 1;
+  /* With signals still at their defaults, so Ctrl-C ends the wait. */
+  if (opts.node_rank != 0 && register_node(&opts, token) != 0) return 1;
+
+  /* Block the signals before any thread starts, so every thread inherits the
+   * mask and they all arrive at the signalfd. */
+  sigset_t handled, old_mask;
+  sigemptyset(&handled);
+  sigaddset(&handled, SIGCHLD);
+  /* A signal ignored when tiderun started (nohup, a background job of a
+   * script) stays ignored, by tiderun and by the ranks alike. */
+  const int forwarded[] = {SIGINT, SIGTERM, SIGHUP};
+  for (int i = 0; i < 3; i++) {
+    struct sigaction current;
+    sigaction(forwarded[i], NULL, &current);
+    if (current.sa_handler != SIG_IGN) sigaddset(&handled, forwarded[i]);
+  }
+  pthread_sigmask(SIG_BLOCK, &handled, &old_mask);
+  int signal_fd = signalfd(-1, &handled, SFD_CLOEXEC | SFD_NONBLOCK);
+  if (signal_fd < 0) {
+    fprintf(stderr, "tiderun: signalfd: %s\n", strerror(errno));
+    return 1;
+  }
+  /* A closed stdout must not kill tiderun before it reaped the ranks. */
+  struct sigaction ignore = {.sa_handler = SIG_IGN}, old_sigpipe;
+  sigaction(SIGPIPE, &ignore, &old_sigpipe);
+
+  tide_store_server_t *server = NULL;
+  const char *server_host = "127.0.0.1"; /* where node 0 itself reaches the store */
+  int server_port = 0;
+  char rdzv[300];
+  if (opts.node_rank == 0) {
+    const char *bind_host = "127.0.0.1";
+    if (opts.rdzv != NULL) {
+      bind_host = is_loopback(opts.rdzv_host) ? opts.rdzv_host : NULL; /* NULL: all interfaces */
+      server_port = opts.rdzv_port;
+      if (bind_host != NULL) server_host = bind_host;
+    }
+    rc = tide_store_server_start(bind_host, server_port, token, &server);
+    if (rc != 0) {
+      snprintf(rdzv, sizeof rdzv, "%s:%d", bind_host ? bind_host : "*", server_port);
+      print_store_error("cannot start the store server on", rdzv, rc);
+      close(signal_fd);
+      return 1;
+    }
+    server_port = tide_store_server_port(server);
+    TIDE_INFO("tiderun: store server listening on %s:%d", bind_host ? bind_host : "*",
+              server_port);
+  }
+  /* The ranks of every node use the same address, so that node 0's ranks
+   * advertise the address other nodes can reach. */
+  if (opts.rdzv != NULL)
+    snprintf(rdzv, sizeof rdzv, "%s", opts.rdzv);
+  else
+    snprintf(rdzv, sizeof rdzv, "127.0.0.1:%d", server_port);
+
+  job_t job = {.opts = &opts, .nranks = opts.nproc, .grace_end = INT64_MAX,
+               .kill_at = INT64_MAX, .timeout_at = INT64_MAX, .drain_end = INT64_MAX};
+  if (opts.timeout_s > 0) job.timeout_at = tide__deadline_after_ms((int64_t)opts.timeout_s * 1000);
+  job.ranks = calloc((size_t)opts.nproc, sizeof *job.ranks);
+  if (job.ranks == NULL) {
+    fprintf(stderr, "tiderun: out of memory\n");
+    return 1;
+  }
+  for (int i = 0; i < opts.nproc; i++) {
+    rank_t *r = &job.ranks[i];
+    r->rank = opts.node_rank * opts.nproc + i;
+    for (int k = 0; k < 2; k++) {
+      r->streams[k].fd = -1;
+      r->streams[k].out_fd = k + 1;
+      if (opts.prefix && (r->streams[k].buf = malloc(LINE_CAP)) == NULL) {
+        fprintf(stderr, "tiderun: out of memory\n");
+        return 1;
+      }
+    }
+  }
+
+  for (int i = 0; i < opts.nproc; i++) {
+    char rank_text[16], size_text[16], local_text[16], local_size_text[16], node_text[16],
+        nnodes_text[16];
+    snprintf(rank_text, sizeof rank_text, "%d", job.ranks[i].rank);
+    snprintf(size_text, sizeof size_text, "%d", opts.nnodes * opts.nproc);
+    snprintf(local_text, sizeof local_text, "%d", i);
+    snprintf(local_size_text, sizeof local_size_text, "%d", opts.nproc);
+    snprintf(node_text, sizeof node_text, "%d", opts.node_rank);
+    snprintf(nnodes_text, sizeof nnodes_text, "%d", opts.nnodes);
+    char *values[NVARS] = {rank_text, size_text,  local_text,       local_size_text, node_text,
+                           nnodes_text, rdzv,     (char *)token,    id_buf};
+    char **env = rank_env(values);
+    if (env == NULL || start_rank(&job, &job.ranks[i], env, &old_mask, &old_sigpipe) != 0) {
+      if (env == NULL) fprintf(stderr, "tiderun: out of memory\n");
+      free_env(env);
+      job.exit_code = 1;
+      stop_ranks(&job);
+      break;
+    }
+    free_env(env);
+  }
+
+  run_loop(&job, signal_fd);
+
+  if (opts.nnodes > 1 && opts.node_rank != 0) report_node_done(&opts, token);
+  if (opts.nnodes > 1 && opts.node_rank == 0 && job.exit_code == 0)
+    wait_for_other_nodes(server_host, server_port, token, signal_fd);
+  if (server != NULL) tide_store_server_stop(server);
+  close(signal_fd);
+  for (int i = 0; i < opts.nproc; i++)
+    for (int k = 0; k < 2; k++) free(job.ranks[i].streams[k].buf);
+  free(job.ranks);
+  return job.exit_code;
+}
