@@ -52,8 +52,10 @@ int harness_run(const harness_opts_t *opts, int (*fn)(int, int, void *), void *a
       setenv("TIDE_JOB_TOKEN", token, 1);
       if (opts->host_ids != NULL) setenv("TIDE_HOST_ID", opts->host_ids[r], 1);
       if (opts->tcp_only) setenv("TIDE_SHM", "0", 1);
+      int rc = fn(r, np, arg);
       fflush(stdout);
-      _exit(fn(r, np, arg));
+      fflush(stderr);
+      _exit(rc);
     }
     pids[r] = pid;
   }

@@ -297,7 +297,8 @@ static void expect_closed(int fd) {
   close(fd);
 }
 
-static void send_request(int fd, uint32_t op, uint32_t key_len, uint64_t value_len, const char *key) {
+static void send_request(int fd, uint32_t op, uint32_t key_len, uint64_t value_len,
+                         const char *key) {
   uint8_t head[TIDE__STORE_REQUEST_BYTES];
   tide__store_request_t req = {op, key_len, value_len, 0};
   tide__store_request_encode(head, &req);
@@ -356,7 +357,20 @@ static void test_malformed(void) {
   send_request(fd, TIDE__STORE_OP_BYE, 0, 0, NULL); /* BYE outside a watch */
   expect_closed(fd);
 
+  /* A client that sends requests but never reads the answers: the server
+   * buffers a bounded amount for it, then closes it. */
   tide_store_t *store = connect_ok();
+  size_t big_len = 4 << 20;
+  char *big = calloc(1, big_len);
+  CHECK_OK(tide_store_set(store, "big4", big, big_len));
+  free(big);
+  fd = raw_connect(1);
+  for (int i = 0; i < 40; i++) send_request(fd, TIDE__STORE_OP_GET, 4, 0, "big4");
+  sleep_ms(100);
+  CHECK_OK(tide_store_set(store, "during", "d", 1)); /* others are served meanwhile */
+  expect_get(store, "during", "d", 1);
+  expect_closed(fd);
+
   CHECK_OK(tide_store_set(store, "survived", "yes", 3));
   expect_get(store, "survived", "yes", 3);
   tide_store_close(store);

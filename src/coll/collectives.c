@@ -109,9 +109,9 @@ static uint64_t hash_counts(const size_t *counts, int n) {
 /* Runs one collective; the caller holds exec_lock. */
 static int execute(tide_comm_t *comm, void *raw) {
   args_t *a = raw;
-  int rc = atomic_load(&comm->failed);
-  if (rc) goto out;
   comm->seq++;
+  int rc = tide__comm_check(comm, comm->seq);
+  if (rc) goto out;
   header_t h = {HEADER_MAGIC, a->kind, comm->seq, a->count, 0, a->dtype, a->op, a->root, 0};
   if (a->kind == ALLGATHERV) {
     h.counts_hash = hash_counts(a->counts, comm->size);
@@ -172,8 +172,11 @@ out:
 static int invalid(tide_comm_t *comm, const char *fmt, const char *kind, const char *detail) {
   char msg[300];
   snprintf(msg, sizeof msg, fmt, kind, detail);
-  TIDE_ERROR("rank %d: %s", comm->rank, msg);
+  tide__task_drain(comm);
+  pthread_mutex_lock(&comm->exec_lock);
+  comm->seq++; /* the failed call takes the number the others see */
   tide__comm_fail(comm, TIDE_EINVAL, 0, "rank %d called %s", comm->rank, msg);
+  pthread_mutex_unlock(&comm->exec_lock);
   return TIDE_EINVAL;
 }
 

@@ -70,10 +70,31 @@ int tide__comm_fail(tide_comm_t *comm, int rc, int from_peer, const char *fmt, .
   if (set_failed(comm, rc, msg) && !from_peer && comm->store != NULL) {
     char key[200], value[1000];
     snprintf(key, sizeof key, "event/abort/%s", comm->ns);
-    int n = snprintf(value, sizeof value, "%d|%s", rc, msg);
+    int n = snprintf(value, sizeof value, "%d|%llu|%s", rc, (unsigned long long)comm->seq, msg);
     tide_store_set(comm->store, key, value, (size_t)(n < (int)sizeof value ? n : (int)sizeof value - 1));
   }
   return atomic_load(&comm->failed);
+}
+
+int tide__comm_check(tide_comm_t *comm, uint64_t seq) {
+  int failed = atomic_load_explicit(&comm->failed, memory_order_acquire);
+  if (failed) return failed;
+  if (seq >= atomic_load(&comm->abort_seq)) {
+    char msg[1024];
+    pthread_mutex_lock(&comm->error_lock);
+    int rc = comm->abort_rc;
+    memcpy(msg, comm->abort_msg, sizeof msg);
+    pthread_mutex_unlock(&comm->error_lock);
+    set_failed(comm, rc, msg);
+    return atomic_load(&comm->failed);
+  }
+  if (seq > atomic_load(&comm->left_after))
+    return tide__comm_fail(comm, TIDE_EPEER, 0,
+                           "rank %d left the communicator (tide_comm_destroy) after %llu collectives, while "
+                           "rank %d is in collective #%llu",
+                           atomic_load(&comm->left_rank), (unsigned long long)atomic_load(&comm->left_after),
+                           comm->rank, (unsigned long long)seq);
+  return 0;
 }
 
 /* Events from the store: another rank's failure report, a rank that died
@@ -82,9 +103,17 @@ int tide__comm_fail(tide_comm_t *comm, int rc, int from_peer, const char *fmt, .
 static void handle_event(tide_comm_t *comm, const char *key, const char *value) {
   size_t ns_len = strlen(comm->ns);
   if (strncmp(key, "event/abort/", 12) == 0 && strcmp(key + 12, comm->ns) == 0) {
-    int rc = atoi(value);
-    const char *bar = strchr(value, '|');
-    set_failed(comm, rc < 0 ? rc : TIDE_EABORTED, bar ? bar + 1 : value);
+    int rc = 0, at = 0;
+    unsigned long long seq = 0;
+    if (sscanf(value, "%d|%llu|%n", &rc, &seq, &at) < 2 || at == 0) return;
+    pthread_mutex_lock(&comm->error_lock);
+    if (seq < atomic_load(&comm->abort_seq)) {
+      comm->abort_rc = rc < 0 ? rc : TIDE_EABORTED;
+      snprintf(comm->abort_msg, sizeof comm->abort_msg, "%s", value + at);
+      atomic_store(&comm->abort_seq, (uint64_t)seq);
+    }
+    pthread_mutex_unlock(&comm->error_lock);
+    wake_waiters(comm);
   } else if (strncmp(key, "event/lost/", 11) == 0 && strncmp(key + 11, comm->ns, ns_len) == 0 &&
              key[11 + ns_len] == ':') {
     int rank = atoi(key + 12 + ns_len);
@@ -442,6 +471,7 @@ static tide_comm_t *comm_alloc(void) {
   pthread_cond_init(&comm->queue_cond, NULL);
   atomic_store(&comm->left_after, UINT64_MAX);
   atomic_store(&comm->left_rank, -1);
+  atomic_store(&comm->abort_seq, UINT64_MAX);
   comm->stop_fd = eventfd(0, EFD_CLOEXEC);
   comm->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   comm->timeout_ms = tide__param_int(TIDE__PARAM_TIMEOUT_MS);

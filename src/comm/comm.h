@@ -42,6 +42,11 @@ struct tide_comm {
   char error[1024];
   _Atomic uint64_t left_after; /* a rank left after this many collectives */
   _Atomic int left_rank;
+  /* Another rank's failure report applies from its collective on: ranks
+   * still finishing an earlier one complete it first. */
+  _Atomic uint64_t abort_seq;
+  int abort_rc;
+  char abort_msg[1024];
 
   pthread_mutex_t exec_lock;
   uint64_t seq; /* collectives started */
@@ -68,6 +73,10 @@ struct tide_comm {
  * failure came from them. Returns the communicator's failure code. */
 int tide__comm_fail(tide_comm_t *comm, int rc, int from_peer, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
+
+/* 0, or the failure every call from collective number seq on returns
+ * (applying a pending report from another rank when seq has reached it). */
+int tide__comm_check(tide_comm_t *comm, uint64_t seq);
 
 /* Runs ops until all are done, the communicator fails or the deadline
  * (TIDE_TIMEOUT_MS from now) passes; `what` names the collective in

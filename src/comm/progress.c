@@ -24,20 +24,6 @@ void *tide__comm_scratch(tide_comm_t *comm, size_t bytes) {
   return comm->scratch;
 }
 
-/* 0, or the failure every call now returns. */
-static int check_failed(tide_comm_t *comm, const char *what) {
-  int failed = atomic_load_explicit(&comm->failed, memory_order_acquire);
-  if (failed) return failed;
-  if (comm->seq > atomic_load(&comm->left_after)) {
-    return tide__comm_fail(comm, TIDE_EPEER, 0,
-                           "rank %d left the communicator (tide_comm_destroy) after %llu collectives, "
-                           "while rank %d is in %s",
-                           atomic_load(&comm->left_rank), (unsigned long long)atomic_load(&comm->left_after),
-                           comm->rank, what);
-  }
-  return 0;
-}
-
 /* An op may start only when no earlier op in the batch on the same
  * channel and direction is unfinished (channels are ordered streams). */
 static int blocked(const tide__p2p_t *ops, int i) {
@@ -54,7 +40,7 @@ int tide__comm_run(tide_comm_t *comm, tide__p2p_t *ops, int n, const char *what)
   int idle = 0;
   struct pollfd fds[65];
   for (;;) {
-    int rc = check_failed(comm, what);
+    int rc = tide__comm_check(comm, comm->seq);
     if (rc) return rc;
     uint32_t bell = comm->seg ? atomic_load(tide__shm_bell(comm->seg)) : 0;
     int progressed = 0, pending = 0, shm_pending = 0, nfds = 0, waiting_on = -1;

@@ -238,7 +238,12 @@ int tide__auth_handshake(int fd, const char *token, int server, int64_t deadline
   if (server) {
     proof(token, 'C', my_nonce, their_nonce, expect);
     TIDE_CHECK(tide__recv_all(fd, got, 32, deadline_ns));
-    if (!same(expect, got, 32)) return TIDE_EAUTH;
+    if (!same(expect, got, 32)) {
+      /* An answer that cannot verify tells the client at once. */
+      memset(answer, 0, sizeof answer);
+      tide__send_all(fd, answer, 32, deadline_ns);
+      return TIDE_EAUTH;
+    }
     proof(token, 'S', their_nonce, my_nonce, answer);
     return tide__send_all(fd, answer, 32, deadline_ns);
   }

@@ -137,14 +137,15 @@ static int request(tide_store_t *st, const char *op_name, uint32_t op, const cha
 
   pthread_mutex_lock(&st->lock);
   if (st->failed_rc != 0) {
-    TIDE_ERROR("store %s: cannot %s \"%s\": this connection failed earlier (%s); connect again",
-               st->peer, op_name, key ? key : "", tide_strerror(st->failed_rc));
+    TIDE_ERROR("store %s: cannot %s \"%s\": this connection failed earlier; connect again",
+               st->peer, op_name, key ? key : "");
     rc = TIDE_EPEER;
     goto out;
   }
   TIDE_CHECK_GOTO(tide__send_all(st->fd, head, TIDE__STORE_REQUEST_BYTES + key_len, deadline),
                   rc, broken);
-  if (value_len > 0) TIDE_CHECK_GOTO(tide__send_all(st->fd, value, value_len, deadline), rc, broken);
+  if (value_len > 0)
+    TIDE_CHECK_GOTO(tide__send_all(st->fd, value, value_len, deadline), rc, broken);
   TIDE_CHECK_GOTO(tide__recv_all(st->fd, resp_head, sizeof resp_head, deadline), rc, broken);
   rc = tide__store_response_decode(resp_head, &resp);
   if (rc == 0 && (resp.value_len > st->max_value || (resp.value_len > 0 && reply == NULL)))
@@ -174,9 +175,15 @@ broken:
   if (rc == TIDE_ETIMEDOUT)
     TIDE_ERROR("store %s did not answer %s \"%s\" within %lld ms; the connection is unusable",
                st->peer, op_name, key ? key : "", (long long)limit_ms);
+  else if (rc == TIDE_EPROTO)
+    TIDE_ERROR("store %s sent a malformed answer to %s \"%s\"", st->peer, op_name,
+               key ? key : "");
+  else if (rc == TIDE_ENOMEM)
+    TIDE_ERROR("store %s: out of memory for the %llu-byte answer to %s \"%s\"", st->peer,
+               (unsigned long long)resp.value_len, op_name, key ? key : "");
   else
-    TIDE_ERROR("store %s: connection failed during %s \"%s\": %s", st->peer, op_name,
-               key ? key : "", tide_strerror(rc));
+    TIDE_ERROR("store %s closed the connection during %s \"%s\" (stopped or died?)", st->peer,
+               op_name, key ? key : "");
   if (rc != TIDE_ETIMEDOUT && rc != TIDE_EPROTO && rc != TIDE_ENOMEM) rc = TIDE_EPEER;
 out:
   pthread_mutex_unlock(&st->lock);

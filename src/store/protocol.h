@@ -33,7 +33,8 @@
 /* Ops. key/value/arg/result per op:
  *   SET     key, value                          -> -
  *   GET     key, arg = timeout_ms (>= 0)        -> value (parked until the key exists)
- *   WAIT    value = keys, each NUL-terminated, arg = timeout_ms -> - (parked likewise)
+ *   WAIT    value = keys, each NUL-terminated, arg = timeout_ms -> - (parked likewise;
+ *           done once each key has been seen to exist, even if deleted since)
  *   ADD     key, arg = delta                    -> result = new value (8 bytes LE at key)
  *   DELETE  key                                 -> - (ENOENT if missing)
  *   WATCH   key = name                          -> - ; the connection becomes a watch
