@@ -3,9 +3,12 @@
  * the shared-memory doorbell or poll the sockets, never past the deadline,
  * and stop as soon as the communicator fails. */
 #include <poll.h>
+#include <sched.h>
 #include <stdio.h>
 
 #include "comm/comm.h"
+
+#define YIELDS 64
 
 static inline void cpu_relax(void) {
 #if defined(__x86_64__) || defined(__i386__)
@@ -82,6 +85,11 @@ int tide__comm_run(tide_comm_t *comm, tide__p2p_t *ops, int n, const char *what)
     if (idle++ == 0) spin_start = tide__now_ns();
     if ((idle & 63) != 0 || tide__now_ns() - spin_start < spin_ns) {
       cpu_relax();
+      continue;
+    }
+    if (spin_ns == 0 && idle < 64 * YIELDS) {
+      /* More ranks than cores: the peer we wait for may need this core. */
+      sched_yield();
       continue;
     }
     int left = tide__ms_left(deadline);

@@ -131,7 +131,7 @@ static int request(tide_store_t *st, const char *op_name, uint32_t op, const cha
   tide__store_request_encode(head, &req);
   if (key_len > 0) memcpy(head + TIDE__STORE_REQUEST_BYTES, key, key_len);
   uint8_t resp_head[TIDE__STORE_RESPONSE_BYTES];
-  tide__store_response_t resp;
+  tide__store_response_t resp = {0};
   void *body = NULL;
   int rc;
 
@@ -335,7 +335,7 @@ int tide__store_watch_open(const char *host, int port, const char *token, const 
   int64_t soon = tide__deadline_after_ms(1000);
   if (deadline < soon) deadline = soon;
   uint8_t resp_head[TIDE__STORE_RESPONSE_BYTES];
-  tide__store_response_t resp;
+  tide__store_response_t resp = {0};
   int rc = tide__send_all(fd, head, TIDE__STORE_REQUEST_BYTES + name_len, deadline);
   if (rc == 0) rc = tide__recv_all(fd, resp_head, sizeof resp_head, deadline);
   if (rc == 0) rc = tide__store_response_decode(resp_head, &resp);

@@ -1,0 +1,228 @@
+#!/usr/bin/env bash
+# Benchmarks tide's allreduce against Open MPI and Gloo in one run on this
+# machine, then reduce_scatter and allgather against Open MPI. Every line of
+# every library goes to BUILD_DIR/bench-allreduce.jsonl; two markdown tables
+# are printed from it.
+#
+#   scripts/bench-allreduce.sh [BUILD_DIR]        (default: build; `make bench`)
+#
+# Environment (all optional):
+#   NP=2                 ranks
+#   MIN_BYTES=4K MAX_BYTES=256M
+#   ITERS=               fixed iterations per size (default: each tool's adaptive
+#                        count, ~0.3 s per size, 5..1000)
+#   MPIRUN_ARGS=         extra mpirun arguments (default MCA settings otherwise)
+#   MPI_VARIANTS="default nommap"   Open MPI runs: as installed, and with glibc's
+#                        mmap threshold raised (Open MPI mallocs its temporary
+#                        buffers on every call; above the threshold each call
+#                        maps fresh pages, and page faults dominate in VMs);
+#                        the table shows the better run
+#   GLOO_ALGOS="ring ring_legacy"   Gloo allreduce variants; the table shows the
+#                        better of them at each size
+#   OUT=BUILD_DIR/bench-allreduce.jsonl
+#   RUN_TIMEOUT=300      seconds before one library's run is stopped
+# A baseline that was not built (no MPI or no libgloo-dev found) is skipped.
+set -uo pipefail
+
+build=${1:-build}
+if [ ! -d "$build" ]; then
+  echo "bench-allreduce: no build directory '$build' (build first: make build)" >&2
+  exit 2
+fi
+build=$(cd "$build" && pwd)
+np=${NP:-2}
+min_bytes=${MIN_BYTES:-4K}
+max_bytes=${MAX_BYTES:-256M}
+out=${OUT:-$build/bench-allreduce.jsonl}
+run_timeout=${RUN_TIMEOUT:-300}
+gloo_algos=${GLOO_ALGOS:-ring ring_legacy}
+mpi_variants=${MPI_VARIANTS:-default nommap}
+common=(--dtype f32 --reduce sum --min-bytes "$min_bytes" --max-bytes "$max_bytes" --check)
+[ -n "${ITERS:-}" ] && common+=(--iters "$ITERS")
+
+: >"$out"
+failed=()
+start=$(date +%s)
+
+# run LABEL VARIANT CMD...: appends the JSON lines CMD prints to $out, with
+# "variant":VARIANT added when VARIANT is not empty; stderr passes through.
+# CMD may be a shell function.
+run() {
+  local label=$1 variant=$2
+  shift 2
+  echo "bench-allreduce: $label: $*" >&2
+  local tmp rc
+  tmp=$(mktemp)
+  "$@" >"$tmp"
+  rc=$?
+  if [ -n "$variant" ]; then
+    grep '^{' "$tmp" | sed "s/}\$/,\"variant\":\"$variant\"}/" >>"$out"
+  else
+    grep '^{' "$tmp" >>"$out"
+  fi
+  rm -f "$tmp"
+  if [ $rc -ne 0 ]; then
+    echo "bench-allreduce: $label failed (exit $rc)" >&2
+    failed+=("$label")
+  fi
+}
+
+# ---- tide ------------------------------------------------------------------
+if [ -x "$build/tools/tide" ] && [ -x "$build/tools/tiderun" ]; then
+  for ops in allreduce reduce_scatter,allgather; do
+    run "tide $ops" "" timeout -k 10 "$run_timeout" "$build/tools/tiderun" -np "$np" "$build/tools/tide" bench --op "$ops" \
+      "${common[@]}"
+  done
+else
+  echo "bench-allreduce: $build/tools/tide or tiderun missing: tide skipped" >&2
+  failed+=("tide (not built)")
+fi
+
+# ---- Open MPI ---------------------------------------------------------------
+if [ -x "$build/bench/mpi_bench" ] && command -v mpirun >/dev/null; then
+  if [ "$(id -u)" -eq 0 ]; then
+    export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+  fi
+  for variant in $mpi_variants; do
+    env_args=()
+    case $variant in
+      default) ;;
+      nommap) env_args=(-x MALLOC_MMAP_THRESHOLD_=4294967296 -x MALLOC_TRIM_THRESHOLD_=4294967296) ;;
+      *) echo "bench-allreduce: unknown MPI_VARIANTS entry '$variant' (default, nommap)" >&2
+         exit 2 ;;
+    esac
+    for ops in allreduce reduce_scatter,allgather; do
+      # shellcheck disable=SC2086  # MPIRUN_ARGS is a list of words
+      run "openmpi $ops ($variant)" "$variant" timeout -k 10 "$run_timeout" \
+        mpirun --oversubscribe -np "$np" ${MPIRUN_ARGS:-} "${env_args[@]}" \
+        "$build/bench/mpi_bench" --op "$ops" "${common[@]}"
+    done
+  done
+else
+  echo "bench-allreduce: Open MPI baseline not built (no MPI found): skipped" >&2
+fi
+
+# ---- Gloo -------------------------------------------------------------------
+# Ranks 1..NP-1 in the background, rank 0 in the foreground (it prints).
+# shellcheck disable=SC2317  # called through run
+gloo_run() {
+  local algo=$1 store pids=() rc=0
+  store=$(mktemp -d)
+  for ((r = 1; r < np; r++)); do
+    timeout -k 10 "$run_timeout" "$build/bench/gloo_bench" --rank "$r" --size "$np" \
+      --store "$store" --op allreduce --algo "$algo" "${common[@]}" >/dev/null &
+    pids+=($!)
+  done
+  timeout -k 10 "$run_timeout" "$build/bench/gloo_bench" --rank 0 --size "$np" --store "$store" --op allreduce \
+    --algo "$algo" "${common[@]}" || rc=$?
+  for pid in "${pids[@]}"; do wait "$pid" || rc=$?; done
+  rm -rf "$store"
+  return "$rc"
+}
+if [ -x "$build/bench/gloo_bench" ]; then
+  for algo in $gloo_algos; do
+    run "gloo allreduce ($algo)" "" gloo_run "$algo"
+  done
+else
+  echo "bench-allreduce: Gloo baseline not built (libgloo-dev not found): skipped" >&2
+fi
+
+elapsed=$(($(date +%s) - start))
+
+# ---- tables -----------------------------------------------------------------
+if ! command -v python3 >/dev/null; then
+  echo "bench-allreduce: python3 not found; results are in $out" >&2
+  exit 1
+fi
+python3 - "$out" "$np" "$elapsed" <<'EOF'
+import json, os, platform, sys
+
+path, np_, elapsed = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+rows = []
+with open(path) as f:
+    for line in f:
+        try:
+            rows.append(json.loads(line))
+        except ValueError:
+            pass
+
+def pick(lib, op):
+    """bytes -> record; for a lib measured several ways (Gloo's algo, Open MPI's
+    variant), the best p50."""
+    out = {}
+    for r in rows:
+        if r.get("lib") == lib and r.get("op") == op and r.get("np") == np_:
+            b = r["bytes"]
+            if b not in out or r["p50_s"] < out[b]["p50_s"]:
+                out[b] = r
+    return out
+
+def size(b):
+    for unit, div in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if b >= div and b % div == 0:
+            return f"{b // div} {unit}"
+    return f"{b} B"
+
+def bw(rec):
+    if rec is None:
+        return "-"
+    note = ""
+    if rec.get("variant", "default") != "default":
+        note = f" ({rec['variant']})"
+    elif rec.get("algo", "ring") != "ring":
+        note = f" ({rec['algo']})"
+    return f"{rec['algbw_GBps']:.2f}" + note + ("" if rec.get("ok", True) else " (WRONG)")
+
+def ratio(a, b):
+    if a is None or b is None or b["algbw_GBps"] == 0:
+        return "-"
+    return f"{a['algbw_GBps'] / b['algbw_GBps']:.2f}x"
+
+cpu = "?"
+try:
+    with open("/proc/cpuinfo") as f:
+        cpu = next(l.split(":", 1)[1].strip() for l in f if l.startswith("model name"))
+except (OSError, StopIteration):
+    pass
+print(f"## allreduce, f32 sum, np={np_}: algbw in GB/s (bytes / p50 time)\n")
+print(f"{platform.node()}: {os.cpu_count()} CPUs ({cpu}), Linux {platform.release()}; "
+      f"all runs took {elapsed} s. Results: {path}\n")
+
+tide, mpi, gloo = pick("tide", "allreduce"), pick("openmpi", "allreduce"), pick("gloo", "allreduce")
+print("| bytes | tide | Open MPI | Gloo | tide/Open MPI | tide/Gloo |")
+print("|---:|---:|---:|---:|---:|---:|")
+for b in sorted(set(tide) | set(mpi) | set(gloo)):
+    t, m, g = tide.get(b), mpi.get(b), gloo.get(b)
+    print(f"| {size(b)} | {bw(t)} | {bw(m)} | {bw(g)} | {ratio(t, m)} | {ratio(t, g)} |")
+lat = []
+for name, recs in (("tide", tide), ("Open MPI", mpi), ("Gloo", gloo)):
+    r = recs.get(4096)
+    lat.append(f"{name} {r['p50_s'] * 1e6:.1f} µs" if r else f"{name} -")
+print("\n4 KiB allreduce latency (p50): " + ", ".join(lat) + ".")
+print("\nEach baseline shows its better run at each size, marked when it is not the "
+      "plain one. Open MPI: as installed (default MCA settings), or `nommap`: the same with "
+      "MALLOC_MMAP_THRESHOLD_ raised, so its per-call temporary buffers stop costing fresh "
+      "pages. Gloo: `ring` (gloo::allreduce with AllreduceOptions, the call PyTorch makes) "
+      "or `ring_legacy` (gloo::AllreduceRing).")
+
+print(f"\n## reduce_scatter and allgather, f32, np={np_}: algbw in GB/s\n")
+print("| bytes | tide reduce_scatter | Open MPI reduce_scatter | ratio "
+      "| tide allgather | Open MPI allgather | ratio |")
+print("|---:|---:|---:|---:|---:|---:|---:|")
+trs, mrs = pick("tide", "reduce_scatter"), pick("openmpi", "reduce_scatter")
+tag, mag = pick("tide", "allgather"), pick("openmpi", "allgather")
+for b in sorted(set(trs) | set(mrs) | set(tag) | set(mag)):
+    print(f"| {size(b)} | {bw(trs.get(b))} | {bw(mrs.get(b))} | {ratio(trs.get(b), mrs.get(b))} "
+          f"| {bw(tag.get(b))} | {bw(mag.get(b))} | {ratio(tag.get(b), mag.get(b))} |")
+print("\nbytes as nccl-tests: reduce_scatter the input per rank, allgather the whole output.")
+bad = [r for r in rows if not r.get("ok", True)]
+if bad:
+    print(f"\n**{len(bad)} measurement(s) returned wrong results (ok=false).**")
+EOF
+status=$?
+
+if [ ${#failed[@]} -gt 0 ]; then
+  printf 'bench-allreduce: incomplete: %s\n' "${failed[@]}" >&2
+  exit 1
+fi
+exit $status
