@@ -482,6 +482,11 @@ static tide_comm_t *comm_alloc(void) {
   return comm;
 }
 
+/* The store this process hosts under mpirun or srun (rank 0), and how many
+ * communicators of this process still hold connections to a store. */
+static tide_store_server_t *hosted_store;
+static _Atomic int open_comms;
+
 /* A derived token when another launcher started us without TIDE_JOB_TOKEN:
  * it keeps strangers' stray connections out but is no secret. */
 static char *derived_token(const char *rdzv) {
@@ -537,12 +542,12 @@ int tide_comm_init(tide_comm_t **out) {
   }
   /* Under mpirun or srun nobody hosts the store: rank 0 does, for the
    * life of the process (later communicators meet there too). */
-  static tide_store_server_t *hosted;
-  if (!tiderun && rank == 0 && hosted == NULL)
-    TIDE_CHECK_GOTO(tide_store_server_start(NULL, comm->store_port, comm->token, &hosted), rc, fail);
+  if (!tiderun && rank == 0 && hosted_store == NULL)
+    TIDE_CHECK_GOTO(tide_store_server_start(NULL, comm->store_port, comm->token, &hosted_store), rc, fail);
   TIDE_CHECK_GOTO(tide_store_connect(comm->store_host, comm->store_port, comm->token, (int)comm->timeout_ms,
                                      &comm->store),
                   rc, fail);
+  atomic_fetch_add(&open_comms, 1);
   TIDE_CHECK_GOTO(comm_connect(comm), rc, fail);
   *out = comm;
   return 0;
@@ -577,7 +582,12 @@ void tide_comm_destroy(tide_comm_t *comm) {
   if (comm->peer_segs != NULL)
     for (int l = 0; l < comm->local_size; l++) tide__shm_segment_close(comm->peer_segs[l]);
   tide__shm_segment_close(comm->seg);
+  if (comm->store != NULL) atomic_fetch_sub(&open_comms, 1);
   tide_store_close(comm->store);
+  /* Hosting the store, stay until the other ranks are done with it (their
+   * exit or destroy closes their connections), so they do not see it vanish. */
+  if (hosted_store != NULL && comm->store != NULL)
+    tide__store_server_wait_clients(hosted_store, 2 * (size_t)atomic_load(&open_comms), (int)comm->timeout_ms);
   if (comm->stop_fd >= 0) close(comm->stop_fd);
   if (comm->wake_fd >= 0) close(comm->wake_fd);
   pthread_mutex_destroy(&comm->error_lock);
@@ -660,7 +670,10 @@ int tide_comm_split(tide_comm_t *comm, int color, int key, tide_comm_t **out) {
   int rc = sub->token ? 0 : TIDE_ENOMEM;
   if (rc == 0)
     rc = tide_store_connect(sub->store_host, sub->store_port, sub->token, (int)sub->timeout_ms, &sub->store);
-  if (rc == 0) rc = comm_connect(sub);
+  if (rc == 0) {
+    atomic_fetch_add(&open_comms, 1);
+    rc = comm_connect(sub);
+  }
   if (rc != 0) {
     tide_comm_destroy(sub);
     return rc;

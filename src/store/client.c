@@ -360,8 +360,8 @@ int tide__store_watch_fd(const tide__store_watch_t *watch) {
 }
 
 static int watch_fail(tide__store_watch_t *w, int rc, const char *why) {
-  if (rc == TIDE_EPEER)
-    TIDE_WARN("store watch: %s", why);
+  if (rc == TIDE_EPEER) /* the store stopped: normal at the end of a job */
+    TIDE_DEBUG("store watch: %s", why);
   else
     TIDE_ERROR("store watch: %s", why);
   w->failed_rc = rc;

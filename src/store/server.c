@@ -18,9 +18,11 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/eventfd.h>
+#include <time.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -102,6 +104,7 @@ struct tide_store_server {
   entry_t **buckets;
   size_t bucket_count, key_count;
   int64_t accept_paused_until_ns;
+  _Atomic size_t clients; /* conn_count, for other threads */
 };
 
 /* ---- buffers ---- */
@@ -756,6 +759,7 @@ static void *server_main(void *arg) {
   tide_store_server_t *s = arg;
   for (;;) {
     sweep(s);
+    atomic_store(&s->clients, s->conn_count);
     if (s->conn_count + 2 > s->pfd_cap) {
       size_t cap = (s->conn_count + 2) * 2;
       struct pollfd *pfds = tide__realloc(s->pfds, cap * sizeof *pfds);
@@ -877,4 +881,14 @@ void tide_store_server_stop(tide_store_server_t *server) {
   explicit_bzero(server->token, strlen(server->token)); /* the job secret */
   tide__free(server->token);
   tide__free(server);
+}
+
+int tide__store_server_wait_clients(tide_store_server_t *server, size_t max_clients, int timeout_ms) {
+  int64_t deadline = tide__deadline_after_ms(timeout_ms);
+  while (atomic_load(&server->clients) > max_clients) {
+    if (tide__now_ns() >= deadline) return TIDE_ETIMEDOUT;
+    struct timespec ts = {0, 5 * 1000000};
+    nanosleep(&ts, NULL);
+  }
+  return 0;
 }

@@ -26,4 +26,9 @@ int tide__store_watch_next(tide__store_watch_t *watch, char **key, void **value,
 /* Says goodbye (so no lost event is published) and closes. NULL is fine. */
 void tide__store_watch_close(tide__store_watch_t *watch);
 
+/* Waits until the server has at most max_clients connections (0 when they
+ * are fewer, TIDE_ETIMEDOUT after timeout_ms). The process that hosts the
+ * store under mpirun waits so that it outlives the other ranks' use. */
+int tide__store_server_wait_clients(tide_store_server_t *server, size_t max_clients, int timeout_ms);
+
 #endif
