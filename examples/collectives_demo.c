@@ -4,6 +4,8 @@
  *
  * Each rank contributes its rank; rank 0 prints what every collective
  * produced and how fast a few allreduce sizes run. Uses only tide.h. */
+#define _POSIX_C_SOURCE 200809L /* clock_gettime */
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
