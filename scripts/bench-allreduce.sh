@@ -13,10 +13,10 @@
 #                        count, ~0.3 s per size, 5..1000)
 #   MPIRUN_ARGS=         extra mpirun arguments (default MCA settings otherwise)
 #   MPI_VARIANTS="default nommap"   Open MPI runs: as installed, and with glibc's
-#                        mmap threshold raised (Open MPI mallocs its temporary
-#                        buffers on every call; above the threshold each call
-#                        maps fresh pages, and page faults dominate in VMs);
-#                        the table shows the better run
+#                        mmap off (Open MPI mallocs its temporary buffers on
+#                        every call; large ones are mmapped, so each call maps
+#                        fresh pages and page faults dominate, in VMs above
+#                        all); the table shows the better run
 #   GLOO_ALGOS="ring ring_legacy"   Gloo allreduce variants; the table shows the
 #                        better of them at each size
 #   OUT=BUILD_DIR/bench-allreduce.jsonl
@@ -87,7 +87,7 @@ if [ -x "$build/bench/mpi_bench" ] && command -v mpirun >/dev/null; then
     env_args=()
     case $variant in
       default) ;;
-      nommap) env_args=(-x MALLOC_MMAP_THRESHOLD_=4294967296 -x MALLOC_TRIM_THRESHOLD_=4294967296) ;;
+      nommap) env_args=(-x MALLOC_MMAP_MAX_=0 -x MALLOC_TRIM_THRESHOLD_=4294967296) ;;
       *) echo "bench-allreduce: unknown MPI_VARIANTS entry '$variant' (default, nommap)" >&2
          exit 2 ;;
     esac
@@ -201,8 +201,8 @@ for name, recs in (("tide", tide), ("Open MPI", mpi), ("Gloo", gloo)):
 print("\n4 KiB allreduce latency (p50): " + ", ".join(lat) + ".")
 print("\nEach baseline shows its better run at each size, marked when it is not the "
       "plain one. Open MPI: as installed (default MCA settings), or `nommap`: the same with "
-      "MALLOC_MMAP_THRESHOLD_ raised, so its per-call temporary buffers stop costing fresh "
-      "pages. Gloo: `ring` (gloo::allreduce with AllreduceOptions, the call PyTorch makes) "
+      "glibc's mmap off (MALLOC_MMAP_MAX_=0), so the temporary buffers it mallocs on every call "
+      "stop costing fresh pages. Gloo: `ring` (gloo::allreduce with AllreduceOptions, the call PyTorch makes) "
       "or `ring_legacy` (gloo::AllreduceRing).")
 
 print(f"\n## reduce_scatter and allgather, f32, np={np_}: algbw in GB/s\n")

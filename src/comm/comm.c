@@ -451,6 +451,15 @@ static int comm_connect(tide_comm_t *comm) {
     goto out;
   }
   comm->watcher_running = 1;
+  /* Nobody starts a collective (and so publishes an event) before every
+   * rank watches: events are pushed, not stored for late watchers. */
+  snprintf(key, sizeof key, "%s/ready/%d", comm->ns, comm->rank);
+  TIDE_CHECK_GOTO(set_string(comm->store, key, "1"), rc, out);
+  for (int r = 0; r < comm->size; r++) {
+    snprintf(key, sizeof key, "%s/ready/%d", comm->ns, r);
+    const char *keys[1] = {key};
+    TIDE_CHECK_GOTO(tide_store_wait(comm->store, keys, 1, timeout), rc, out);
+  }
   TIDE_DEBUG("communicator %s: rank %d of %d, node %d of %d, local rank %d of %d", comm->ns, comm->rank,
              comm->size, comm->node, comm->node_count, comm->local_rank, comm->local_size);
 out:

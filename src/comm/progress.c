@@ -27,6 +27,21 @@ void *tide__comm_scratch(tide_comm_t *comm, size_t bytes) {
   return comm->scratch;
 }
 
+/* Gives the watcher up to 200 ms to deliver another rank's failure
+ * report; returns the failure it applied, or 0. */
+static int wait_for_report(tide_comm_t *comm) {
+  int64_t deadline = tide__deadline_after_ms(200);
+  for (;;) {
+    if (atomic_load(&comm->abort_seq) != UINT64_MAX) return tide__comm_check(comm, UINT64_MAX - 1);
+    int failed = atomic_load(&comm->failed);
+    if (failed) return failed;
+    int left = tide__ms_left(deadline);
+    if (left == 0) return 0;
+    struct pollfd p = {comm->wake_fd, POLLIN, 0};
+    poll(&p, 1, left < 10 ? left : 10);
+  }
+}
+
 /* An op may start only when no earlier op in the batch on the same
  * channel and direction is unfinished (channels are ordered streams). */
 static int blocked(const tide__p2p_t *ops, int i) {
@@ -55,11 +70,16 @@ int tide__comm_run(tide_comm_t *comm, tide__p2p_t *ops, int n, const char *what)
       tide__chan_t *chan = &comm->chans[op->peer];
       size_t before = op->done;
       rc = chan->ops->progress(chan, op);
-      if (rc < 0)
+      if (rc < 0) {
+        /* A peer that failed (a mismatch, a bad argument) closes its
+         * connections right after reporting why: prefer its report. */
+        int report = wait_for_report(comm);
+        if (report) return report;
         return tide__comm_fail(comm, rc == TIDE_EPEER ? TIDE_EPEER : rc, 0,
                                "rank %d lost its connection to rank %d during %s (that rank died, or "
                                "destroyed the communicator early): %s",
                                comm->rank, op->peer, what, tide_strerror(rc));
+      }
       if (op->done != before) progressed = 1;
       if (op->done >= op->bytes) {
         pending--;
