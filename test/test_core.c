@@ -1,0 +1,171 @@
+/* Core pieces on their own: the error table, HMAC-SHA256 against RFC 4231,
+ * the parameter table's validation, the allocator hook (and out-of-memory
+ * paths), the reduction kernels and the block partition. */
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "core/core.h"
+#include "harness.h"
+#include "transport/transport.h"
+
+static void errors(void) {
+  int codes[] = {TIDE_EINVAL, TIDE_ENOMEM, TIDE_EIO, TIDE_ETIMEDOUT, TIDE_ENOENT, TIDE_ECONNREFUSED,
+                 TIDE_ENOSYS, TIDE_EPEER, TIDE_EMISMATCH, TIDE_EABORTED, TIDE_EAUTH, TIDE_EPROTO, TIDE_ESTATE};
+  for (size_t i = 0; i < sizeof codes / sizeof codes[0]; i++) {
+    CHECK(codes[i] < 0);
+    CHECK(strcmp(tide_strerror(codes[i]), "unknown error") != 0);
+    CHECK(strncmp(tide_err_name(codes[i]), "TIDE_E", 6) == 0);
+    for (size_t j = 0; j < i; j++) CHECK(codes[i] != codes[j]);
+  }
+  CHECK(strcmp(tide_err_name(TIDE_EPEER), "TIDE_EPEER") == 0);
+  CHECK(strcmp(tide_strerror(0), "success") == 0);
+  CHECK(strcmp(tide_strerror(-424242), "unknown error") == 0);
+}
+
+static void hex(const uint8_t *d, size_t n, char *out) {
+  for (size_t i = 0; i < n; i++) sprintf(out + 2 * i, "%02x", d[i]);
+}
+
+static void hmac(void) {
+  uint8_t out[32];
+  char text[65];
+  tide__sha256("abc", 3, out);
+  hex(out, 32, text);
+  CHECK(strcmp(text, "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad") == 0);
+  /* RFC 4231 test cases 1 and 2 */
+  uint8_t key1[20];
+  memset(key1, 0x0b, sizeof key1);
+  tide__hmac_sha256(key1, 20, "Hi There", 8, out);
+  hex(out, 32, text);
+  CHECK(strcmp(text, "b0344c61d8db38535ca8afceaf0bf12b881dc200c9833da726e9376c2e32cff7") == 0);
+  tide__hmac_sha256("Jefe", 4, "what do ya want for nothing?", 28, out);
+  hex(out, 32, text);
+  CHECK(strcmp(text, "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843") == 0);
+  /* test case 6: a key longer than the block */
+  uint8_t key6[131];
+  memset(key6, 0xaa, sizeof key6);
+  const char *msg6 = "Test Using Larger Than Block-Size Key - Hash Key First";
+  tide__hmac_sha256(key6, sizeof key6, msg6, strlen(msg6), out);
+  hex(out, 32, text);
+  CHECK(strcmp(text, "60e431591ee0b67f0d8a26aacbf5b77f8e0bc6213728c5140546040f0ee37f54") == 0);
+}
+
+static size_t allocations;
+static int fail_after = -1;
+static void *counting_malloc(size_t n) {
+  allocations++;
+  if (fail_after >= 0 && (int)allocations > fail_after) return NULL;
+  return malloc(n);
+}
+static void *counting_realloc(void *p, size_t n) {
+  allocations++;
+  if (fail_after >= 0 && (int)allocations > fail_after) return NULL;
+  return realloc(p, n);
+}
+static void *counting_calloc(size_t a, size_t b) {
+  allocations++;
+  if (fail_after >= 0 && (int)allocations > fail_after) return NULL;
+  return calloc(a, b);
+}
+
+static void allocator(void) {
+  CHECK_RC(tide_replace_allocator(NULL, realloc, calloc, free), TIDE_EINVAL);
+  CHECK_OK(tide_replace_allocator(counting_malloc, counting_realloc, counting_calloc, free));
+  /* a one-rank communicator allocates through the hook */
+  unsetenv("TIDE_RDZV");
+  tide_comm_t *comm;
+  CHECK_OK(tide_comm_init(&comm));
+  CHECK(allocations > 0);
+  float x[3] = {1, 2, 3}, y[3];
+  CHECK_OK(tide_allreduce(comm, x, y, 3, TIDE_F32, TIDE_AVG));
+  CHECK(y[0] == 1 && y[2] == 3);
+  tide_comm_destroy(comm);
+  /* every allocation failing in turn: init fails cleanly with ENOMEM */
+  for (int k = 0; k < 4; k++) {
+    allocations = 0;
+    fail_after = k;
+    comm = NULL;
+    int rc = tide_comm_init(&comm);
+    fail_after = -1;
+    CHECK(rc == TIDE_ENOMEM || rc == 0);
+    CHECK((rc == 0) == (comm != NULL));
+    tide_comm_destroy(comm);
+  }
+  CHECK_OK(tide_replace_allocator(malloc, realloc, calloc, free));
+}
+
+static void kernels(void) {
+  float a[5] = {1, -2, 3.5f, 0, 7}, b[5] = {2, 2, -1, 0, -7}, d[5];
+  tide__reduce(d, a, b, 5, TIDE_F32, TIDE_SUM);
+  CHECK(d[0] == 3 && d[1] == 0 && d[2] == 2.5f && d[4] == 0);
+  tide__reduce(d, a, b, 5, TIDE_F32, TIDE_MIN);
+  CHECK(d[1] == -2 && d[4] == -7);
+  tide__reduce(d, a, b, 5, TIDE_F32, TIDE_MAX);
+  CHECK(d[0] == 2 && d[2] == 3.5f);
+  int64_t i[2] = {1LL << 40, -5}, j[2] = {1, 5}, k[2];
+  tide__reduce(k, i, j, 2, TIDE_I64, TIDE_SUM);
+  CHECK(k[0] == (1LL << 40) + 1 && k[1] == 0);
+  tide__scale(k, 2, TIDE_I64, 2);
+  CHECK(k[0] == ((1LL << 40) + 1) / 2);
+  /* f16: 1.5 + 2.25 = 3.75 (0x3c00 = 1.0, 0x3e00 = 1.5, 0x4080 = 2.25, 0x4380 = 3.75) */
+  uint16_t h1[3] = {0x3e00, 0x3c00, 0x7bff}, h2[3] = {0x4080, 0xbc00, 0x7bff}, h3[3];
+  tide__reduce(h3, h1, h2, 3, TIDE_F16, TIDE_SUM);
+  CHECK(h3[0] == 0x4380 && (h3[1] & 0x7fff) == 0 && h3[2] == 0x7c00); /* 65504*2 overflows to inf */
+  /* bf16: 1.0 + 1.0 = 2.0 (0x3f80, 0x4000), rounding to nearest even */
+  uint16_t g1[2] = {0x3f80, 0x3f80}, g2[2] = {0x3f80, 0x3b80}, g3[2];
+  tide__reduce(g3, g1, g2, 2, TIDE_BF16, TIDE_SUM);
+  CHECK(g3[0] == 0x4000);
+  CHECK(g3[1] == 0x3f80); /* 1 + 2^-8: exactly halfway, ties to even */
+}
+
+static void blocks(void) {
+  for (size_t count = 0; count < 40; count++)
+    for (int size = 1; size <= 7; size++) {
+      size_t next = 0;
+      for (int r = 0; r < size; r++) {
+        size_t off, len;
+        tide_block(count, size, r, &off, &len);
+        CHECK(off == next);
+        CHECK(len == count / (size_t)size || len == count / (size_t)size + 1);
+        next = off + len;
+      }
+      CHECK(next == count);
+    }
+}
+
+static int child_with_env(const char *name, const char *value) {
+  pid_t pid = fork();
+  if (pid == 0) {
+    setenv("TIDE_LOG_LEVEL", "error", 1);
+    setenv(name, value, 1);
+    _exit(tide_params_load() == TIDE_EINVAL ? 0 : 1);
+  }
+  int status;
+  waitpid(pid, &status, 0);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 1;
+}
+
+static void params(void) {
+  CHECK(child_with_env("TIDE_TIMEOUT_MS", "soon") == 0);
+  CHECK(child_with_env("TIDE_TIMEOUT_MS", "0") == 0);
+  CHECK(child_with_env("TIDE_SHM", "2") == 0);
+  CHECK(child_with_env("TIDE_ALGO", "fastest") == 0);
+  CHECK(child_with_env("TIDE_LOG_LEVEL", "loud") == 0);
+  CHECK(tide__param_int(TIDE__PARAM_SHM_RING_BYTES) >= 65536);
+  FILE *f = tmpfile();
+  tide_params_print(f, 1);
+  long size = ftell(f);
+  CHECK(size > 500);
+  fclose(f);
+}
+
+int main(void) {
+  errors();
+  hmac();
+  params();
+  allocator();
+  kernels();
+  blocks();
+  return 0;
+}
