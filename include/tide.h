@@ -202,6 +202,26 @@ int tide_wait(tide_request_t *req);
  * once); never frees the request. */
 int tide_test(tide_request_t *req, int *done);
 
+/* ---- distributed sampler -------------------------------------------------- */
+
+/* Splits the indices [0, n) of a data set between the ranks, anew each
+ * epoch: a permutation drawn from (seed, epoch), identical on every rank,
+ * dealt round-robin, so the shards are disjoint, cover every sample exactly
+ * once per epoch and differ in size by at most one. Pure computation; one
+ * thread at a time per sampler. */
+typedef struct tide_sampler tide_sampler_t;
+
+int tide_sampler_create(uint64_t n, uint64_t seed, int rank, int size, tide_sampler_t **out);
+/* Draws the shard of `epoch`; then tide_sampler_indices gives it. */
+int tide_sampler_set_epoch(tide_sampler_t *sampler, uint64_t epoch);
+/* This rank's indices for the current epoch (owned by the sampler, valid
+ * until the next set_epoch) and their number in *count. */
+const uint64_t *tide_sampler_indices(const tide_sampler_t *sampler, size_t *count);
+/* The largest shard of any rank: ranks that run the same number of steps
+ * per epoch use it (the smaller shards end one sample early). */
+size_t tide_sampler_max_count(const tide_sampler_t *sampler);
+void tide_sampler_destroy(tide_sampler_t *sampler);
+
 #ifdef __cplusplus
 }
 #endif
