@@ -423,20 +423,18 @@ static void stream_close(stream_t *s, int rank) {
   s->fd = -1;
 }
 
-/* Reads what the rank wrote; at end of file writes the partial line and
- * closes the stream. */
+/* Reads what the rank wrote (one read per wake-up, so that a rank that
+ * writes fast does not starve the others); at end of file writes the partial
+ * line and closes the stream. */
 static void stream_read(stream_t *s, int rank) {
-  for (;;) {
-    ssize_t n = read(s->fd, s->buf + s->len, LINE_CAP - s->len);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0 && errno == EAGAIN) return;
-    if (n <= 0) {
-      stream_close(s, rank);
-      return;
-    }
-    s->len += (size_t)n;
-    stream_flush(s, rank, s->len == LINE_CAP); /* a full buffer is one (long) line */
+  ssize_t n = read(s->fd, s->buf + s->len, LINE_CAP - s->len);
+  if (n < 0 && (errno == EINTR || errno == EAGAIN)) return;
+  if (n <= 0) {
+    stream_close(s, rank);
+    return;
   }
+  s->len += (size_t)n;
+  stream_flush(s, rank, s->len == LINE_CAP); /* a full buffer is one (long) line */
 }
 
 /* ---- ranks ------------------------------------------------------------------------- */
@@ -456,7 +454,7 @@ static int is_rank_var(const char *entry) {
 
 /* tiderun's environment without the rank variables, then values[] for them.
  * Returns a NULL-terminated array to free with free_env. */
-static char **rank_env(char *const values[NVARS]) {
+static char **rank_env(const char *const values[NVARS]) {
   size_t count = 0;
   while (environ[count] != NULL) count++;
   char **env = calloc(count + NVARS + 1, sizeof *env);
@@ -781,8 +779,9 @@ int main(int argc, char **argv) {
     }
     rc = tide_store_server_start(bind_host, server_port, token, &server);
     if (rc != 0) {
-      snprintf(rdzv, sizeof rdzv, "%s:%d", bind_host ? bind_host : "*", server_port);
-      print_store_error("cannot start the store server on", rdzv, rc);
+      fprintf(stderr, "tiderun: cannot start the store server on %s:%d: %s (see the error "
+                      "above; with --rdzv, is the port already in use?)\n",
+              bind_host ? bind_host : "*", server_port, tide_strerror(rc));
       close(signal_fd);
       return 1;
     }
@@ -827,8 +826,8 @@ int main(int argc, char **argv) {
     snprintf(local_size_text, sizeof local_size_text, "%d", opts.nproc);
     snprintf(node_text, sizeof node_text, "%d", opts.node_rank);
     snprintf(nnodes_text, sizeof nnodes_text, "%d", opts.nnodes);
-    char *values[NVARS] = {rank_text, size_text,  local_text,       local_size_text, node_text,
-                           nnodes_text, rdzv,     (char *)token,    id_buf};
+    const char *values[NVARS] = {rank_text,   size_text, local_text, local_size_text, node_text,
+                                 nnodes_text, rdzv,      token,      id_buf};
     char **env = rank_env(values);
     if (env == NULL || start_rank(&job, &job.ranks[i], env, &old_mask, &old_sigpipe) != 0) {
       if (env == NULL) fprintf(stderr, "tiderun: out of memory\n");
