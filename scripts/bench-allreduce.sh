@@ -70,8 +70,8 @@ run() {
 # ---- tide ------------------------------------------------------------------
 if [ -x "$build/tools/tide" ] && [ -x "$build/tools/tiderun" ]; then
   for ops in allreduce reduce_scatter,allgather; do
-    run "tide $ops" "" timeout -k 10 "$run_timeout" "$build/tools/tiderun" -np "$np" "$build/tools/tide" bench --op "$ops" \
-      "${common[@]}"
+    run "tide $ops" "" timeout -k 10 "$run_timeout" \
+      "$build/tools/tiderun" -np "$np" "$build/tools/tide" bench --op "$ops" "${common[@]}"
   done
 else
   echo "bench-allreduce: $build/tools/tide or tiderun missing: tide skipped" >&2
@@ -113,8 +113,8 @@ gloo_run() {
       --store "$store" --op allreduce --algo "$algo" "${common[@]}" >/dev/null &
     pids+=($!)
   done
-  timeout -k 10 "$run_timeout" "$build/bench/gloo_bench" --rank 0 --size "$np" --store "$store" --op allreduce \
-    --algo "$algo" "${common[@]}" || rc=$?
+  timeout -k 10 "$run_timeout" "$build/bench/gloo_bench" --rank 0 --size "$np" \
+    --store "$store" --op allreduce --algo "$algo" "${common[@]}" || rc=$?
   for pid in "${pids[@]}"; do wait "$pid" || rc=$?; done
   rm -rf "$store"
   return "$rc"

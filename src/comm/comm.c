@@ -436,10 +436,7 @@ static int comm_connect(tide_comm_t *comm) {
   if (shm) TIDE_CHECK_GOTO(connect_shm(comm, local_ranks), rc, out);
   TIDE_CHECK_GOTO(connect_tcp(comm, listen_fd, peers, use_tcp), rc, out);
 
-  long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-  int64_t spin_us = tide__param_int(TIDE__PARAM_SPIN_US);
-  if (spin_us < 0) spin_us = comm->local_size > cpus ? 0 : 50;
-  comm->spin_iters = (int)spin_us; /* microseconds; see progress.c */
+  comm->spin_us = tide__param_int(TIDE__PARAM_SPIN_US);
 
   char name[200];
   snprintf(name, sizeof name, "%s:%d", comm->ns, comm->rank);

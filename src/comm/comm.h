@@ -50,7 +50,7 @@ struct tide_comm {
 
   pthread_mutex_t exec_lock;
   uint64_t seq; /* collectives started */
-  int spin_iters;
+  int64_t spin_us; /* a wait polls this long before sleeping */
   int64_t timeout_ms;
 
   void *scratch;

@@ -8,8 +8,6 @@
 
 #include "comm/comm.h"
 
-#define YIELDS 64
-
 static inline void cpu_relax(void) {
 #if defined(__x86_64__) || defined(__i386__)
   __builtin_ia32_pause();
@@ -54,7 +52,7 @@ static int blocked(const tide__p2p_t *ops, int i) {
 
 int tide__comm_run(tide_comm_t *comm, tide__p2p_t *ops, int n, const char *what) {
   int64_t deadline = tide__deadline_after_ms(comm->timeout_ms);
-  int64_t spin_ns = (int64_t)comm->spin_iters * 1000, spin_start = 0;
+  int64_t spin_ns = comm->spin_us * 1000, spin_start = 0;
   int idle = 0;
   struct pollfd fds[65];
   for (;;) {
@@ -100,15 +98,15 @@ int tide__comm_run(tide_comm_t *comm, tide__p2p_t *ops, int n, const char *what)
       idle = 0;
       continue;
     }
-    /* Nothing moved: spin a little (the peer is usually microseconds
-     * away), then sleep. */
+    /* Nothing moved: poll hard for a moment (the peer is usually
+     * microseconds away), then keep polling but yield the core (on a busy
+     * or oversubscribed machine the peer may need it), then sleep. */
     if (idle++ == 0) spin_start = tide__now_ns();
-    if ((idle & 63) != 0 || tide__now_ns() - spin_start < spin_ns) {
+    if (idle < 128) {
       cpu_relax();
       continue;
     }
-    if (spin_ns == 0 && idle < 64 * YIELDS) {
-      /* More ranks than cores: the peer we wait for may need this core. */
+    if (tide__now_ns() - spin_start < spin_ns) {
       sched_yield();
       continue;
     }

@@ -66,8 +66,8 @@ void tide__log_set_rank(int rank);
   XX(SHM, INT, "1", 0, 1, "1 uses shared memory between ranks on one host, 0 TCP only")  \
   XX(SHM_RING_BYTES, INT, "2097152", 65536, 1073741824,                                  \
      "bytes of each shared-memory ring from one rank to another")                        \
-  XX(SPIN_US, INT, "-1", -1, 1000000,                                                    \
-     "microseconds a wait spins before sleeping (-1: 50, or 0 when oversubscribed)")     \
+  XX(SPIN_US, INT, "200", 0, 1000000,                                                    \
+     "microseconds a wait polls (yielding the core) before it sleeps")                   \
   XX(ALGO, STR, "auto", 0, 0,                                                            \
      "allreduce algorithm: auto, ring, rd (recursive doubling) or hier (hierarchical)")  \
   XX(SMALL_BYTES, INT, "65536", 0, 1073741824,                                           \

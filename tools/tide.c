@@ -1,0 +1,622 @@
+/* tide: the command-line tool.
+ *
+ *   tide info [--params [--markdown]]     version, or the TIDE_* parameter table
+ *   tiderun -np 2 tide bench [options]    collective benchmark, one JSON line per size
+ *
+ * `tide bench` measures like nccl-tests and prints lines that bench/mpi_bench
+ * and bench/gloo_bench print too (keep the three in step): buffers allocated
+ * once per size and reused, warm-up, per-iteration times with the slowest
+ * rank's time taken for each iteration, median, algbw and busbw. It uses only
+ * the public API, as an application would. Single-threaded. */
+#include <errno.h>
+#include <limits.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "tide.h"
+
+#define EXIT_USAGE 2
+
+/* Each size runs about this long unless --iters is given. */
+#define TARGET_SECONDS 0.3
+#define MIN_ITERS 5
+#define MAX_ITERS 1000
+
+static const char usage_text[] =
+    "usage: tide COMMAND [ARGS...]\n"
+    "\n"
+    "Commands:\n"
+    "  bench [options]          benchmark the collectives; run it under the launcher:\n"
+    "                           tiderun -np 2 tide bench --op allreduce\n"
+    "  info [--params] [--markdown]\n"
+    "                           print the version, or the TIDE_* environment parameters\n"
+    "                           (--markdown: as the table of docs/env.md)\n"
+    "  help [COMMAND]           print this help, or a command's\n"
+    "\n"
+    "tide " TIDE_VERSION_STRING "\n";
+
+static const char bench_usage_text[] =
+    "usage: tiderun -np N tide bench [options]\n"
+    "\n"
+    "Times each collective over a range of sizes and prints, on rank 0, one JSON\n"
+    "line per (op, size) on stdout: lib, op, dtype, bytes, np, iters, p50_s, min_s,\n"
+    "algbw_GBps, busbw_GBps, ok, inplace (and reduce). bytes is the per-rank buffer\n"
+    "(allgather: the whole output), as nccl-tests reports it; an iteration's time is\n"
+    "its slowest rank's; p50_s is the median over iterations. Before the first size,\n"
+    "0.1 s of untimed 64 KiB allreduces keeps start-up costs out of the figures.\n"
+    "\n"
+    "  --op LIST        allreduce, reduce_scatter, allgather, broadcast or all;\n"
+    "                   a comma-separated list is accepted (default all)\n"
+    "  --dtype T        f32 f64 i32 i64 f16 bf16 (default f32)\n"
+    "  --reduce R       sum avg min max (default sum)\n"
+    "  --min-bytes N    smallest size; K, M, G suffixes (default 4K)\n"
+    "  --max-bytes N    largest size (default 256M)\n"
+    "  --factor F       integer multiplier from one size to the next (default 4)\n"
+    "  --iters N        timed iterations per size (default: about 0.3 s per size,\n"
+    "                   at least 5 and at most 1000)\n"
+    "  --warmup N       untimed iterations per size (default 3)\n"
+    "  --check          fill inputs with small rank-dependent integers and verify every\n"
+    "                   element of the result exactly (ok=false and exit 1 on a mismatch;\n"
+    "                   exact up to 12 ranks in bf16, 27 in f16)\n"
+    "  --inplace        sendbuf == recvbuf (allgather: this rank's block of recvbuf)\n";
+
+/* ---- option parsing --------------------------------------------------------- */
+
+enum { OP_ALLREDUCE, OP_REDUCE_SCATTER, OP_ALLGATHER, OP_BROADCAST, OP_COUNT };
+static const char *const op_names[OP_COUNT] = {"allreduce", "reduce_scatter", "allgather",
+                                               "broadcast"};
+
+typedef struct {
+  unsigned ops; /* bit per OP_* */
+  tide_dtype_t dtype;
+  tide_op_t reduce;
+  size_t min_bytes, max_bytes, factor;
+  int iters; /* 0 = adaptive */
+  int warmup;
+  int check;
+  int inplace;
+} bench_options_t;
+
+/* Every rank parses the same arguments; only one of them should complain. */
+static int is_first_rank(void) {
+  const char *r = getenv("TIDE_RANK");
+  return !r || !*r || strcmp(r, "0") == 0;
+}
+
+static void __attribute__((format(printf, 1, 2))) usage_error(const char *fmt, ...) {
+  if (is_first_rank()) {
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "tide bench: ");
+    vfprintf(stderr, fmt, ap);
+    fprintf(stderr, " (see tide help bench)\n");
+    va_end(ap);
+  }
+  exit(EXIT_USAGE);
+}
+
+/* "4096", "4K", "256M", "1G" (binary units, optional trailing B). */
+static int parse_bytes(const char *text, size_t *out) {
+  char *end;
+  errno = 0;
+  unsigned long long v = strtoull(text, &end, 10);
+  if (errno || end == text || text[0] == '-') return -1;
+  unsigned long long mult = 1;
+  if (*end == 'K' || *end == 'k') mult = 1ULL << 10, end++;
+  else if (*end == 'M' || *end == 'm') mult = 1ULL << 20, end++;
+  else if (*end == 'G' || *end == 'g') mult = 1ULL << 30, end++;
+  if (*end == 'B' || *end == 'b') end++;
+  if (*end != '\0' || v > (unsigned long long)SIZE_MAX / mult) return -1;
+  *out = (size_t)(v * mult);
+  return 0;
+}
+
+static int parse_int(const char *text, int min, int *out) {
+  char *end;
+  errno = 0;
+  long v = strtol(text, &end, 10);
+  if (errno || end == text || *end != '\0' || v < min || v > INT_MAX) return -1;
+  *out = (int)v;
+  return 0;
+}
+
+static void parse_bench_options(int argc, char **argv, bench_options_t *o) {
+  *o = (bench_options_t){.ops = (1u << OP_COUNT) - 1, .dtype = TIDE_F32, .reduce = TIDE_SUM,
+                         .min_bytes = 4096, .max_bytes = 256u << 20, .factor = 4, .warmup = 3};
+  for (int i = 0; i < argc; i++) {
+    const char *arg = argv[i];
+    if (strcmp(arg, "--help") == 0 || strcmp(arg, "-h") == 0) {
+      if (is_first_rank()) fputs(bench_usage_text, stdout);
+      exit(0);
+    }
+    if (strcmp(arg, "--check") == 0) { o->check = 1; continue; }
+    if (strcmp(arg, "--inplace") == 0) { o->inplace = 1; continue; }
+    /* Options with a value: "--opt value" or "--opt=value". */
+    char name[32];
+    const char *value;
+    const char *eq = strchr(arg, '=');
+    if (strncmp(arg, "--", 2) != 0 || (eq && (size_t)(eq - arg) >= sizeof name))
+      usage_error("unexpected argument '%s'", arg);
+    if (eq) {
+      memcpy(name, arg, (size_t)(eq - arg));
+      name[eq - arg] = '\0';
+      value = eq + 1;
+    } else {
+      snprintf(name, sizeof name, "%s", arg);
+      value = NULL;
+    }
+    static const char *const valued[] = {"--op", "--dtype", "--reduce", "--min-bytes",
+                                         "--max-bytes", "--factor", "--iters", "--warmup"};
+    int known = 0;
+    for (size_t k = 0; k < sizeof valued / sizeof valued[0]; k++) known |= !strcmp(name, valued[k]);
+    if (!known) usage_error("unknown option '%s'", name);
+    if (!value) {
+      if (i + 1 >= argc) usage_error("%s needs a value", name);
+      value = argv[++i];
+    }
+
+    if (strcmp(name, "--op") == 0) {
+      char list[256];
+      snprintf(list, sizeof list, "%s", value);
+      o->ops = 0;
+      char *save;
+      for (char *tok = strtok_r(list, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+        int op = -1;
+        for (int k = 0; k < OP_COUNT; k++)
+          if (strcmp(tok, op_names[k]) == 0) op = k;
+        if (strcmp(tok, "all") == 0) o->ops = (1u << OP_COUNT) - 1;
+        else if (op < 0)
+          usage_error("--op: unknown collective '%s' (allreduce, reduce_scatter, allgather, "
+                      "broadcast or all)", tok);
+        else o->ops |= 1u << op;
+      }
+      if (!o->ops) usage_error("--op: no collective given");
+    } else if (strcmp(name, "--dtype") == 0) {
+      int found = -1;
+      for (int k = 0; k < TIDE_DTYPE_COUNT; k++)
+        if (strcmp(value, tide_dtype_name((tide_dtype_t)k)) == 0) found = k;
+      if (found < 0) usage_error("--dtype: unknown type '%s' (f32, f64, i32, i64, f16 or bf16)", value);
+      o->dtype = (tide_dtype_t)found;
+    } else if (strcmp(name, "--reduce") == 0) {
+      int found = -1;
+      for (int k = 0; k < TIDE_OP_COUNT; k++)
+        if (strcmp(value, tide_op_name((tide_op_t)k)) == 0) found = k;
+      if (found < 0) usage_error("--reduce: unknown reduction '%s' (sum, avg, min or max)", value);
+      o->reduce = (tide_op_t)found;
+    } else if (strcmp(name, "--min-bytes") == 0 || strcmp(name, "--max-bytes") == 0) {
+      size_t v;
+      if (parse_bytes(value, &v) < 0 || v == 0)
+        usage_error("%s: '%s' is not a positive size (e.g. 4096, 4K, 256M, 1G)", name, value);
+      *(strcmp(name, "--min-bytes") == 0 ? &o->min_bytes : &o->max_bytes) = v;
+    } else if (strcmp(name, "--factor") == 0) {
+      int v;
+      if (parse_int(value, 2, &v) < 0) usage_error("--factor: '%s' is not an integer >= 2", value);
+      o->factor = (size_t)v;
+    } else if (strcmp(name, "--iters") == 0) {
+      if (parse_int(value, 1, &o->iters) < 0)
+        usage_error("--iters: '%s' is not an integer >= 1", value);
+    } else if (strcmp(name, "--warmup") == 0) {
+      if (parse_int(value, 0, &o->warmup) < 0)
+        usage_error("--warmup: '%s' is not an integer >= 0", value);
+    }
+  }
+  if (o->min_bytes > o->max_bytes)
+    usage_error("--min-bytes (%zu) is larger than --max-bytes (%zu)", o->min_bytes, o->max_bytes);
+}
+
+/* ---- element access, with the two 16-bit float formats ---------------------- */
+
+static float half_to_float(uint16_t h) {
+  uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, mant = h & 0x3ff, x;
+  if (exp == 0) {
+    float f = ldexpf((float)mant, -24); /* zero or subnormal */
+    return sign ? -f : f;
+  }
+  if (exp == 31) x = sign | 0x7f800000u | (mant << 13);
+  else x = sign | ((exp + 112) << 23) | (mant << 13);
+  float f;
+  memcpy(&f, &x, sizeof f);
+  return f;
+}
+
+/* Round to nearest even; only small integers need to be exact here. */
+static uint16_t float_to_half(float f) {
+  uint32_t x;
+  memcpy(&x, &f, sizeof x);
+  uint32_t sign = (x >> 16) & 0x8000, mant = x & 0x7fffff;
+  int exp = (int)((x >> 23) & 0xff) - 127 + 15;
+  if (((x >> 23) & 0xff) == 0xff) return (uint16_t)(sign | 0x7c00 | (mant ? 0x200 : 0));
+  if (exp >= 31) return (uint16_t)(sign | 0x7c00);
+  if (exp <= 0) {
+    if (exp < -10) return (uint16_t)sign;
+    mant |= 0x800000;
+    unsigned shift = (unsigned)(14 - exp);
+    uint32_t half = mant >> shift, rem = mant & ((1u << shift) - 1), mid = 1u << (shift - 1);
+    if (rem > mid || (rem == mid && (half & 1))) half++;
+    return (uint16_t)(sign | half);
+  }
+  uint32_t half = sign | ((uint32_t)exp << 10) | (mant >> 13), rem = mant & 0x1fff;
+  if (rem > 0x1000 || (rem == 0x1000 && (half & 1))) half++; /* a carry bumps the exponent */
+  return (uint16_t)half;
+}
+
+static float bf16_to_float(uint16_t b) {
+  uint32_t x = (uint32_t)b << 16;
+  float f;
+  memcpy(&f, &x, sizeof f);
+  return f;
+}
+
+static uint16_t float_to_bf16(float f) {
+  uint32_t x;
+  memcpy(&x, &f, sizeof x);
+  return (uint16_t)((x + 0x7fff + ((x >> 16) & 1)) >> 16);
+}
+
+static void store_value(void *buf, tide_dtype_t dt, size_t i, double v) {
+  switch (dt) {
+    case TIDE_F32: ((float *)buf)[i] = (float)v; break;
+    case TIDE_F64: ((double *)buf)[i] = v; break;
+    case TIDE_I32: ((int32_t *)buf)[i] = (int32_t)v; break;
+    case TIDE_I64: ((int64_t *)buf)[i] = (int64_t)v; break;
+    case TIDE_F16: ((uint16_t *)buf)[i] = float_to_half((float)v); break;
+    case TIDE_BF16: ((uint16_t *)buf)[i] = float_to_bf16((float)v); break;
+    default: break;
+  }
+}
+
+static double load_value(const void *buf, tide_dtype_t dt, size_t i) {
+  switch (dt) {
+    case TIDE_F32: return ((const float *)buf)[i];
+    case TIDE_F64: return ((const double *)buf)[i];
+    case TIDE_I32: return ((const int32_t *)buf)[i];
+    case TIDE_I64: return (double)((const int64_t *)buf)[i];
+    case TIDE_F16: return half_to_float(((const uint16_t *)buf)[i]);
+    case TIDE_BF16: return bf16_to_float(((const uint16_t *)buf)[i]);
+    default: return NAN;
+  }
+}
+
+/* ---- check values ------------------------------------------------------------ */
+/* Rank r contributes base(g) + 2r at global element g, base(g) = g % m + 1.
+ * The offsets 2r sum to n(n-1), so sum, avg, min and max are all exact small
+ * integers, and a block landing at the wrong rank or offset shows up. m keeps
+ * the sums exact in the narrow types. Same values as bench/mpi_bench.c. */
+
+static size_t check_modulus(tide_dtype_t dt) {
+  return dt == TIDE_BF16 ? 5 : dt == TIDE_F16 ? 61 : 1021;
+}
+
+static double base_value(tide_dtype_t dt, size_t g) {
+  return (double)(g % check_modulus(dt) + 1);
+}
+
+static double input_value(tide_dtype_t dt, size_t g, int rank) {
+  return base_value(dt, g) + 2.0 * rank;
+}
+
+static double reduced_value(tide_dtype_t dt, tide_op_t red, size_t g, int nranks) {
+  double b = base_value(dt, g), n = nranks;
+  switch (red) {
+    case TIDE_SUM: return n * b + n * (n - 1);
+    case TIDE_AVG: return b + (n - 1);
+    case TIDE_MIN: return b;
+    default: return b + 2.0 * (n - 1);
+  }
+}
+
+/* ---- one (op, size) measurement ------------------------------------------------ */
+
+typedef struct {
+  tide_comm_t *comm;
+  int rank, nranks;
+  const bench_options_t *opt;
+  int op;
+  size_t count;       /* count argument of the call */
+  size_t bytes;       /* reported size, as nccl-tests */
+  size_t send_elems;  /* 0 when in place */
+  size_t recv_elems;
+  size_t block_off, block_len; /* reduce_scatter: this rank's block */
+  char *sendbuf, *recvbuf;
+} bench_run_t;
+
+static void fail(tide_comm_t *comm, int rank, const char *what, int rc) {
+  const char *detail = comm ? tide_comm_last_error(comm) : "";
+  fprintf(stderr, "tide bench: rank %d: %s failed: %s (%s)%s%s\n", rank, what, tide_strerror(rc),
+          tide_err_name(rc), detail && detail[0] ? ": " : "", detail ? detail : "");
+  tide_comm_destroy(comm);
+  exit(1);
+}
+
+static void run_once(const bench_run_t *r) {
+  const bench_options_t *o = r->opt;
+  size_t esz = tide_dtype_size(o->dtype);
+  int rc = 0;
+  switch (r->op) {
+    case OP_ALLREDUCE:
+      rc = tide_allreduce(r->comm, o->inplace ? r->recvbuf : r->sendbuf, r->recvbuf, r->count,
+                          o->dtype, o->reduce);
+      break;
+    case OP_REDUCE_SCATTER:
+      rc = tide_reduce_scatter(r->comm, o->inplace ? r->recvbuf : r->sendbuf, r->recvbuf,
+                               r->count, o->dtype, o->reduce);
+      break;
+    case OP_ALLGATHER:
+      rc = tide_allgather(r->comm,
+                          o->inplace ? r->recvbuf + (size_t)r->rank * r->count * esz : r->sendbuf,
+                          r->recvbuf, r->count, o->dtype);
+      break;
+    case OP_BROADCAST:
+      rc = tide_broadcast(r->comm, r->recvbuf, r->count, o->dtype, 0);
+      break;
+  }
+  if (rc < 0) fail(r->comm, r->rank, op_names[r->op], rc);
+}
+
+/* Writes this rank's input for a checked call and poisons the output. */
+static void fill(const bench_run_t *r) {
+  tide_dtype_t dt = r->opt->dtype;
+  size_t esz = tide_dtype_size(dt);
+  memset(r->recvbuf, 0xff, r->recv_elems * esz); /* NaN or -1: never an expected value */
+  switch (r->op) {
+    case OP_ALLREDUCE:
+    case OP_REDUCE_SCATTER: {
+      char *in = r->opt->inplace ? r->recvbuf : r->sendbuf;
+      for (size_t g = 0; g < r->count; g++) store_value(in, dt, g, input_value(dt, g, r->rank));
+      break;
+    }
+    case OP_ALLGATHER: {
+      char *in = r->opt->inplace ? r->recvbuf + (size_t)r->rank * r->count * esz : r->sendbuf;
+      for (size_t j = 0; j < r->count; j++) store_value(in, dt, j, input_value(dt, j, r->rank));
+      break;
+    }
+    case OP_BROADCAST:
+      if (r->rank == 0)
+        for (size_t g = 0; g < r->count; g++) store_value(r->recvbuf, dt, g, base_value(dt, g));
+      break;
+  }
+}
+
+/* 1 when every element of this rank's result is right; logs the first wrong one. */
+static int verify(const bench_run_t *r) {
+  tide_dtype_t dt = r->opt->dtype;
+  size_t n = r->op == OP_ALLGATHER        ? r->count * (size_t)r->nranks
+             : r->op == OP_REDUCE_SCATTER ? r->block_len
+                                          : r->count;
+  size_t bad = 0, first = 0;
+  double got = 0, want = 0;
+  for (size_t k = 0; k < n; k++) {
+    double w;
+    switch (r->op) {
+      case OP_ALLREDUCE: w = reduced_value(dt, r->opt->reduce, k, r->nranks); break;
+      case OP_REDUCE_SCATTER:
+        w = reduced_value(dt, r->opt->reduce, r->block_off + k, r->nranks);
+        break;
+      case OP_ALLGATHER: w = input_value(dt, k % r->count, (int)(k / r->count)); break;
+      default: w = base_value(dt, k); break;
+    }
+    double g = load_value(r->recvbuf, dt, k);
+    if (g != w && !bad++) first = k, got = g, want = w;
+  }
+  if (bad)
+    fprintf(stderr, "tide bench: rank %d: %s of %zu bytes: %zu of %zu elements wrong, the first "
+            "at %zu: got %g, expected %g\n", r->rank, op_names[r->op], r->bytes, bad, n, first,
+            got, want);
+  return bad == 0;
+}
+
+/* Monotonic seconds, from whole nanoseconds so short intervals stay exact. */
+static int64_t now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+static double seconds_since(int64_t t0_ns) { return 1e-9 * (double)(now_ns() - t0_ns); }
+
+static int cmp_double(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return (x > y) - (x < y);
+}
+
+static void *alloc_or_die(size_t bytes, int rank) {
+  void *p = NULL;
+  if (bytes && posix_memalign(&p, 4096, bytes) != 0) {
+    fprintf(stderr, "tide bench: rank %d: cannot allocate %zu bytes\n", rank, bytes);
+    exit(1);
+  }
+  return p;
+}
+
+/* Returns 0 when --check found a wrong result on any rank, else 1. */
+static int measure(tide_comm_t *comm, const bench_options_t *o, int op, size_t bytes_target) {
+  bench_run_t r = {.comm = comm, .rank = tide_comm_rank(comm), .nranks = tide_comm_size(comm),
+                   .opt = o, .op = op};
+  size_t esz = tide_dtype_size(o->dtype), n = (size_t)r.nranks;
+  /* Sizes as nccl-tests reports them: reduce_scatter the send buffer,
+   * allgather the whole output; both a multiple of the ranks so that every
+   * library runs the same element counts. */
+  switch (op) {
+    case OP_ALLREDUCE:
+    case OP_BROADCAST:
+      r.count = bytes_target / esz;
+      r.bytes = r.count * esz;
+      r.send_elems = op == OP_ALLREDUCE && !o->inplace ? r.count : 0;
+      r.recv_elems = r.count;
+      break;
+    case OP_REDUCE_SCATTER:
+      r.count = bytes_target / esz / n * n;
+      r.bytes = r.count * esz;
+      tide_block(r.count, r.nranks, r.rank, &r.block_off, &r.block_len);
+      r.send_elems = o->inplace ? 0 : r.count;
+      r.recv_elems = o->inplace ? r.count : r.block_len;
+      break;
+    case OP_ALLGATHER:
+      r.count = bytes_target / esz / n;
+      r.bytes = r.count * n * esz;
+      r.send_elems = o->inplace ? 0 : r.count;
+      r.recv_elems = r.count * n;
+      break;
+  }
+  if (r.count == 0) return 1;
+  r.sendbuf = alloc_or_die(r.send_elems * esz, r.rank);
+  r.recvbuf = alloc_or_die(r.recv_elems * esz, r.rank);
+  fill(&r); /* also touches every page before the clock starts */
+
+  int rc = tide_barrier(comm);
+  if (rc < 0) fail(comm, r.rank, "barrier", rc);
+  double warm_min = INFINITY;
+  for (int i = 0; i < o->warmup; i++) {
+    int64_t t0 = now_ns();
+    run_once(&r);
+    double t = seconds_since(t0);
+    if (t < warm_min) warm_min = t;
+  }
+  int iters = o->iters;
+  if (iters == 0) {
+    if (o->warmup == 0) {
+      int64_t t0 = now_ns();
+      run_once(&r);
+      warm_min = seconds_since(t0);
+    }
+    /* Every rank must run the same number of iterations: agree on the estimate. */
+    rc = tide_allreduce(comm, &warm_min, &warm_min, 1, TIDE_F64, TIDE_MAX);
+    if (rc < 0) fail(comm, r.rank, "allreduce of the warm-up time", rc);
+    double want = warm_min > 0 ? ceil(TARGET_SECONDS / warm_min) : MAX_ITERS;
+    iters = want < MIN_ITERS ? MIN_ITERS : want > MAX_ITERS ? MAX_ITERS : (int)want;
+  }
+
+  double *times = alloc_or_die((size_t)iters * sizeof *times, r.rank);
+  rc = tide_barrier(comm);
+  if (rc < 0) fail(comm, r.rank, "barrier", rc);
+  for (int i = 0; i < iters; i++) {
+    int64_t t0 = now_ns();
+    run_once(&r);
+    times[i] = seconds_since(t0);
+  }
+  /* An iteration lasts as long as its slowest rank. */
+  rc = tide_allreduce(comm, times, times, (size_t)iters, TIDE_F64, TIDE_MAX);
+  if (rc < 0) fail(comm, r.rank, "allreduce of the iteration times", rc);
+  qsort(times, (size_t)iters, sizeof *times, cmp_double);
+  double p50 = iters % 2 ? times[iters / 2] : 0.5 * (times[iters / 2 - 1] + times[iters / 2]);
+  double tmin = times[0];
+  free(times);
+
+  int32_t ok = 1;
+  if (o->check) {
+    fill(&r);
+    run_once(&r);
+    ok = verify(&r);
+    rc = tide_allreduce(comm, &ok, &ok, 1, TIDE_I32, TIDE_MIN);
+    if (rc < 0) fail(comm, r.rank, "allreduce of the check result", rc);
+  }
+
+  if (r.rank == 0) {
+    double factor = op == OP_ALLREDUCE   ? 2.0 * (r.nranks - 1) / r.nranks
+                    : op == OP_BROADCAST ? 1.0
+                                         : (double)(r.nranks - 1) / r.nranks;
+    double algbw = (double)r.bytes / p50 / 1e9;
+    printf("{\"lib\":\"tide\",\"op\":\"%s\",\"dtype\":\"%s\",\"bytes\":%zu,\"np\":%d,"
+           "\"iters\":%d,\"p50_s\":%.9g,\"min_s\":%.9g,\"algbw_GBps\":%.4f,\"busbw_GBps\":%.4f,"
+           "\"ok\":%s,\"inplace\":%s",
+           op_names[op], tide_dtype_name(o->dtype), r.bytes, r.nranks, iters, p50, tmin, algbw,
+           algbw * factor, ok ? "true" : "false",
+           o->inplace && op != OP_BROADCAST ? "true" : "false");
+    if (op == OP_ALLREDUCE || op == OP_REDUCE_SCATTER)
+      printf(",\"reduce\":\"%s\"", tide_op_name(o->reduce));
+    printf("}\n");
+    fflush(stdout);
+  }
+  free(r.sendbuf);
+  free(r.recvbuf);
+  return ok;
+}
+
+/* Untimed, once per job: 64 KiB allreduces for at least 0.1 s (ranks agree
+ * on the elapsed time, so they stop together). Start-up costs such as the
+ * first pass through freshly mapped transport rings (page faults) would
+ * otherwise land in the first sizes measured; a training job pays them once. */
+static void warm_up_job(tide_comm_t *comm, int rank) {
+  enum { COUNT = 16384, ROUND = 32 };
+  float *buf = calloc(2 * COUNT, sizeof *buf);
+  if (!buf) {
+    fprintf(stderr, "tide bench: rank %d: out of memory\n", rank);
+    exit(1);
+  }
+  int64_t t0 = now_ns();
+  for (double elapsed = 0; elapsed < 0.1;) {
+    for (int i = 0; i < ROUND; i++) {
+      int rc = tide_allreduce(comm, buf, buf + COUNT, COUNT, TIDE_F32, TIDE_SUM);
+      if (rc < 0) fail(comm, rank, "warm-up allreduce", rc);
+    }
+    elapsed = seconds_since(t0);
+    int rc = tide_allreduce(comm, &elapsed, &elapsed, 1, TIDE_F64, TIDE_MAX);
+    if (rc < 0) fail(comm, rank, "warm-up allreduce", rc);
+  }
+  free(buf);
+}
+
+static int cmd_bench(int argc, char **argv) {
+  bench_options_t o;
+  parse_bench_options(argc, argv, &o);
+
+  tide_comm_t *comm = NULL;
+  int rc = tide_comm_init(&comm);
+  if (rc < 0) {
+    fprintf(stderr, "tide bench: joining the job failed: %s (%s)\n", tide_strerror(rc),
+            tide_err_name(rc));
+    return 1;
+  }
+  warm_up_job(comm, tide_comm_rank(comm));
+  int all_ok = 1;
+  for (int op = 0; op < OP_COUNT; op++) {
+    if (!(o.ops & (1u << op))) continue;
+    for (size_t bytes = o.min_bytes; bytes <= o.max_bytes; bytes *= o.factor) {
+      all_ok &= measure(comm, &o, op, bytes);
+      if (bytes > SIZE_MAX / o.factor) break;
+    }
+  }
+  int rank = tide_comm_rank(comm);
+  tide_comm_destroy(comm);
+  if (!all_ok && rank == 0) fprintf(stderr, "tide bench: --check found wrong results (ok=false)\n");
+  return all_ok ? 0 : 1;
+}
+
+/* ---- info ----------------------------------------------------------------------- */
+
+static int cmd_info(int argc, char **argv) {
+  int params = 0, markdown = 0;
+  for (int i = 0; i < argc; i++) {
+    if (strcmp(argv[i], "--params") == 0) params = 1;
+    else if (strcmp(argv[i], "--markdown") == 0) params = markdown = 1;
+    else {
+      fprintf(stderr, "tide info: unknown option '%s' (--params, --markdown)\n", argv[i]);
+      return EXIT_USAGE;
+    }
+  }
+  if (params) tide_params_print(stdout, markdown);
+  else printf("tide %s\n", TIDE_VERSION_STRING);
+  return 0;
+}
+
+int main(int argc, char **argv) {
+  if (argc < 2 || strcmp(argv[1], "help") == 0 || strcmp(argv[1], "--help") == 0 ||
+      strcmp(argv[1], "-h") == 0) {
+    if (argc >= 3 && strcmp(argv[1], "help") == 0 && strcmp(argv[2], "bench") == 0)
+      fputs(bench_usage_text, stdout);
+    else if (argc >= 3 && strcmp(argv[1], "help") == 0 && strcmp(argv[2], "info") == 0)
+      fputs("usage: tide info [--params] [--markdown]\n", stdout);
+    else fputs(usage_text, argc < 2 ? stderr : stdout);
+    return argc < 2 ? EXIT_USAGE : 0;
+  }
+  if (strcmp(argv[1], "--version") == 0) return cmd_info(0, NULL);
+  if (strcmp(argv[1], "info") == 0) return cmd_info(argc - 2, argv + 2);
+  if (strcmp(argv[1], "bench") == 0) return cmd_bench(argc - 2, argv + 2);
+  fprintf(stderr, "tide: unknown command '%s' (see tide help)\n", argv[1]);
+  return EXIT_USAGE;
+}
