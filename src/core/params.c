@@ -104,8 +104,9 @@ void tide_params_print(FILE *out, int markdown) {
   if (markdown) {
     fprintf(out, "| variable | type | default | meaning |\n|---|---|---|---|\n");
     for (int i = 0; i < TIDE__PARAM_COUNT; i++)
-      fprintf(out, "| `%s` | %s | `%s` | %s |\n", rows[i].name,
-              rows[i].type == P_INT ? "int" : "string", rows[i].def, rows[i].help);
+      fprintf(out, "| `%s` | %s | %s%s%s | %s |\n", rows[i].name, rows[i].type == P_INT ? "int" : "string",
+              rows[i].def[0] ? "`" : "", rows[i].def[0] ? rows[i].def : "(unset)", rows[i].def[0] ? "`" : "",
+              rows[i].help);
     return;
   }
   for (int i = 0; i < TIDE__PARAM_COUNT; i++) {
