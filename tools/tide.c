@@ -36,6 +36,7 @@ static const char usage_text[] =
     "  info [--params] [--markdown]\n"
     "                           print the version, or the TIDE_* environment parameters\n"
     "                           (--markdown: as the table of docs/env.md)\n"
+    "  report RUN_DIR           draw a tide-train run's metrics as PNG plots (gnuplot)\n"
     "  help [COMMAND]           print this help, or a command's\n"
     "\n"
     "tide " TIDE_VERSION_STRING "\n";
@@ -604,6 +605,116 @@ static int cmd_info(int argc, char **argv) {
   return 0;
 }
 
+/* ---- report ---------------------------------------------------------------------- */
+
+/* The number after "key": in one flat JSON line, or NAN. */
+static double json_number(const char *line, const char *key) {
+  char pattern[64];
+  snprintf(pattern, sizeof pattern, "\"%s\":", key);
+  const char *at = strstr(line, pattern);
+  return at ? strtod(at + strlen(pattern), NULL) : NAN;
+}
+
+/* Draws runs/NAME's metrics with gnuplot: loss and accuracy against time and
+ * steps, throughput, and the share of time spent communicating. */
+static int cmd_report(int argc, char **argv) {
+  if (argc != 1 || argv[0][0] == '-') {
+    fprintf(stderr, "usage: tide report RUN_DIR   (e.g. tide report runs/mlp-np4)\n");
+    return EXIT_USAGE;
+  }
+  const char *dir = argv[0];
+  char path[4096], steps_path[4096], epochs_path[4096];
+  snprintf(path, sizeof path, "%s/metrics.jsonl", dir);
+  FILE *in = fopen(path, "r");
+  if (in == NULL) {
+    fprintf(stderr, "tide report: cannot read %s: %s (is %s a tide-train run folder?)\n", path, strerror(errno),
+            dir);
+    return 1;
+  }
+  if (system("command -v gnuplot >/dev/null 2>&1") != 0) {
+    fprintf(stderr, "tide report: gnuplot not found: install the Debian package gnuplot-nox\n");
+    fclose(in);
+    return 1;
+  }
+  snprintf(steps_path, sizeof steps_path, "%s/.steps.dat", dir);
+  snprintf(epochs_path, sizeof epochs_path, "%s/.epochs.dat", dir);
+  FILE *steps = fopen(steps_path, "w"), *epochs = fopen(epochs_path, "w");
+  if (steps == NULL || epochs == NULL) {
+    fprintf(stderr, "tide report: cannot write in %s: %s\n", dir, strerror(errno));
+    fclose(in);
+    if (steps) fclose(steps);
+    if (epochs) fclose(epochs);
+    return 1;
+  }
+  char line[4096];
+  long nsteps = 0, nepochs = 0;
+  double comm_sum = 0, compute_sum = 0;
+  while (fgets(line, sizeof line, in) != NULL) {
+    if (strstr(line, "\"type\":\"step\"") != NULL) {
+      double c = json_number(line, "comm_s"), k = json_number(line, "compute_s");
+      comm_sum += c;
+      compute_sum += k;
+      fprintf(steps, "%g %g %g %g %g %g\n", json_number(line, "step"), json_number(line, "time_s"),
+              json_number(line, "loss"), json_number(line, "images_per_s"), c / (c + k), json_number(line, "lr"));
+      nsteps++;
+    } else if (strstr(line, "\"type\":\"epoch\"") != NULL) {
+      fprintf(epochs, "%g %g %g %g %g\n", json_number(line, "epoch") + 1, json_number(line, "step"),
+              json_number(line, "time_s"), json_number(line, "test_loss"),
+              100 * json_number(line, "test_accuracy"));
+      nepochs++;
+    }
+  }
+  fclose(in);
+  fclose(steps);
+  fclose(epochs);
+  if (nsteps == 0) {
+    fprintf(stderr, "tide report: %s has no step records\n", path);
+    return 1;
+  }
+  char script_path[4096];
+  snprintf(script_path, sizeof script_path, "%s/.report.gp", dir);
+  FILE *gp = fopen(script_path, "w");
+  if (gp == NULL) {
+    fprintf(stderr, "tide report: cannot write %s: %s\n", script_path, strerror(errno));
+    return 1;
+  }
+  /* A smoothed trend over the faint per-step line. */
+  fprintf(gp,
+          "set terminal pngcairo size 900,560 noenhanced\n"
+          "set grid\nset key top right\n"
+          "s = '%s'; e = '%s'\n"
+          "set output '%s/loss_time.png'\nset title 'training loss'\nset xlabel 'seconds'\nset ylabel 'loss'\n"
+          "plot s u 2:3 w l lc rgb '#c0c0ff' t 'per step', s u 2:3 smooth bezier lw 2 lc rgb '#0000c0' t 'trend'%s\n"
+          "set output '%s/loss_steps.png'\nset xlabel 'step'\n"
+          "plot s u 1:3 w l lc rgb '#c0c0ff' t 'per step', s u 1:3 smooth bezier lw 2 lc rgb '#0000c0' t 'trend'%s\n"
+          "set output '%s/accuracy.png'\nset title 'test accuracy'\nset ylabel 'accuracy (%%)'\nset xlabel 'seconds'\n"
+          "set x2label 'epoch'\nset x2tics\n"
+          "plot e u 3:5 w lp pt 7 lw 2 t 'test accuracy'\n"
+          "unset x2label; unset x2tics\n"
+          "set output '%s/throughput.png'\nset title 'throughput'\nset xlabel 'step'\nset ylabel 'images/s'\n"
+          "plot s u 1:4 w l lc rgb '#c0e0c0' t 'per step', s u 1:4 smooth bezier lw 2 lc rgb '#008000' t 'trend'\n"
+          "set output '%s/comm_share.png'\nset title sprintf('share of step time communicating (mean %%.1f%%%%)', %g)\n"
+          "set ylabel 'communication / (compute + communication)'\nset yrange [0:1]\n"
+          "plot s u 1:5 w l lc rgb '#f0c0c0' t 'per step', s u 1:5 smooth bezier lw 2 lc rgb '#c00000' t 'trend'\n",
+          steps_path, epochs_path, dir,
+          nepochs > 0 ? ", e u 3:4 w lp pt 7 lw 2 lc rgb '#c00000' t 'test loss'" : "", dir,
+          nepochs > 0 ? ", e u 2:4 w lp pt 7 lw 2 lc rgb '#c00000' t 'test loss'" : "", dir, dir, dir,
+          100 * comm_sum / (comm_sum + compute_sum));
+  fclose(gp);
+  char cmd[8300];
+  snprintf(cmd, sizeof cmd, "gnuplot '%s'", script_path);
+  if (system(cmd) != 0) {
+    fprintf(stderr, "tide report: gnuplot failed on %s\n", script_path);
+    return 1;
+  }
+  remove(script_path);
+  remove(steps_path);
+  remove(epochs_path);
+  printf("tide report: %s/{loss_time,loss_steps,accuracy,throughput,comm_share}.png (%ld steps, %ld epochs)\n", dir,
+         nsteps, nepochs);
+  return 0;
+}
+
 int main(int argc, char **argv) {
   if (argc < 2 || strcmp(argv[1], "help") == 0 || strcmp(argv[1], "--help") == 0 ||
       strcmp(argv[1], "-h") == 0) {
@@ -617,6 +728,7 @@ int main(int argc, char **argv) {
   if (strcmp(argv[1], "--version") == 0) return cmd_info(0, NULL);
   if (strcmp(argv[1], "info") == 0) return cmd_info(argc - 2, argv + 2);
   if (strcmp(argv[1], "bench") == 0) return cmd_bench(argc - 2, argv + 2);
+  if (strcmp(argv[1], "report") == 0) return cmd_report(argc - 2, argv + 2);
   fprintf(stderr, "tide: unknown command '%s' (see tide help)\n", argv[1]);
   return EXIT_USAGE;
 }
