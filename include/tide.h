@@ -222,6 +222,139 @@ const uint64_t *tide_sampler_indices(const tide_sampler_t *sampler, size_t *coun
 size_t tide_sampler_max_count(const tide_sampler_t *sampler);
 void tide_sampler_destroy(tide_sampler_t *sampler);
 
+/* ---- optimizers and learning-rate schedules ---- */
+
+/* Optimizers update a flat float32 parameter buffer in place from a gradient
+ * buffer of the same length; they do no communication (all-reduce the
+ * gradients first) and no I/O. One tide_optim_t is called from one thread at
+ * a time; distinct optimizers share nothing. Semantics follow torch.optim
+ * where torch has the optimizer; LARS and LAMB follow their papers (You et al.
+ * 2017, 2020) with the usual exclusions and zero-norm guards. */
+
+/* One tensor of a flat parameter buffer: elements [offset, offset + count).
+ * LARS and LAMB compute their trust ratio per tensor; exclude_1d uses ndim
+ * and name to find biases and norm scales. shape[0..ndim) must multiply to
+ * count; ndim 0 is a scalar. name may be NULL. */
+typedef struct {
+  const char *name;
+  size_t offset;
+  size_t count;
+  int ndim;
+  int shape[4];
+} tide_tensor_t;
+
+typedef enum {
+  TIDE_OPTIM_SGD = 0, /* w -= lr * (g + wd*w) */
+  TIDE_OPTIM_MOMENTUM, /* torch SGD(momentum, dampening=0) */
+  TIDE_OPTIM_NESTEROV, /* torch SGD(momentum, dampening=0, nesterov=True) */
+  TIDE_OPTIM_ADAM,     /* torch Adam: weight decay is L2 added to the gradient */
+  TIDE_OPTIM_ADAMW,    /* torch AdamW: decoupled decay w -= lr*wd*w */
+  TIDE_OPTIM_LARS,     /* You et al. 2017: per-tensor local LR, LR inside the momentum */
+  TIDE_OPTIM_LAMB,     /* You et al. 2020: Adam direction scaled by a per-tensor trust ratio */
+  TIDE_OPTIM_KIND_COUNT
+} tide_optim_kind_t;
+/* Per tensor, with wd = weight_decay, both without exclusion:
+ * LARS: local = trust_coef*|w| / (|g| + wd*|w| + eps), 1 when |w| = 0 or
+ *       |g| + wd*|w| = 0; v = momentum*v + lr*local*(g + wd*w); w -= v.
+ * LAMB: u = m_hat/(sqrt(v_hat) + eps) + wd*w with Adam's bias-corrected
+ *       moments; w -= lr * |w|/|u| * u, ratio 1 when |w| = 0 or |u| = 0.
+ * Norms are accumulated in double. */
+
+/* Hyperparameters; start from tide_optim_config_default. Each kind reads
+ * only the fields listed for it and ignores the rest. */
+typedef struct {
+  tide_optim_kind_t kind;
+  float momentum;     /* momentum, nesterov: [0,1), default 0.9 (>0 for nesterov);
+                         lars: [0,1), 0.9; sgd: must be 0 */
+  float beta1, beta2; /* adam, adamw, lamb: [0,1), 0.9 and 0.999 */
+  float eps;          /* adam, adamw: > 0, 1e-8; lamb: > 0, 1e-6;
+                         lars: >= 0, added to the trust-ratio denominator, 1e-5 */
+  float weight_decay; /* >= 0. sgd, momentum, nesterov, adam: L2 added to the gradient (0);
+                         adamw: decoupled (0.01); lamb: decoupled, inside the trust ratio (0.01);
+                         lars: beta, in the local LR and in the update (0) */
+  float trust_coef;   /* lars: eta, > 0, default 0.001 */
+  int exclude_1d;     /* 0 or 1. 1: tensors with ndim <= 1 or a name ending in "bias" get
+                         no weight decay and no trust ratio (1 for lars and lamb, else 0) */
+} tide_optim_config_t;
+
+/* An optimizer and its state (momentum or moments, step count). */
+typedef struct tide_optim tide_optim_t;
+
+/* Writes the defaults of `kind` (the papers', torch's where they are
+ * silent) to *out. An unknown kind gives a config that tide_optim_create rejects. */
+void tide_optim_config_default(tide_optim_kind_t kind, tide_optim_config_t *out);
+/* Checks every field `config->kind` reads; TIDE_EINVAL and a log line
+ * naming the field and its allowed range otherwise. */
+int tide_optim_config_check(const tide_optim_config_t *config);
+
+/* Creates an optimizer for a buffer of nparams floats. tensors[0..ntensors)
+ * are copied (names too): they must tile [0, nparams) without gap or overlap,
+ * in any order; TIDE_EINVAL names the offending tensor. ntensors 0 (tensors
+ * may be NULL) treats the buffer as one multi-dimensional tensor. All state
+ * is allocated here (zeroed, step count 0); free with tide_optim_destroy. */
+int tide_optim_create(const tide_optim_config_t *config, const tide_tensor_t *tensors,
+                      size_t ntensors, size_t nparams, tide_optim_t **out);
+/* Applies one step with learning rate lr (>= 0, finite) to params[0..nparams)
+ * in place, reading grads[0..nparams); the two must not overlap. Allocates
+ * nothing. Non-finite gradients propagate into params, as in torch. */
+int tide_optim_step(tide_optim_t *opt, float *params, const float *grads, float lr);
+/* Number of steps applied so far (restored by tide_optim_state_set). */
+int64_t tide_optim_step_count(const tide_optim_t *opt);
+
+/* The state as bytes, for checkpoints and for broadcasting to ranks that
+ * join an elastic job: a header (kind, nparams, step count) then the float
+ * buffers, in host byte order. The size is a multiple of 4 bytes. */
+size_t tide_optim_state_size(const tide_optim_t *opt);
+/* Copies the state into buf (len >= tide_optim_state_size). */
+int tide_optim_state_get(const tide_optim_t *opt, void *buf, size_t len);
+/* Replaces the state with one from tide_optim_state_get of an optimizer of
+ * the same kind and nparams; TIDE_EINVAL (state unchanged) otherwise. */
+int tide_optim_state_set(tide_optim_t *opt, const void *buf, size_t len);
+void tide_optim_destroy(tide_optim_t *opt);
+
+/* "sgd", "momentum", "nesterov", "adam", "adamw", "lars", "lamb"; "?" for
+ * an unknown value. Static storage. */
+const char *tide_optim_name(tide_optim_kind_t kind);
+/* The kind named `name` (case-insensitive); TIDE_EINVAL for another name. */
+int tide_optim_parse(const char *name, tide_optim_kind_t *out);
+
+typedef enum {
+  TIDE_LR_CONSTANT = 0, /* base_lr */
+  TIDE_LR_STEP,         /* base_lr * gamma^floor(step / step_size) (torch StepLR) */
+  TIDE_LR_COSINE,       /* final_lr + (base_lr - final_lr) * (1 + cos(pi * p)) / 2 */
+  TIDE_LR_POLY,         /* final_lr + (base_lr - final_lr) * (1 - p)^power (LARS paper: 2) */
+  TIDE_LR_KIND_COUNT
+} tide_lr_kind_t;
+
+/* A learning rate as a function of the step (or of progress counted in
+ * base-batch steps). Zero-initialise, then set what the kind uses. During
+ * warm-up (step < warmup_steps) the rate rises linearly from
+ * base_lr * warmup_start_factor at step 0 to base_lr at warmup_steps, as
+ * torch LinearLR. Cosine and poly decay over p = (step - warmup_steps) /
+ * (total_steps - warmup_steps), clamped to [0, 1]; step counts from step 0. */
+typedef struct {
+  tide_lr_kind_t kind;
+  float base_lr;             /* >= 0 */
+  long warmup_steps;         /* >= 0 */
+  float warmup_start_factor; /* [0, 1] */
+  long total_steps;          /* cosine, poly: > warmup_steps */
+  long step_size;            /* step: > 0 */
+  float gamma;               /* step: (0, 1] */
+  float power;               /* poly: > 0 */
+  float final_lr;            /* cosine, poly: [0, base_lr] */
+} tide_lr_schedule_t;
+
+/* Checks the fields `s->kind` uses; TIDE_EINVAL and a log line naming the
+ * field otherwise. */
+int tide_lr_check(const tide_lr_schedule_t *s);
+/* The rate at `step` (>= 0); NaN when the schedule fails tide_lr_check or
+ * step < 0 (logs nothing: call tide_lr_check once up front). Pure. */
+float tide_lr_at(const tide_lr_schedule_t *s, long step);
+/* "constant", "step", "cosine", "poly"; "?" for an unknown value. */
+const char *tide_lr_name(tide_lr_kind_t kind);
+/* The kind named `name` (case-insensitive); TIDE_EINVAL for another name. */
+int tide_lr_parse(const char *name, tide_lr_kind_t *out);
+
 #ifdef __cplusplus
 }
 #endif

@@ -1,0 +1,125 @@
+/* Learning-rate schedules: pure functions of the step, so every rank (and a
+ * rank that joins an elastic job late) computes the same rate from the same
+ * step or progress count. Computed in double, returned as float. */
+#include <math.h>
+#include <strings.h>
+
+#include "core/core.h"
+
+static const double pi = 3.14159265358979323846;
+
+static const char *const lr_names[TIDE_LR_KIND_COUNT] = {"constant", "step", "cosine", "poly"};
+
+const char *tide_lr_name(tide_lr_kind_t kind) {
+  if ((unsigned)kind >= TIDE_LR_KIND_COUNT) return "?";
+  return lr_names[kind];
+}
+
+int tide_lr_parse(const char *name, tide_lr_kind_t *out) {
+  if (name == NULL || out == NULL) {
+    TIDE_ERROR("tide_lr_parse: name and out must not be NULL");
+    return TIDE_EINVAL;
+  }
+  for (int k = 0; k < TIDE_LR_KIND_COUNT; k++) {
+    if (strcasecmp(name, lr_names[k]) == 0) {
+      *out = (tide_lr_kind_t)k;
+      return 0;
+    }
+  }
+  TIDE_ERROR("unknown learning-rate schedule '%s': use constant, step, cosine or poly", name);
+  return TIDE_EINVAL;
+}
+
+/* The first field of s that is out of range, with its allowed range in
+ * *why; NULL when s is valid. Logs nothing, so tide_lr_at can use it. */
+static const char *invalid_field(const tide_lr_schedule_t *s, const char **why) {
+  if ((unsigned)s->kind >= TIDE_LR_KIND_COUNT) {
+    *why = "must be a TIDE_LR_* value";
+    return "kind";
+  }
+  if (!(s->base_lr >= 0.0f && s->base_lr < INFINITY)) {
+    *why = "must be finite and >= 0";
+    return "base_lr";
+  }
+  if (s->warmup_steps < 0) {
+    *why = "must be >= 0";
+    return "warmup_steps";
+  }
+  if (!(s->warmup_start_factor >= 0.0f && s->warmup_start_factor <= 1.0f)) {
+    *why = "must be in [0, 1]";
+    return "warmup_start_factor";
+  }
+  switch (s->kind) {
+    case TIDE_LR_STEP:
+      if (s->step_size <= 0) {
+        *why = "must be > 0";
+        return "step_size";
+      }
+      if (!(s->gamma > 0.0f && s->gamma <= 1.0f)) {
+        *why = "must be in (0, 1]";
+        return "gamma";
+      }
+      break;
+    case TIDE_LR_POLY:
+      if (!(s->power > 0.0f && s->power < INFINITY)) {
+        *why = "must be finite and > 0";
+        return "power";
+      }
+      break;
+    default:
+      break;
+  }
+  if (s->kind == TIDE_LR_COSINE || s->kind == TIDE_LR_POLY) {
+    if (s->total_steps <= s->warmup_steps) {
+      *why = "must be > warmup_steps (the decay needs at least one step)";
+      return "total_steps";
+    }
+    if (!(s->final_lr >= 0.0f && s->final_lr <= s->base_lr)) {
+      *why = "must be in [0, base_lr]";
+      return "final_lr";
+    }
+  }
+  return NULL;
+}
+
+int tide_lr_check(const tide_lr_schedule_t *s) {
+  if (s == NULL) {
+    TIDE_ERROR("tide_lr_check: schedule is NULL");
+    return TIDE_EINVAL;
+  }
+  const char *why = NULL;
+  const char *field = invalid_field(s, &why);
+  if (field == NULL) return 0;
+  TIDE_ERROR("learning-rate schedule %s: %s %s (base_lr=%g warmup_steps=%ld "
+             "warmup_start_factor=%g total_steps=%ld step_size=%ld gamma=%g power=%g "
+             "final_lr=%g)",
+             tide_lr_name(s->kind), field, why, (double)s->base_lr, s->warmup_steps,
+             (double)s->warmup_start_factor, s->total_steps, s->step_size, (double)s->gamma,
+             (double)s->power, (double)s->final_lr);
+  return TIDE_EINVAL;
+}
+
+float tide_lr_at(const tide_lr_schedule_t *s, long step) {
+  const char *why;
+  if (s == NULL || step < 0 || invalid_field(s, &why) != NULL) return NAN;
+  double base = s->base_lr, final = s->final_lr;
+  if (step < s->warmup_steps) {
+    double f = s->warmup_start_factor;
+    return (float)(base * (f + (1.0 - f) * (double)step / (double)s->warmup_steps));
+  }
+  double progress = 0.0;
+  if (s->kind == TIDE_LR_COSINE || s->kind == TIDE_LR_POLY) {
+    progress = (double)(step - s->warmup_steps) / (double)(s->total_steps - s->warmup_steps);
+    if (progress > 1.0) progress = 1.0;
+  }
+  switch (s->kind) {
+    case TIDE_LR_STEP:
+      return (float)(base * pow((double)s->gamma, (double)(step / s->step_size)));
+    case TIDE_LR_COSINE:
+      return (float)(final + (base - final) * 0.5 * (1.0 + cos(pi * progress)));
+    case TIDE_LR_POLY:
+      return (float)(final + (base - final) * pow(1.0 - progress, (double)s->power));
+    default:
+      return (float)base;
+  }
+}
