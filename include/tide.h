@@ -122,6 +122,20 @@ typedef struct tide_comm tide_comm_t;
  * one-rank job. Connects to every peer (shared memory on the same host, TCP
  * across hosts). Collective over the whole job. */
 int tide_comm_init(tide_comm_t **out);
+/* Joins through MPI instead of the store: mpi_comm points to an MPI_Comm
+ * (so this header needs no mpi.h), e.g. `MPI_Comm c = MPI_COMM_WORLD;
+ * tide_comm_init_from_mpi(&c, &comm)`. Collective over that communicator;
+ * tide duplicates it (MPI_Comm_dup), so its traffic never matches the
+ * caller's, and the caller may free its own at once. MPI must be initialised,
+ * with MPI_THREAD_MULTIPLE (with less, tide serialises its own MPI calls and
+ * the application must not call MPI while a tide call runs). Ranks, hosts
+ * (MPI_COMM_TYPE_SHARED, or TIDE_HOST_ID), errors and mismatch detection are
+ * those of tide_comm_init; a dead process is left to MPI (mpirun aborts the
+ * job). TIDE_ESTATE when MPI is not initialised, TIDE_ENOSYS when tide was
+ * built without MPI. tide_comm_init does the same on MPI_COMM_WORLD under
+ * TIDE_BACKEND=mpi, calling MPI_Init_thread first if nobody has (and then
+ * MPI_Finalize when its last communicator is destroyed). */
+int tide_comm_init_from_mpi(const void *mpi_comm, tide_comm_t **out);
 /* Closes connections and frees the communicator (and its local/cross
  * sub-communicators). Not collective: never blocks on peers. */
 void tide_comm_destroy(tide_comm_t *comm);
@@ -354,6 +368,151 @@ float tide_lr_at(const tide_lr_schedule_t *s, long step);
 const char *tide_lr_name(tide_lr_kind_t kind);
 /* The kind named `name` (case-insensitive); TIDE_EINVAL for another name. */
 int tide_lr_parse(const char *name, tide_lr_kind_t *out);
+
+/* ---- gradient compression: top-k selection and error feedback ---- */
+
+/* Selectors of k (value, index) pairs out of x[0..d) by magnitude |x|. Every
+ * selector returns exactly k pairs, indices strictly ascending, values equal
+ * to x at those indices. Ties in |x| go to the lower index; -0 and +0 are
+ * equal. Indices are uint32_t, so d must be below 2^32 (TIDE_EINVAL
+ * otherwise: select over shards). A NaN or Inf anywhere in x is TIDE_EINVAL,
+ * logged with the tensor's name and the first bad index; nothing is written.
+ * Pure computation: the selectors use up to TIDE_NUM_THREADS threads of their
+ * own per call (only for large d), allocate scratch through tide's
+ * allocator, and may be called from any number of threads at once. */
+typedef enum {
+  /* Exact top k: radix selection on the magnitude bits (a histogram pass, a
+   * collection pass, then the few candidates). */
+  TIDE_TOPK_EXACT = 0,
+  /* MSTopK (Shi et al., MLSys 2021): `rounds` bisection probes of a
+   * threshold between mean|x| and max|x|; then every |x| >= t1 (the lowest
+   * probe counting <= k) plus one contiguous run, in index order at a
+   * seeded random offset, of the band t2 <= |x| < t1 (t2: the highest probe
+   * counting > k). When no probe counts <= k the band is |x| >= t2; when
+   * none counts > k it is |x| < t1. Approximate only inside the band, whose
+   * width is (max - mean) / 2^rounds. Same result for any thread count. */
+  TIDE_TOPK_MSTOPK,
+  /* k distinct indices drawn uniformly from the seed (no scaling). */
+  TIDE_TOPK_RANDOMK,
+  /* The fast one, and exact: a threshold from a stratified sample of <= 2^17
+   * elements, one pass collecting every |x| above it (its count corrects the
+   * sample), then exact selection among those few. Falls back to
+   * TIDE_TOPK_EXACT when the sample's cut leaves fewer than k (the result is
+   * the same; it only costs passes). The selector to train with. */
+  TIDE_TOPK_SAMPLED,
+  TIDE_TOPK_KIND_COUNT
+} tide_topk_kind_t;
+
+/* Options; zero-initialise for the defaults. */
+typedef struct {
+  uint64_t seed;     /* random-k's draw, MSTopK's padding offset (default 0) */
+  int mstopk_rounds; /* MSTopK's N, 1..64; 0 = 20 */
+  int num_threads;   /* > 0 overrides TIDE_NUM_THREADS (default: online CPUs) */
+} tide_topk_opts_t;
+
+/* What one selection did; written only on success. */
+typedef struct {
+  float threshold;      /* smallest |value| selected (0 when k = 0) */
+  float t1, t2;         /* MSTopK's final bracket (0 for the other kinds) */
+  uint32_t full_passes; /* times all of x was read */
+  uint64_t candidates;  /* elements kept for the final selection after those passes */
+  int fallback;         /* sampled: 1 when its cut missed and exact selection ran */
+  int threads;          /* threads used */
+} tide_topk_stats_t;
+
+/* Selects k of x[0..d) into values[0..k) and indices[0..k) (caller-owned; x
+ * is only read). name names the tensor in error messages (NULL: "tensor").
+ * k <= d < 2^32; k = 0 writes nothing but still checks x. stats may be NULL.
+ * Default options: seed 0, 20 MSTopK rounds, TIDE_NUM_THREADS threads. */
+int tide_topk_select(tide_topk_kind_t kind, const float *x, size_t d, size_t k, const char *name,
+                     float *values, uint32_t *indices, tide_topk_stats_t *stats_or_null);
+/* The same with explicit options (opts NULL = defaults). */
+int tide_topk_select_opts(tide_topk_kind_t kind, const tide_topk_opts_t *opts, const float *x,
+                          size_t d, size_t k, const char *name, float *values,
+                          uint32_t *indices, tide_topk_stats_t *stats_or_null);
+/* k for a density: ceil(density * count), within [0, count]; a product within
+ * 1e-9 relative of an integer counts as that integer (0.07 of 100 is 7).
+ * density outside [0, 1] or not finite gives 0. */
+size_t tide_topk_count(double density, size_t count);
+/* "exact", "mstopk", "randomk", "sampled"; "?" for an unknown value. */
+const char *tide_topk_name(tide_topk_kind_t kind);
+/* The kind named `name` (case-insensitive); TIDE_EINVAL for another name. */
+int tide_topk_parse(const char *name, tide_topk_kind_t *out);
+
+/* Error feedback (Seide et al. 2014, Stich et al. 2018, as in DGC): a
+ * compressor owns a residual per element of a flat float buffer, zeroed at
+ * creation. Each compress computes acc = grad + residual (one float add per
+ * element), selects k pairs of acc and keeps the rest: residual = acc with
+ * the selected entries zeroed. So for every element,
+ * selected + residual_after == grad + residual_before exactly, in float.
+ * One thread at a time per compressor; compressors share nothing. */
+typedef struct tide_compressor tide_compressor_t;
+
+typedef enum {
+  /* One selection per tensor, k_i = tide_topk_count(density, count_i): every
+   * tensor sends its share (DGC's per-layer selection). */
+  TIDE_TOPK_PER_TENSOR = 0,
+  /* One selection over the whole flat buffer, k = tide_topk_count(density, d):
+   * the most |grad| mass per pair sent, one call (fastest), and what
+   * HiTopKComm does on its shard. The trainer's default. */
+  TIDE_TOPK_GLOBAL
+} tide_topk_scope_t;
+
+/* Creates a compressor for a flat buffer of d floats (0 < d < 2^32) with
+ * 0 < density <= 1. tensors[0..ntensors) are copied (names too) and must
+ * tile [0, d) without gap or overlap, in any order; ntensors 0 (tensors may
+ * be NULL) makes the buffer one tensor. Under TIDE_TOPK_GLOBAL the tensors
+ * only name the element of a NaN/Inf in messages. opts may be NULL; the
+ * seed advances with every compress, so random-k and MSTopK draw anew each
+ * step (and repeat after tide_compressor_reset). Holds 2*d floats. */
+int tide_compressor_create(tide_topk_kind_t kind, double density, tide_topk_scope_t scope,
+                           const tide_tensor_t *tensors, size_t ntensors, size_t d,
+                           const tide_topk_opts_t *opts, tide_compressor_t **out);
+/* Pairs every compress writes: the sum of the tensors' k (or the global k). */
+size_t tide_compressor_k(const tide_compressor_t *c);
+/* Changes the density from the next compress on (density warm-up); the
+ * residual is kept. */
+int tide_compressor_set_density(tide_compressor_t *c, double density);
+/* One step: grad[0..d) (d as created) is read; values and indices must hold
+ * tide_compressor_k(c) entries and receive the selected pairs of
+ * grad + residual, indices into the flat buffer, ascending; *k_out = their
+ * number (always tide_compressor_k(c)). A NaN or Inf in grad + residual is
+ * TIDE_EINVAL naming the tensor and the element; the residual is then left
+ * as it was, so the caller may skip the step (as loss scaling does). */
+int tide_compressor_compress(tide_compressor_t *c, const float *grad, size_t d, float *values,
+                             uint32_t *indices, size_t *k_out);
+/* The residual, d floats, owned by the compressor; valid until the next
+ * compress, reset or destroy. */
+const float *tide_compressor_residual(const tide_compressor_t *c);
+/* Zeroes the residual and rewinds the seed to the one given at creation. */
+int tide_compressor_reset(tide_compressor_t *c);
+/* The message of the last failed compress ("" if none). */
+const char *tide_compressor_last_error(const tide_compressor_t *c);
+void tide_compressor_destroy(tide_compressor_t *c);
+
+/* ---- sparse collectives ---------------------------------------------------- */
+
+/* TopK-AllGather: rank r contributes k_r (value, index) pairs of a dense
+ * tensor of d floats (k may differ between ranks; indices < d); every rank
+ * receives in out[0..d) the sum (TIDE_SUM) or mean (TIDE_AVG) over ranks of
+ * everyone's pairs, duplicate indices summed, bitwise identical on every
+ * rank. Collective and checked like the dense calls (d and op must match).
+ * Bytes on the wire: docs/algorithms.md. */
+int tide_sparse_allgather(tide_comm_t *comm, const float *values, const uint32_t *indices, size_t k, float *out,
+                          size_t d, tide_op_t op);
+
+/* HiTopKComm needs the same number of ranks on every host. This rank's shard
+ * of a d-float gradient (the block of its local rank): create the
+ * compressor passed to tide_hitopk_allreduce with d = *len. */
+int tide_hitopk_shard(tide_comm_t *comm, size_t d, size_t *offset, size_t *len);
+/* Hierarchical top-k allreduce (Shi et al., MLSys 2021): intra-host dense
+ * reduce-scatter of grad; top-k of this rank's shard through `compressor`
+ * (error feedback kept in it); all-gather of the pairs among the ranks with
+ * this local rank on every host; intra-host all-gather of those pairs; out
+ * (d floats, may equal grad) receives the sum or mean of every host's
+ * selections, duplicate indices summed, identical on every rank. */
+int tide_hitopk_allreduce(tide_comm_t *comm, const float *grad, float *out, size_t d, tide_compressor_t *compressor,
+                          tide_op_t op);
 
 #ifdef __cplusplus
 }

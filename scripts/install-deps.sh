@@ -4,8 +4,13 @@
 # (or through sudo when available).
 set -euo pipefail
 
-packages=(build-essential cmake pkg-config zlib1g-dev
-          openmpi-bin libopenmpi-dev libgloo-dev iproute2 python3)
+# Open MPI is the default mpicc/mpirun; MPICH (mpicc.mpich, mpirun.mpich)
+# sits beside it for test_mpi_mpich.
+packages=(build-essential cmake pkg-config zlib1g-dev libopenblas-dev
+          openmpi-bin libopenmpi-dev mpich libmpich-dev libgloo-dev iproute2
+          iptables libnetfilter-queue-dev
+          dataset-fashion-mnist gnuplot-nox
+          python3 python3-numpy python3-torch)
 
 missing=()
 for p in "${packages[@]}"; do

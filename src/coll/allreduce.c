@@ -25,6 +25,7 @@ tide__algo_t tide__allreduce_algo(const tide_comm_t *comm, size_t count, tide_dt
   if (comm->size == 1) return TIDE__ALGO_NONE;
   size_t bytes = count * tide_dtype_size(dtype);
   const char *forced = tide__param_str(TIDE__PARAM_ALGO);
+  if (tide__mpi_coll_choose(comm, TIDE__MPI_ALLREDUCE, count, dtype)) return TIDE__ALGO_MPI;
   int hier_ok = comm->node_count > 1 && comm->uniform_nodes && comm->local_size > 1 &&
                 count >= (size_t)comm->size;
   if (strcmp(forced, "rd") == 0) return TIDE__ALGO_RD;
@@ -95,11 +96,19 @@ int tide__reduce_scatter_ring(tide_comm_t *comm, const void *sendbuf, void *out,
     int send_block = ((r - s - 1) % n + n) % n, recv_block = ((r - s - 2) % n + n) % n;
     tide__p2p_t ops[2];
     tide_block(count, n, send_block, &off, &len);
-    op_pair(&ops[0], TIDE__P2P_SEND, right, (s == 0 ? in : work) + off * esize, NULL, len * esize, dtype, op);
+    const uint8_t *sent = (s == 0 ? in : work) + off * esize;
+    size_t sent_bytes = len * esize;
+    op_pair(&ops[0], TIDE__P2P_SEND, right, sent, NULL, sent_bytes, dtype, op);
     tide_block(count, n, recv_block, &off, &len);
     uint8_t *dst = s == n - 2 ? (uint8_t *)out : work + off * esize;
+    /* With two ranks in place, out may overlap the block still being sent
+     * (a zero-copy transport reads it until the send completes): land the
+     * result in work and copy it over afterwards. */
+    int bounce = dst == (uint8_t *)out && dst < sent + sent_bytes && sent < dst + len * esize;
+    if (bounce) dst = work + off * esize;
     op_pair(&ops[1], TIDE__P2P_RECV_REDUCE, left, in + off * esize, dst, len * esize, dtype, op);
     TIDE_CHECK(tide__comm_run(comm, ops, 2, "reduce-scatter (ring)"));
+    if (bounce) memcpy(out, dst, len * esize);
   }
   return 0;
 }
@@ -188,6 +197,8 @@ int tide__allreduce(tide_comm_t *comm, const void *sendbuf, void *recvbuf, size_
       return tide__allreduce_ring(comm, sendbuf, recvbuf, count, dtype, op);
     case TIDE__ALGO_HIER:
       return tide__allreduce_hier(comm, sendbuf, recvbuf, count, dtype, op);
+    case TIDE__ALGO_MPI:
+      return tide__mpi_collective(comm, TIDE__MPI_ALLREDUCE, sendbuf, recvbuf, count, NULL, dtype, op, 0);
     default:
       if (sendbuf != recvbuf) memcpy(recvbuf, sendbuf, count * tide_dtype_size(dtype));
       return 0;

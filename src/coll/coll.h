@@ -6,10 +6,14 @@
 
 #include "comm/comm.h"
 
-typedef enum { TIDE__ALGO_NONE = 0, TIDE__ALGO_RD, TIDE__ALGO_RING, TIDE__ALGO_HIER } tide__algo_t;
+/* TIDE__ALGO_MPI: MPI's own collective, on a communicator joined through
+ * MPI (comm->mpi), for any dense call it supports (src/comm/mpi_boot.c). */
+typedef enum { TIDE__ALGO_NONE = 0, TIDE__ALGO_RD, TIDE__ALGO_RING, TIDE__ALGO_HIER, TIDE__ALGO_MPI } tide__algo_t;
 
 /* The allreduce algorithm for this call: the same on every rank given the
- * same count, dtype and TIDE_ALGO / TIDE_SMALL_BYTES. */
+ * same count, dtype and TIDE_ALGO / TIDE_SMALL_BYTES. On an MPI
+ * communicator auto (and mpi) pick MPI's own allreduce when it takes the
+ * dtype; f16/bf16 use tide's algorithms over the MPI transport. */
 tide__algo_t tide__allreduce_algo(const tide_comm_t *comm, size_t count, tide_dtype_t dtype);
 
 int tide__allreduce_rd(tide_comm_t *comm, const void *sendbuf, void *recvbuf, size_t count,
@@ -33,5 +37,12 @@ int tide__allgatherv_ring(tide_comm_t *comm, const void *sendbuf, void *buf, con
                           const size_t *displs, tide_dtype_t dtype);
 int tide__broadcast(tide_comm_t *comm, void *buf, size_t bytes, int root);
 int tide__barrier(tide_comm_t *comm);
+
+/* Sparse collectives (src/coll/sparse.c). */
+int tide__sparse_allgather(tide_comm_t *comm, const float *values, const uint32_t *indices, size_t k, float *out,
+                           size_t d, tide_op_t op);
+int tide__hitopk_shard(tide_comm_t *comm, size_t d, size_t *offset, size_t *len);
+int tide__hitopk_allreduce(tide_comm_t *comm, const float *grad, float *out, size_t d, tide_compressor_t *compressor,
+                           tide_op_t op);
 
 #endif

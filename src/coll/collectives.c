@@ -7,10 +7,13 @@
 
 #include "coll/coll.h"
 
-typedef enum { BARRIER = 1, BROADCAST, ALLREDUCE, REDUCE_SCATTER, ALLGATHER, ALLGATHERV } kind_t;
+typedef enum {
+  BARRIER = 1, BROADCAST, ALLREDUCE, REDUCE_SCATTER, ALLGATHER, ALLGATHERV, SPARSE_ALLGATHER, HITOPK
+} kind_t;
 static const char *kind_names[] = {"?", "barrier", "broadcast", "allreduce", "reduce_scatter", "allgather",
-                                   "allgatherv"};
-static const char *algo_names[] = {"-", "rd", "ring", "hier"};
+                                   "allgatherv", "sparse_allgather", "hitopk_allreduce"};
+static const char *algo_names[] = {"-", "rd", "ring", "hier", "mpi"};
+#define ALGO_NAME(a) algo_names[(unsigned)(a) <= TIDE__ALGO_MPI ? (unsigned)(a) : 0]
 
 typedef struct {
   kind_t kind;
@@ -21,6 +24,9 @@ typedef struct {
   tide_dtype_t dtype;
   tide_op_t op;
   int root;
+  const uint32_t *indices;        /* sparse_allgather: the k indices */
+  size_t k;                       /* sparse_allgather: pairs this rank sends */
+  tide_compressor_t *compressor;  /* hitopk: this rank's shard compressor */
 } args_t;
 
 /* What every rank must agree on; sent to the right neighbour, compared
@@ -37,7 +43,7 @@ typedef struct {
 #define HEADER_MAGIC 0x74636f6cu
 
 static void describe(const header_t *h, char *out, size_t cap) {
-  int n = snprintf(out, cap, "%s(", kind_names[h->kind <= ALLGATHERV ? h->kind : 0]);
+  int n = snprintf(out, cap, "%s(", kind_names[h->kind <= HITOPK ? h->kind : 0]);
   switch (h->kind) {
     case BARRIER:
       break;
@@ -94,9 +100,9 @@ static int check_headers(tide_comm_t *comm, const header_t *mine) {
   }
   if (theirs.algo != mine->algo)
     return tide__comm_fail(comm, TIDE_EMISMATCH, 0,
-                           "rank %d chose allreduce algorithm %s while rank %d chose %s for %s: TIDE_ALGO or "
+                           "rank %d chose algorithm %s while rank %d chose %s for %s: TIDE_ALGO or "
                            "TIDE_SMALL_BYTES differ between ranks",
-                           comm->rank, algo_names[mine->algo & 3], left, algo_names[theirs.algo & 3], what);
+                           comm->rank, ALGO_NAME(mine->algo), left, ALGO_NAME(theirs.algo), what);
   return 0;
 }
 
@@ -104,6 +110,16 @@ static uint64_t hash_counts(const size_t *counts, int n) {
   uint64_t h = 1469598103934665603ull;
   for (int i = 0; i < n; i++) h = (h ^ counts[i]) * 1099511628211ull;
   return h;
+}
+
+/* MPI's own collective for the dense calls other than allreduce, on an MPI
+ * communicator under TIDE_ALGO=auto or mpi; total: the elements of the
+ * whole call (allgather(v): the output). */
+static tide__algo_t mpi_algo(const tide_comm_t *comm, const args_t *a, size_t total) {
+  static const int kinds[] = {[REDUCE_SCATTER] = TIDE__MPI_REDUCE_SCATTER, [ALLGATHER] = TIDE__MPI_ALLGATHERV,
+                              [ALLGATHERV] = TIDE__MPI_ALLGATHERV, [BROADCAST] = TIDE__MPI_BROADCAST};
+  if (comm->size == 1 || a->kind == BARRIER || a->kind == ALLREDUCE || a->kind > ALLGATHERV) return TIDE__ALGO_NONE;
+  return tide__mpi_coll_choose(comm, kinds[a->kind], total, a->dtype) ? TIDE__ALGO_MPI : TIDE__ALGO_NONE;
 }
 
 /* Runs one collective; the caller holds exec_lock. */
@@ -118,10 +134,18 @@ static int execute(tide_comm_t *comm, void *raw) {
     h.count = 0;
     for (int r = 0; r < comm->size; r++) h.count += a->counts[r];
   }
-  tide__algo_t algo = a->kind == ALLREDUCE ? tide__allreduce_algo(comm, a->count, a->dtype) : TIDE__ALGO_NONE;
+  tide__algo_t algo = a->kind == ALLREDUCE ? tide__allreduce_algo(comm, a->count, a->dtype)
+                      : mpi_algo(comm, a, a->kind == ALLGATHER ? a->count * (size_t)comm->size : h.count);
   h.algo = (int32_t)algo;
   TIDE_CHECK_GOTO(check_headers(comm, &h), rc, out);
   size_t esize = tide_dtype_size(a->dtype);
+  if (algo == TIDE__ALGO_MPI && a->kind != ALLREDUCE) {
+    tide__mpi_coll_kind_t kind = a->kind == REDUCE_SCATTER ? TIDE__MPI_REDUCE_SCATTER
+                                 : a->kind == BROADCAST    ? TIDE__MPI_BROADCAST
+                                                           : TIDE__MPI_ALLGATHERV;
+    rc = tide__mpi_collective(comm, kind, a->sendbuf, a->recvbuf, a->count, a->counts, a->dtype, a->op, a->root);
+    goto done;
+  }
   switch (a->kind) {
     case BARRIER:
       rc = tide__barrier(comm);
@@ -139,6 +163,12 @@ static int execute(tide_comm_t *comm, void *raw) {
       if (rc == 0 && a->op == TIDE_AVG) tide__scale(a->recvbuf, len, a->dtype, comm->size);
       break;
     }
+    case SPARSE_ALLGATHER:
+      rc = tide__sparse_allgather(comm, a->sendbuf, a->indices, a->k, a->recvbuf, a->count, a->op);
+      break;
+    case HITOPK:
+      rc = tide__hitopk_allreduce(comm, a->sendbuf, a->recvbuf, a->count, a->compressor, a->op);
+      break;
     case ALLGATHER:
     case ALLGATHERV: {
       size_t *counts = a->counts, *displs = tide__malloc((size_t)comm->size * 2 * sizeof(size_t));
@@ -160,6 +190,7 @@ static int execute(tide_comm_t *comm, void *raw) {
       break;
     }
   }
+done:
   if (rc == 0) rc = atomic_load(&comm->failed);
 out:
   tide__free(a->counts);
@@ -199,6 +230,11 @@ static int validate(tide_comm_t *comm, const args_t *a, const size_t *counts, si
     if (a->kind != BROADCAST && a->sendbuf == NULL && (a->kind != ALLGATHERV || sendcount > 0))
       return invalid(comm, "%s with a NULL %s", kind, "sendbuf");
   }
+  if (a->kind >= SPARSE_ALLGATHER && a->op != TIDE_SUM && a->op != TIDE_AVG)
+    return invalid(comm, "%s supports only sum and avg%s", kind, "");
+  if (a->kind == SPARSE_ALLGATHER && a->k > 0 && (a->sendbuf == NULL || a->indices == NULL))
+    return invalid(comm, "%s with NULL values or indices%s", kind, "");
+  if (a->kind == HITOPK && a->compressor == NULL) return invalid(comm, "%s with a NULL compressor%s", kind, "");
   if ((a->dtype == TIDE_F16 || a->dtype == TIDE_BF16) && (a->kind == ALLREDUCE || a->kind == REDUCE_SCATTER) &&
       a->op != TIDE_SUM && a->op != TIDE_AVG)
     return invalid(comm, "%s: f16/bf16 support only sum and avg%s", kind, "");
@@ -234,37 +270,37 @@ void tide_block(size_t count, int size, int rank, size_t *offset, size_t *len) {
 }
 
 int tide_ibarrier(tide_comm_t *comm, tide_request_t **req) {
-  args_t a = {BARRIER, NULL, NULL, 0, NULL, TIDE_I32, TIDE_SUM, 0};
+  args_t a = {BARRIER, NULL, NULL, 0, NULL, TIDE_I32, TIDE_SUM, 0, NULL, 0, NULL};
   return start(comm, &a, NULL, 0, req);
 }
 
 int tide_ibroadcast(tide_comm_t *comm, void *buf, size_t count, tide_dtype_t dtype, int root,
                     tide_request_t **req) {
-  args_t a = {BROADCAST, buf, buf, count, NULL, dtype, TIDE_SUM, root};
+  args_t a = {BROADCAST, buf, buf, count, NULL, dtype, TIDE_SUM, root, NULL, 0, NULL};
   return start(comm, &a, NULL, 0, req);
 }
 
 int tide_iallreduce(tide_comm_t *comm, const void *sendbuf, void *recvbuf, size_t count, tide_dtype_t dtype,
                     tide_op_t op, tide_request_t **req) {
-  args_t a = {ALLREDUCE, sendbuf, recvbuf, count, NULL, dtype, op, 0};
+  args_t a = {ALLREDUCE, sendbuf, recvbuf, count, NULL, dtype, op, 0, NULL, 0, NULL};
   return start(comm, &a, NULL, 0, req);
 }
 
 int tide_ireduce_scatter(tide_comm_t *comm, const void *sendbuf, void *recvbuf, size_t count,
                          tide_dtype_t dtype, tide_op_t op, tide_request_t **req) {
-  args_t a = {REDUCE_SCATTER, sendbuf, recvbuf, count, NULL, dtype, op, 0};
+  args_t a = {REDUCE_SCATTER, sendbuf, recvbuf, count, NULL, dtype, op, 0, NULL, 0, NULL};
   return start(comm, &a, NULL, 0, req);
 }
 
 int tide_iallgather(tide_comm_t *comm, const void *sendbuf, void *recvbuf, size_t count, tide_dtype_t dtype,
                     tide_request_t **req) {
-  args_t a = {ALLGATHER, sendbuf, recvbuf, count, NULL, dtype, TIDE_SUM, 0};
+  args_t a = {ALLGATHER, sendbuf, recvbuf, count, NULL, dtype, TIDE_SUM, 0, NULL, 0, NULL};
   return start(comm, &a, NULL, 0, req);
 }
 
 int tide_iallgatherv(tide_comm_t *comm, const void *sendbuf, size_t sendcount, void *recvbuf,
                      const size_t *counts, tide_dtype_t dtype, tide_request_t **req) {
-  args_t a = {ALLGATHERV, sendbuf, recvbuf, 0, NULL, dtype, TIDE_SUM, 0};
+  args_t a = {ALLGATHERV, sendbuf, recvbuf, 0, NULL, dtype, TIDE_SUM, 0, NULL, 0, NULL};
   return start(comm, &a, counts, sendcount, req);
 }
 
@@ -292,4 +328,21 @@ int tide_allgather(tide_comm_t *comm, const void *sendbuf, void *recvbuf, size_t
 int tide_allgatherv(tide_comm_t *comm, const void *sendbuf, size_t sendcount, void *recvbuf,
                     const size_t *counts, tide_dtype_t dtype) {
   return tide_iallgatherv(comm, sendbuf, sendcount, recvbuf, counts, dtype, NULL);
+}
+
+int tide_sparse_allgather(tide_comm_t *comm, const float *values, const uint32_t *indices, size_t k, float *out,
+                          size_t d, tide_op_t op) {
+  args_t a = {SPARSE_ALLGATHER, values, out, d, NULL, TIDE_F32, op, 0, indices, k, NULL};
+  return start(comm, &a, NULL, 0, NULL);
+}
+
+int tide_hitopk_shard(tide_comm_t *comm, size_t d, size_t *offset, size_t *len) {
+  if (comm == NULL || offset == NULL || len == NULL) return TIDE_EINVAL;
+  return tide__hitopk_shard(comm, d, offset, len);
+}
+
+int tide_hitopk_allreduce(tide_comm_t *comm, const float *grad, float *out, size_t d, tide_compressor_t *compressor,
+                          tide_op_t op) {
+  args_t a = {HITOPK, grad, out, d, NULL, TIDE_F32, op, 0, NULL, 0, compressor};
+  return start(comm, &a, NULL, 0, NULL);
 }

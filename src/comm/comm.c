@@ -67,11 +67,15 @@ int tide__comm_fail(tide_comm_t *comm, int rc, int from_peer, const char *fmt, .
   va_start(ap, fmt);
   vsnprintf(msg, sizeof msg, fmt, ap);
   va_end(ap);
-  if (set_failed(comm, rc, msg) && !from_peer && comm->store != NULL) {
+  if (set_failed(comm, rc, msg) && !from_peer && (comm->store != NULL || comm->mpi != NULL)) {
     char key[200], value[1000];
     snprintf(key, sizeof key, "event/abort/%s", comm->ns);
     int n = snprintf(value, sizeof value, "%d|%llu|%s", rc, (unsigned long long)comm->seq, msg);
-    tide_store_set(comm->store, key, value, (size_t)(n < (int)sizeof value ? n : (int)sizeof value - 1));
+    size_t len = (size_t)(n < (int)sizeof value ? n : (int)sizeof value - 1);
+    if (comm->mpi != NULL)
+      tide__mpi_comm_report(comm, value, len);
+    else
+      tide_store_set(comm->store, key, value, len);
   }
   return atomic_load(&comm->failed);
 }
@@ -100,20 +104,24 @@ int tide__comm_check(tide_comm_t *comm, uint64_t seq) {
 /* Events from the store: another rank's failure report, a rank that died
  * (its watch connection dropped) or one that left (destroyed the
  * communicator after n collectives). */
+void tide__comm_apply_report(tide_comm_t *comm, const char *value) {
+  int rc = 0, at = 0;
+  unsigned long long seq = 0;
+  if (sscanf(value, "%d|%llu|%n", &rc, &seq, &at) < 2 || at == 0) return;
+  pthread_mutex_lock(&comm->error_lock);
+  if (seq < atomic_load(&comm->abort_seq)) {
+    comm->abort_rc = rc < 0 ? rc : TIDE_EABORTED;
+    snprintf(comm->abort_msg, sizeof comm->abort_msg, "%s", value + at);
+    atomic_store(&comm->abort_seq, (uint64_t)seq);
+  }
+  pthread_mutex_unlock(&comm->error_lock);
+  wake_waiters(comm);
+}
+
 static void handle_event(tide_comm_t *comm, const char *key, const char *value) {
   size_t ns_len = strlen(comm->ns);
   if (strncmp(key, "event/abort/", 12) == 0 && strcmp(key + 12, comm->ns) == 0) {
-    int rc = 0, at = 0;
-    unsigned long long seq = 0;
-    if (sscanf(value, "%d|%llu|%n", &rc, &seq, &at) < 2 || at == 0) return;
-    pthread_mutex_lock(&comm->error_lock);
-    if (seq < atomic_load(&comm->abort_seq)) {
-      comm->abort_rc = rc < 0 ? rc : TIDE_EABORTED;
-      snprintf(comm->abort_msg, sizeof comm->abort_msg, "%s", value + at);
-      atomic_store(&comm->abort_seq, (uint64_t)seq);
-    }
-    pthread_mutex_unlock(&comm->error_lock);
-    wake_waiters(comm);
+    tide__comm_apply_report(comm, value);
   } else if (strncmp(key, "event/lost/", 11) == 0 && strncmp(key + 11, comm->ns, ns_len) == 0 &&
              key[11 + ns_len] == ':') {
     int rank = atoi(key + 12 + ns_len);
@@ -488,6 +496,8 @@ static tide_comm_t *comm_alloc(void) {
   return comm;
 }
 
+tide_comm_t *tide__comm_alloc(void) { return comm_alloc(); }
+
 /* The store this process hosts under mpirun or srun (rank 0), and how many
  * communicators of this process still hold connections to a store. */
 static tide_store_server_t *hosted_store;
@@ -511,6 +521,7 @@ static char *derived_token(const char *rdzv) {
 int tide_comm_init(tide_comm_t **out) {
   if (out == NULL) return TIDE_EINVAL;
   TIDE_CHECK(tide_params_load());
+  if (strcmp(tide__param_str(TIDE__PARAM_BACKEND), "mpi") == 0) return tide__mpi_comm_init(out);
   int rank, size, tiderun;
   TIDE_CHECK(job_identity(&rank, &size, &tiderun));
   tide__log_set_rank(rank);
@@ -531,7 +542,8 @@ int tide_comm_init(tide_comm_t **out) {
   }
   if (rdzv[0] == '\0') {
     TIDE_ERROR("rank %d of %d: TIDE_RDZV is not set; start the job with tiderun, or export "
-               "TIDE_RDZV=host:port (rank 0's host) for every rank", rank, size);
+               "TIDE_RDZV=host:port (rank 0's host) for every rank, or TIDE_BACKEND=mpi to join through MPI",
+               rank, size);
     rc = TIDE_EINVAL;
     goto fail;
   }
@@ -585,6 +597,7 @@ void tide_comm_destroy(tide_comm_t *comm) {
   if (comm->chans != NULL)
     for (int r = 0; r < comm->size; r++)
       if (comm->chans[r].ops != NULL) comm->chans[r].ops->close(&comm->chans[r]);
+  if (comm->mpi != NULL) tide__mpi_comm_fini(comm);
   if (comm->peer_segs != NULL)
     for (int l = 0; l < comm->local_size; l++) tide__shm_segment_close(comm->peer_segs[l]);
   tide__shm_segment_close(comm->seg);
@@ -627,6 +640,7 @@ int tide_comm_split(tide_comm_t *comm, int color, int key, tide_comm_t **out) {
   if (comm == NULL || out == NULL) return TIDE_EINVAL;
   int failed = atomic_load(&comm->failed);
   if (failed) return failed;
+  if (comm->mpi != NULL) return tide__mpi_comm_split(comm, color, key, out);
   int split = ++comm->splits;
   if (comm->size == 1 && comm->store == NULL) {
     if (color < 0) {

@@ -14,6 +14,7 @@
 #include "transport/transport.h"
 
 typedef struct tide__task tide__task_t;
+typedef struct tide__mpi_comm tide__mpi_comm_t;
 
 struct tide_comm {
   int rank, size;
@@ -66,6 +67,10 @@ struct tide_comm {
   uint64_t issued, completed;
   pthread_t progress_thread;
   int progress_running, progress_stop;
+
+  /* MPI backend (src/comm/mpi_boot.c): the communicator's MPI_Comm and
+   * failure reports; NULL for communicators joined through the store. */
+  tide__mpi_comm_t *mpi;
 };
 
 /* Marks the communicator failed with rc (first failure wins), records and
@@ -86,6 +91,45 @@ int tide__comm_run(tide_comm_t *comm, tide__p2p_t *ops, int n, const char *what)
 /* A scratch buffer of at least bytes, owned by comm, valid until the next
  * call. */
 void *tide__comm_scratch(tide_comm_t *comm, size_t bytes);
+
+/* Applies another rank's failure report "code|collective#|message" (the
+ * store's event/abort value, or the same record sent over MPI). */
+void tide__comm_apply_report(tide_comm_t *comm, const char *value);
+
+/* A communicator with no members yet (comm.c's constructor). */
+tide_comm_t *tide__comm_alloc(void);
+
+/* ---- MPI backend (src/comm/mpi_boot.c) ------------------------------------ */
+
+/* tide_comm_init under TIDE_BACKEND=mpi: MPI_COMM_WORLD, initialising MPI
+ * first when nobody has. TIDE_ENOSYS without MPI in the build. */
+int tide__mpi_comm_init(tide_comm_t **out);
+/* tide_comm_split on an MPI communicator (MPI_Comm_split). */
+int tide__mpi_comm_split(tide_comm_t *comm, int color, int key, tide_comm_t **out);
+/* Sends a failure record to every other rank (bounded, never blocks long). */
+void tide__mpi_comm_report(tide_comm_t *comm, const char *value, size_t len);
+/* Applies a failure record that has arrived, if any (the engine's loop). */
+void tide__mpi_comm_poll(tide_comm_t *comm);
+/* Waits a little while nothing moves: yields first, sleeps after a while. */
+void tide__mpi_comm_idle(tide_comm_t *comm, int64_t idle_since_ns, int left_ms);
+/* Frees the MPI side of comm after its channels are closed (destroy). */
+void tide__mpi_comm_fini(tide_comm_t *comm);
+
+/* MPI's own collective on an MPI communicator: allreduce, reduce-scatter
+ * (tide_block partition), allgatherv, broadcast. */
+typedef enum { TIDE__MPI_ALLREDUCE, TIDE__MPI_REDUCE_SCATTER, TIDE__MPI_ALLGATHERV, TIDE__MPI_BROADCAST } tide__mpi_coll_kind_t;
+/* 1 when this call runs as MPI's own collective: an MPI communicator,
+ * TIDE_ALGO=mpi, or auto when MPI provides MPI_THREAD_MULTIPLE and the call
+ * moves at most TIDE_MPI_REDUCE_MAX_BYTES (auto then takes MPI's blocking
+ * collectives; otherwise tide's algorithms over the MPI transport), a dtype
+ * MPI reduces (not f16/bf16) and every count within an int. count: the elements of the whole call (allgather(v):
+ * the output). The same answer on every rank for the same call. */
+int tide__mpi_coll_choose(const tide_comm_t *comm, tide__mpi_coll_kind_t kind, size_t count, tide_dtype_t dtype);
+/* Runs it (AVG: sum, then scale). counts: allgatherv's counts per rank (NULL:
+ * count each). Every rank must have passed the header check; returns 0 or
+ * the communicator's failure. */
+int tide__mpi_collective(tide_comm_t *comm, tide__mpi_coll_kind_t kind, const void *sendbuf, void *recvbuf,
+                         size_t count, const size_t *counts, tide_dtype_t dtype, tide_op_t op, int root);
 
 /* ---- nonblocking tasks (src/comm/request.c) ------------------------------ */
 

@@ -30,11 +30,16 @@ void *tide__comm_scratch(tide_comm_t *comm, size_t bytes) {
 static int wait_for_report(tide_comm_t *comm) {
   int64_t deadline = tide__deadline_after_ms(200);
   for (;;) {
+    if (comm->mpi != NULL) tide__mpi_comm_poll(comm);
     if (atomic_load(&comm->abort_seq) != UINT64_MAX) return tide__comm_check(comm, UINT64_MAX - 1);
     int failed = atomic_load(&comm->failed);
     if (failed) return failed;
     int left = tide__ms_left(deadline);
     if (left == 0) return 0;
+    if (comm->mpi != NULL) {
+      tide__mpi_comm_idle(comm, tide__now_ns(), left < 10 ? left : 10);
+      continue;
+    }
     struct pollfd p = {comm->wake_fd, POLLIN, 0};
     poll(&p, 1, left < 10 ? left : 10);
   }
@@ -50,14 +55,24 @@ static int blocked(const tide__p2p_t *ops, int i) {
   return 0;
 }
 
+/* A failed batch: MPI still holds the ops' buffers (often the caller's
+ * stack frame); take them back before returning. */
+static int abandon(tide_comm_t *comm, tide__p2p_t *ops, int n, int rc) {
+  if (comm->mpi == NULL) return rc;
+  for (int i = 0; i < n; i++)
+    if (comm->chans[ops[i].peer].mpi != NULL) tide__mpi_chan_cancel(&comm->chans[ops[i].peer]);
+  return rc;
+}
+
 int tide__comm_run(tide_comm_t *comm, tide__p2p_t *ops, int n, const char *what) {
   int64_t deadline = tide__deadline_after_ms(comm->timeout_ms);
   int64_t spin_ns = comm->spin_us * 1000, spin_start = 0;
   int idle = 0;
   struct pollfd fds[65];
   for (;;) {
+    if (comm->mpi != NULL) tide__mpi_comm_poll(comm); /* another rank's failure report */
     int rc = tide__comm_check(comm, comm->seq);
-    if (rc) return rc;
+    if (rc) return abandon(comm, ops, n, rc);
     uint32_t bell = comm->seg ? atomic_load(tide__shm_bell(comm->seg)) : 0;
     int progressed = 0, pending = 0, shm_pending = 0, nfds = 0, waiting_on = -1;
     for (int i = 0; i < n; i++) {
@@ -72,11 +87,12 @@ int tide__comm_run(tide_comm_t *comm, tide__p2p_t *ops, int n, const char *what)
         /* A peer that failed (a mismatch, a bad argument) closes its
          * connections right after reporting why: prefer its report. */
         int report = wait_for_report(comm);
-        if (report) return report;
-        return tide__comm_fail(comm, rc == TIDE_EPEER ? TIDE_EPEER : rc, 0,
-                               "rank %d lost its connection to rank %d during %s (that rank died, or "
-                               "destroyed the communicator early): %s",
-                               comm->rank, op->peer, what, tide_strerror(rc));
+        if (report) return abandon(comm, ops, n, report);
+        return abandon(comm, ops, n,
+                       tide__comm_fail(comm, rc == TIDE_EPEER ? TIDE_EPEER : rc, 0,
+                                       "rank %d lost its connection to rank %d during %s (that rank died, or "
+                                       "destroyed the communicator early): %s",
+                                       comm->rank, op->peer, what, tide_strerror(rc)));
       }
       if (op->done != before) progressed = 1;
       if (op->done >= op->bytes) {
@@ -112,11 +128,16 @@ int tide__comm_run(tide_comm_t *comm, tide__p2p_t *ops, int n, const char *what)
     }
     int left = tide__ms_left(deadline);
     if (left == 0)
-      return tide__comm_fail(comm, TIDE_ETIMEDOUT, 0,
-                             "rank %d timed out after %lld ms in %s waiting for rank %d (a rank is "
-                             "stuck or did not make this call; raise TIDE_TIMEOUT_MS if it is just slow)",
-                             comm->rank, (long long)comm->timeout_ms, what, waiting_on);
-    if (nfds > 0) {
+      return abandon(comm, ops, n,
+                     tide__comm_fail(comm, TIDE_ETIMEDOUT, 0,
+                                     "rank %d timed out after %lld ms in %s waiting for rank %d (a rank is "
+                                     "stuck or did not make this call; raise TIDE_TIMEOUT_MS if it is just "
+                                     "slow)",
+                                     comm->rank, (long long)comm->timeout_ms, what, waiting_on));
+    if (comm->mpi != NULL) {
+      /* MPI moves data only inside its calls: keep testing, yield the core. */
+      tide__mpi_comm_idle(comm, spin_start, left);
+    } else if (nfds > 0) {
       fds[nfds].fd = comm->wake_fd;
       fds[nfds].events = POLLIN;
       fds[nfds].revents = 0;

@@ -69,9 +69,18 @@ void tide__log_set_rank(int rank);
   XX(SPIN_US, INT, "200", 0, 1000000,                                                    \
      "microseconds a wait polls (yielding the core) before it sleeps")                   \
   XX(ALGO, STR, "auto", 0, 0,                                                            \
-     "allreduce algorithm: auto, ring, rd (recursive doubling) or hier (hierarchical)")  \
+     "allreduce algorithm: auto, ring, rd (recursive doubling), hier (hierarchical) or "  \
+     "mpi (on an MPI communicator: MPI's own for every dense collective; docs/mpi.md)")   \
+  XX(BACKEND, STR, "auto", 0, 0,                                                         \
+     "how tide_comm_init joins: auto (tiderun, or TIDE_RDZV under another launcher) or " \
+     "mpi (MPI_COMM_WORLD, initialising MPI if needed)")                                 \
+  XX(MPI_REDUCE_MAX_BYTES, INT, "65536", 0, 4611686018427387904LL,                       \
+     "on an MPI communicator, auto runs allreduce and reduce-scatter as MPI's own up to " \
+     "this many bytes and as tide's algorithms over MPI point-to-point above")           \
   XX(SMALL_BYTES, INT, "65536", 0, 1073741824,                                           \
      "allreduce messages up to this size use recursive doubling under auto")             \
+  XX(SPARSE_MIN, INT, "16384", 0, 1073741824,                                            \
+     "hierarchical top-k allreduce of fewer elements than this runs dense instead")     \
   XX(MAX_FRAME_BYTES, INT, "1073741824", 4096, 4294967295LL,                             \
      "largest frame or store value accepted from the wire")
 

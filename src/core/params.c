@@ -72,9 +72,12 @@ static void load(void) {
   tide__log_level = found < 0 ? TIDE__LOG_WARN : found;
   const char *algo = str_value[TIDE__PARAM_ALGO];
   if (strcmp(algo, "auto") != 0 && strcmp(algo, "ring") != 0 && strcmp(algo, "rd") != 0 &&
-      strcmp(algo, "hier") != 0 && load_error[0] == '\0')
+      strcmp(algo, "hier") != 0 && strcmp(algo, "mpi") != 0 && load_error[0] == '\0')
     snprintf(load_error, sizeof load_error,
-             "TIDE_ALGO=\"%s\" is not one of auto, ring, rd, hier", algo);
+             "TIDE_ALGO=\"%s\" is not one of auto, ring, rd, hier, mpi", algo);
+  const char *backend = str_value[TIDE__PARAM_BACKEND];
+  if (strcmp(backend, "auto") != 0 && strcmp(backend, "mpi") != 0 && load_error[0] == '\0')
+    snprintf(load_error, sizeof load_error, "TIDE_BACKEND=\"%s\" is not one of auto, mpi", backend);
 }
 
 int tide_params_load(void) {

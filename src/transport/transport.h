@@ -40,6 +40,7 @@ typedef struct {
 } tide__transport_ops_t;
 
 typedef struct tide__shm_ring tide__shm_ring_t;
+typedef struct tide__mpi_chan tide__mpi_chan_t;
 
 struct tide__chan {
   const tide__transport_ops_t *ops;
@@ -52,10 +53,13 @@ struct tide__chan {
   tide__shm_ring_t *send_ring, *recv_ring; /* in the peer's / our segment */
   size_t ring_bytes;
   _Atomic uint32_t *peer_bell, *peer_sleepers;
+  /* mpi (fd stays -1) */
+  tide__mpi_chan_t *mpi;
 };
 
 extern const tide__transport_ops_t tide__tcp_ops;
 extern const tide__transport_ops_t tide__shm_ops;
+extern const tide__transport_ops_t tide__mpi_ops;
 
 /* Sets up a TCP channel on a connected, authenticated socket. */
 int tide__tcp_chan_init(tide__chan_t *chan, int peer, int fd);
@@ -86,6 +90,31 @@ void tide__shm_wait(tide__shm_segment_t *seg, uint32_t seen, int timeout_ms);
 /* Rings the doorbell (wakes the owner if it sleeps). */
 void tide__shm_ring_bell(_Atomic uint32_t *bell, _Atomic uint32_t *sleepers);
 _Atomic uint32_t *tide__shm_sleepers(tide__shm_segment_t *seg);
+
+/* ---- MPI (src/transport/mpi/; built with TIDE_HAVE_MPI) ------------------ */
+
+/* Point-to-point over a communicator's private MPI_Comm (mpi_comm points to
+ * it; the channel keeps a copy of the handle, not ownership): each message is
+ * cut into TIDE__MPI_CHUNK-byte pieces, a few in flight, with MPI_Isend /
+ * MPI_Irecv on tag TIDE__MPI_TAG_DATA, advanced by MPI_Test. TIDE_ENOSYS
+ * without MPI. */
+int tide__mpi_chan_init(tide__chan_t *chan, int peer, const void *mpi_comm);
+/* Withdraws the pieces still in flight after a failed batch (MPI holds the
+ * ops' buffers, unlike tcp and shm once progress returns), so nothing
+ * touches them once the engine returns. */
+void tide__mpi_chan_cancel(tide__chan_t *chan);
+
+/* Tags on a communicator's MPI_Comm: collective data, failure reports, the
+ * agreement before MPI's blocking collectives, and tide_comm_split's. */
+enum { TIDE__MPI_TAG_DATA = 1, TIDE__MPI_TAG_CTRL, TIDE__MPI_TAG_SYNC, TIDE__MPI_TAG_SPLIT };
+
+/* MPI calls from several threads: when MPI provides less than
+ * MPI_THREAD_MULTIPLE, tide serialises its own MPI calls with one process-wide
+ * lock (tide__mpi_set_multiple(0)); otherwise lock/unlock do nothing. */
+void tide__mpi_set_multiple(int multiple);
+int tide__mpi_multiple(void);
+void tide__mpi_lock(void);
+void tide__mpi_unlock(void);
 
 /* ---- reduction kernels (src/transport/reduce.c) ------------------------- */
 

@@ -1,0 +1,127 @@
+/* Threads for the selectors: TIDE_NUM_THREADS, a fork-join runner that
+ * starts threads per call, and the even split of a range between them.
+ *
+ * Per-call threads cost ~50 us each to start and join; the selectors use
+ * them only when every thread gets TIDE__GRAIN elements or more, where a
+ * pass takes milliseconds. A persistent pool would save that start-up but
+ * would need a lifetime and a shutdown the pure kernels do not otherwise
+ * have. */
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include "compress/compress.h"
+
+#define MAX_THREADS 256
+
+static pthread_once_t env_once = PTHREAD_ONCE_INIT;
+static int env_threads;      /* from TIDE_NUM_THREADS or the online CPUs */
+static char env_error[160];  /* non-empty when TIDE_NUM_THREADS is bad */
+
+/* TIDE_NUM_THREADS is read here, once, until the params table has a row for
+ * it (src/core is not this module's to change). */
+static void read_env(void) {
+  long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+  env_threads = cpus >= 1 ? (int)(cpus < MAX_THREADS ? cpus : MAX_THREADS) : 1;
+  const char *text = getenv("TIDE_NUM_THREADS");
+  if (text == NULL || text[0] == '\0') return;
+  char *end;
+  errno = 0;
+  long v = strtol(text, &end, 10);
+  if (errno != 0 || end == text || *end != '\0' || v < 1 || v > MAX_THREADS) {
+    snprintf(env_error, sizeof env_error,
+             "TIDE_NUM_THREADS=\"%.40s\" is not an integer in [1, %d]; unset it or fix the value",
+             text, MAX_THREADS);
+    return;
+  }
+  env_threads = (int)v;
+  TIDE_INFO("TIDE_NUM_THREADS=%d", env_threads);
+}
+
+int tide__compress_threads(int requested, size_t d, int *out) {
+  int n = requested;
+  if (n <= 0) {
+    pthread_once(&env_once, read_env);
+    if (env_error[0] != '\0') {
+      TIDE_ERROR("%s", env_error);
+      return TIDE_EINVAL;
+    }
+    n = env_threads;
+  }
+  if (n > MAX_THREADS) n = MAX_THREADS;
+  size_t useful = d / TIDE__GRAIN;
+  if (useful < 1) useful = 1;
+  if ((size_t)n > useful) n = (int)useful;
+  *out = n;
+  return 0;
+}
+
+typedef struct {
+  tide__par_fn fn;
+  void *arg;
+  int tid, nthreads;
+} job_t;
+
+static void *job_main(void *p) {
+  job_t *job = p;
+  job->fn(job->arg, job->tid, job->nthreads);
+  return NULL;
+}
+
+void tide__parallel_run(int nthreads, tide__par_fn fn, void *arg) {
+  if (nthreads <= 1) {
+    fn(arg, 0, 1);
+    return;
+  }
+  job_t jobs[MAX_THREADS];
+  pthread_t threads[MAX_THREADS];
+  int started[MAX_THREADS];
+  for (int t = 1; t < nthreads; t++) {
+    jobs[t] = (job_t){fn, arg, t, nthreads};
+    started[t] = pthread_create(&threads[t], NULL, job_main, &jobs[t]) == 0;
+  }
+  fn(arg, 0, nthreads);
+  for (int t = 1; t < nthreads; t++) {
+    if (started[t])
+      pthread_join(threads[t], NULL);
+    else
+      fn(arg, t, nthreads); /* could not start it: do its share here */
+  }
+}
+
+void tide__chunk(size_t d, int tid, int nthreads, size_t *begin, size_t *end) {
+  size_t blocks = (d + 63) / 64;
+  size_t b0 = blocks * (size_t)tid / (size_t)nthreads;
+  size_t b1 = blocks * (size_t)(tid + 1) / (size_t)nthreads;
+  *begin = b0 * 64 < d ? b0 * 64 : d;
+  *end = b1 * 64 < d ? b1 * 64 : d;
+}
+
+size_t tide__first_nonfinite(const float *x, size_t begin, size_t end) {
+  for (size_t i = begin; i < end; i++)
+    if (tide__key(x[i]) >= TIDE__KEY_NONFINITE) return i;
+  return end;
+}
+
+int tide__cand_grow(tide__cand_t *c, size_t need) {
+  if (need <= c->cap) return 0;
+  size_t cap = c->cap < 1024 ? 1024 : c->cap;
+  while (cap < need) cap *= 2;
+  uint32_t *bits = tide__realloc(c->bits, cap * sizeof *bits);
+  if (bits == NULL) return TIDE_ENOMEM;
+  c->bits = bits;
+  uint32_t *index = tide__realloc(c->index, cap * sizeof *index);
+  if (index == NULL) return TIDE_ENOMEM;
+  c->index = index;
+  c->cap = cap;
+  return 0;
+}
+
+void tide__cand_free(tide__cand_t *c) {
+  tide__free(c->bits);
+  tide__free(c->index);
+  c->bits = c->index = NULL;
+  c->len = c->cap = 0;
+}

@@ -1,0 +1,126 @@
+/* nn: the small model engine tide-train trains with (Fashion-MNIST sized
+ * MLPs and CNNs on the CPU), and the Fashion-MNIST loader.
+ *
+ * Every function returns 0 or a negative TIDE_E* code (include/tide.h) unless
+ * its comment says otherwise; bad arguments give TIDE_EINVAL and one log line
+ * naming the argument. Out-parameters are written only on success.
+ *
+ * Threads: a model is used by one thread at a time (any thread). The matrix
+ * products run on OpenBLAS's threads (nn_set_threads); the engine's own loops
+ * run on the calling thread. Datasets are read-only once loaded, so any
+ * number of threads may read one.
+ */
+#ifndef TIDE_NN_H
+#define TIDE_NN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "tide.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Images are 1 x 28 x 28 floats and there are 10 classes. */
+enum { NN_IMAGE_SIZE = 784, NN_IMAGE_SIDE = 28, NN_CLASSES = 10 };
+
+/* ---- models ------------------------------------------------------------- */
+
+typedef struct nn_model nn_model_t;
+
+/* One parameter tensor inside the flat parameter (and gradient) buffer:
+ * params[offset .. offset+count). Weights are in PyTorch's layout: dense
+ * [out, in], conv [out, in, kh, kw]; biases [out]. Names follow PyTorch's
+ * ("conv1.weight", "fc2.bias"). */
+typedef struct {
+  const char *name;
+  size_t offset;
+  size_t count;
+  int ndim;
+  int shape[4];
+  int is_bias;
+} nn_tensor_t;
+
+/* Builds a model for inputs of [batch, 1, 28, 28] with batch <= max_batch,
+ * its parameters initialised from seed (the same on every machine: see
+ * docs/nn.md). arch is a name:
+ *   "mlp"  flatten, dense 784->256, relu, dense 256->128, relu, dense 128->10
+ *   "cnn"  conv 1->32 3x3 pad 1, relu, maxpool, conv 32->64 3x3 pad 1, relu,
+ *          maxpool, flatten, dense 3136->128, relu, dense 128->10
+ * or a layer list such as "conv:8:3:1,relu,pool,flatten,dense:10": conv:C:K:P
+ * (C output channels, KxK kernel, padding P, stride 1), pool (max 2x2 stride
+ * 2), relu (only right after conv or dense), flatten (before the first
+ * dense), dense:N. The last layer must be dense with 10 outputs. Unknown
+ * names or a malformed list give TIDE_EINVAL with a message listing the valid
+ * forms. Free with nn_model_destroy. */
+int nn_model_create(const char *arch, int max_batch, uint64_t seed, nn_model_t **out);
+/* Frees the model and its buffers; NULL is fine. */
+void nn_model_destroy(nn_model_t *m);
+
+/* The layer list the model was built from ("flatten,dense:256,...") and the
+ * largest batch it takes. The string lives as long as the model. */
+const char *nn_model_arch(const nn_model_t *m);
+int nn_model_max_batch(const nn_model_t *m);
+
+/* All parameters in one contiguous buffer and all gradients in another of the
+ * same layout and length (nn_param_count floats), so one collective covers the
+ * whole model. Owned by the model; the caller may read and write them (an
+ * optimizer updates params in place). */
+size_t nn_param_count(const nn_model_t *m);
+float *nn_params(nn_model_t *m);
+float *nn_grads(nn_model_t *m);
+/* The per-tensor views of those buffers, in buffer order; *count gets their
+ * number. Owned by the model. */
+const nn_tensor_t *nn_tensors(const nn_model_t *m, size_t *count);
+
+/* Forward pass on x ([batch, 1, 28, 28] floats, borrowed for the call),
+ * softmax cross-entropy against labels (each in [0, 10)), and backward pass:
+ * writes the gradient of the mean loss over the batch into nn_grads
+ * (overwriting it) and the mean loss into *loss_out (may be NULL).
+ * 1 <= batch <= max_batch. */
+int nn_forward_backward(nn_model_t *m, const float *x, const int32_t *labels, int batch,
+                        float *loss_out);
+
+/* Forward only over n >= 1 images, max_batch at a time: the mean loss in
+ * *loss_out and the number of correct arg-max predictions in *correct_out
+ * (either may be NULL). Does not touch nn_grads. */
+int nn_evaluate(nn_model_t *m, const float *x, const int32_t *labels, int n, float *loss_out,
+                int *correct_out);
+
+/* Forward only: the logits of batch <= max_batch images into
+ * logits_out[batch * 10]. */
+int nn_forward(nn_model_t *m, const float *x, int batch, float *logits_out);
+
+/* Threads OpenBLAS uses for the matrix products (process-wide; n >= 1).
+ * Without OpenBLAS (built against another BLAS, or the fallback kernel) it
+ * does nothing. */
+void nn_set_threads(int n);
+/* The BLAS in use: "OpenBLAS <core>" or "reference (no BLAS found at build
+ * time)"; static storage. */
+const char *nn_blas_info(void);
+
+/* ---- Fashion-MNIST -------------------------------------------------------- */
+
+typedef struct nn_dataset nn_dataset_t;
+
+/* Reads <dir>/train-images-idx3-ubyte.gz and train-labels-idx1-ubyte.gz
+ * (split "train", 60000 images) or t10k-* (split "test", 10000); dir NULL
+ * means /usr/share/datasets/fashion-mnist (Debian's dataset-fashion-mnist).
+ * Pixels become floats ((p/255 - 0.2860) / 0.3530), labels int32.
+ * TIDE_ENOENT when a file is missing, TIDE_EINVAL when one is malformed (bad
+ * magic, sizes, truncated), each with a log line naming the file. Free with
+ * nn_dataset_free. */
+int nn_fashion_load(const char *dir, const char *split, nn_dataset_t **out);
+void nn_dataset_free(nn_dataset_t *ds);
+/* Number of images; images are [count, 1, 28, 28] floats, labels [count];
+ * owned by the dataset. */
+size_t nn_dataset_count(const nn_dataset_t *ds);
+const float *nn_dataset_images(const nn_dataset_t *ds);
+const int32_t *nn_dataset_labels(const nn_dataset_t *ds);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

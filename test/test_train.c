@@ -1,0 +1,113 @@
+/* tide-train end to end: a short run on a subset where the loss falls and
+ * every rank ends with identical parameters, for np = 1, 2 and 4; and bad
+ * options that fail with a message naming the problem. */
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "harness.h"
+
+static char tools[1024], runs[1024];
+
+/* Runs a shell command, returns its exit status, captures output. */
+static int run(const char *cmd, char *out, size_t cap) {
+  FILE *p = popen(cmd, "r");
+  CHECK(p != NULL);
+  size_t n = fread(out, 1, cap - 1, p);
+  out[n] = 0;
+  int status = pclose(p);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128;
+}
+
+static double number_after(const char *text, const char *key) {
+  const char *at = strstr(text, key);
+  return at ? atof(at + strlen(key)) : -1;
+}
+
+static void train(int np) {
+  char cmd[4096], out[65536];
+  snprintf(cmd, sizeof cmd,
+           "%s/tiderun -np %d %s/tide-train --model mlp --epochs 2 --batch 32 --subset 3000 --lr 0.05 "
+           "--name np%d --runs %s 2>&1",
+           tools, np, tools, np, runs);
+  int rc = run(cmd, out, sizeof out);
+  if (rc != 0) {
+    fprintf(stderr, "%s\n-> exit %d\n%s\n", cmd, rc, out);
+    exit(1);
+  }
+  char path[2048];
+  snprintf(path, sizeof path, "%s/np%d/summary.json", runs, np);
+  FILE *f = fopen(path, "r");
+  CHECK(f != NULL);
+  char summary[4096];
+  size_t n = fread(summary, 1, sizeof summary - 1, f);
+  summary[n] = 0;
+  fclose(f);
+  CHECK(strstr(summary, "\"replicas_identical\":true") != NULL);
+  CHECK(number_after(summary, "\"workers\":") == np);
+  /* the loss falls: the mean of the last 10 steps well below the first 10 */
+  snprintf(path, sizeof path, "%s/np%d/metrics.jsonl", runs, np);
+  f = fopen(path, "r");
+  CHECK(f != NULL);
+  char line[1024];
+  double first = 0, last[10] = {0};
+  int steps = 0, epochs = 0;
+  while (fgets(line, sizeof line, f)) {
+    if (strstr(line, "\"type\":\"epoch\"")) {
+      epochs++;
+      continue;
+    }
+    double loss = number_after(line, "\"loss\":");
+    if (steps < 10) first += loss / 10;
+    last[steps % 10] = loss;
+    steps++;
+  }
+  fclose(f);
+  double tail = 0;
+  for (int i = 0; i < 10; i++) tail += last[i] / 10;
+  fprintf(stderr, "np=%d: %d steps, loss %.3f -> %.3f, accuracy %.3f\n", np, steps, first, tail,
+          number_after(summary, "\"final_test_accuracy\":"));
+  CHECK(epochs == 2);
+  CHECK(steps == 2 * ((3000 / np + 31) / 32));
+  CHECK(tail < 0.6 * first);
+  CHECK(number_after(summary, "\"final_test_accuracy\":") > 0.6);
+}
+
+static void refused(const char *args, const char *expect) {
+  char cmd[4096], out[65536];
+  snprintf(cmd, sizeof cmd, "%s/tiderun -np 1 %s/tide-train %s --runs %s 2>&1", tools, tools, args, runs);
+  int rc = run(cmd, out, sizeof out);
+  if (rc == 0 || strstr(out, expect) == NULL) {
+    fprintf(stderr, "%s\n-> exit %d, wanted non-zero and \"%s\" in:\n%s\n", cmd, rc, expect, out);
+    exit(1);
+  }
+}
+
+int main(void) {
+  const char *dir = getenv("TIDE_TOOLS_DIR");
+  if (dir == NULL) {
+    fprintf(stderr, "TIDE_TOOLS_DIR is not set: skipped\n");
+    return 77;
+  }
+  snprintf(tools, sizeof tools, "%s", dir);
+  snprintf(runs, sizeof runs, "/tmp/tide-test-train-XXXXXX");
+  CHECK(mkdtemp(runs) != NULL);
+  struct stat st;
+  if (stat("/usr/share/datasets/fashion-mnist", &st) != 0) {
+    fprintf(stderr, "Fashion-MNIST is not installed (dataset-fashion-mnist): skipped\n");
+    return 77;
+  }
+  refused("--model resnet", "--model must be mlp or cnn");
+  refused("--batch 0", "--batch must be an integer >= 1");
+  refused("--optim sgdd", "--optim must be");
+  refused("--epochs 2 --warmup-epochs 2", "--warmup-epochs");
+  refused("--bogus", "unknown or incomplete option");
+  refused("--data /nonexistent/fashion", "dataset-fashion-mnist");
+  train(1);
+  train(2);
+  train(4);
+  char cmd[2048];
+  snprintf(cmd, sizeof cmd, "rm -rf %s", runs);
+  return system(cmd) == 0 ? 0 : 1;
+}
