@@ -379,7 +379,11 @@ int tide_lr_parse(const char *name, tide_lr_kind_t *out);
  * logged with the tensor's name and the first bad index; nothing is written.
  * Pure computation: the selectors use up to TIDE_NUM_THREADS threads of their
  * own per call (only for large d), allocate scratch through tide's
- * allocator, and may be called from any number of threads at once. */
+ * allocator, and may be called from any number of threads at once. Each
+ * calling thread keeps its scratch (about 10 bytes per element above the
+ * final threshold, freed at once beyond 256 MB) for its next call, so that
+ * repeated selections do not fault in fresh pages; it is freed when the
+ * thread exits. */
 typedef enum {
   /* Exact top k: radix selection on the magnitude bits (a histogram pass, a
    * collection pass, then the few candidates). */
@@ -413,7 +417,8 @@ typedef struct {
 /* What one selection did; written only on success. */
 typedef struct {
   float threshold;      /* smallest |value| selected (0 when k = 0) */
-  float t1, t2;         /* MSTopK's final bracket (0 for the other kinds) */
+  float t1, t2;         /* MSTopK's final bracket, t1 = +Inf when no probe counted
+                           <= k (0 for the other kinds) */
   uint32_t full_passes; /* times all of x was read */
   uint64_t candidates;  /* elements kept for the final selection after those passes */
   int fallback;         /* sampled: 1 when its cut missed and exact selection ran */

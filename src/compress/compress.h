@@ -138,6 +138,23 @@ static inline int tide__cand_push(tide__cand_t *c, uint32_t bits, uint32_t index
 }
 void tide__cand_free(tide__cand_t *c);
 
+/* The candidate lists of one selection, one per thread. Each calling
+ * thread keeps its scratch between calls, so that a training loop does not
+ * fault fresh pages in for every step (in a VM a page fault costs
+ * microseconds: 20 MB of fresh candidates cost more than reading 100 MB).
+ * Lists whose capacity adds up to more than TIDE__SCRATCH_KEEP bytes are
+ * freed on release; the rest is freed when the thread exits. */
+#define TIDE__MAX_THREADS 256
+#define TIDE__SCRATCH_KEEP ((size_t)256 << 20)
+typedef struct {
+  tide__cand_t cands[TIDE__MAX_THREADS];
+} tide__scratch_t;
+
+/* This thread's scratch with every list empty (len 0), or a fresh one if
+ * this thread's is in use; NULL when out of memory. */
+tide__scratch_t *tide__scratch_acquire(void);
+void tide__scratch_release(tide__scratch_t *s);
+
 /* Exact top k of a complete candidate set whose keys are all >= cut and
  * finite (total >= k >= 1): writes the k pairs in index order, and the
  * k-th largest key to *kth_key. Uses up to nthreads threads. */

@@ -224,10 +224,14 @@ int tide__topk_mstopk(const float *x, size_t d, size_t k, int rounds, uint64_t s
                       size_t *bad_index) {
   int nt = nthreads;
   int rc = 0;
-  tide__cand_t cands[256];
-  memset(cands, 0, sizeof cands);
+  tide__scratch_t *scratch = tide__scratch_acquire();
   ms_t *m = tide__calloc(1, sizeof *m);
-  if (m == NULL) return TIDE_ENOMEM;
+  if (scratch == NULL || m == NULL) {
+    tide__scratch_release(scratch);
+    tide__free(m);
+    return TIDE_ENOMEM;
+  }
+  tide__cand_t *cands = scratch->cands;
   m->x = x;
   m->d = d;
   m->cands = cands;
@@ -362,7 +366,7 @@ int tide__topk_mstopk(const float *x, size_t d, size_t k, int rounds, uint64_t s
   for (int i = 0; i < nt; i++) total += cands[i].len;
   stats->candidates = collected ? total : d;
 out:
-  for (int t = 0; t < nt; t++) tide__cand_free(&cands[t]);
+  tide__scratch_release(scratch);
   if (m != NULL) tide__free(m->block_sum);
   tide__free(m);
   return rc;

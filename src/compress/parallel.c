@@ -14,7 +14,7 @@
 
 #include "compress/compress.h"
 
-#define MAX_THREADS 256
+#define MAX_THREADS TIDE__MAX_THREADS
 
 static pthread_once_t env_once = PTHREAD_ONCE_INIT;
 static int env_threads;      /* from TIDE_NUM_THREADS or the online CPUs */
@@ -124,4 +124,46 @@ void tide__cand_free(tide__cand_t *c) {
   tide__free(c->index);
   c->bits = c->index = NULL;
   c->len = c->cap = 0;
+}
+
+static pthread_once_t scratch_once = PTHREAD_ONCE_INIT;
+static pthread_key_t scratch_key;
+static _Thread_local tide__scratch_t *scratch_cached;
+static _Thread_local int scratch_busy;
+
+static void scratch_free(void *p) {
+  tide__scratch_t *s = p;
+  for (int t = 0; t < TIDE__MAX_THREADS; t++) tide__cand_free(&s->cands[t]);
+  tide__free(s);
+}
+
+static void scratch_key_create(void) { pthread_key_create(&scratch_key, scratch_free); }
+
+tide__scratch_t *tide__scratch_acquire(void) {
+  if (scratch_cached != NULL && !scratch_busy) {
+    scratch_busy = 1;
+    for (int t = 0; t < TIDE__MAX_THREADS; t++) scratch_cached->cands[t].len = 0;
+    return scratch_cached;
+  }
+  tide__scratch_t *s = tide__calloc(1, sizeof *s);
+  if (s == NULL || scratch_cached != NULL) return s; /* NULL, or a nested call's own */
+  pthread_once(&scratch_once, scratch_key_create);
+  pthread_setspecific(scratch_key, s); /* frees it when the thread exits */
+  scratch_cached = s;
+  scratch_busy = 1;
+  return s;
+}
+
+void tide__scratch_release(tide__scratch_t *s) {
+  if (s == NULL) return;
+  if (s != scratch_cached) {
+    scratch_free(s);
+    return;
+  }
+  size_t bytes = 0;
+  for (int t = 0; t < TIDE__MAX_THREADS; t++)
+    bytes += s->cands[t].cap * (sizeof *s->cands[t].bits + sizeof *s->cands[t].index);
+  if (bytes > TIDE__SCRATCH_KEEP)
+    for (int t = 0; t < TIDE__MAX_THREADS; t++) tide__cand_free(&s->cands[t]);
+  scratch_busy = 0;
 }

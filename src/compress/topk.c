@@ -440,14 +440,19 @@ int tide__topk_exact(const float *x, size_t d, size_t k, int nt, float *values,
   }
   int rc = 0;
   exact_t e = {.x = x, .d = d, .values = values, .indices = indices};
-  tide__cand_t cands[256];
-  memset(cands, 0, sizeof cands);
+  tide__scratch_t *scratch = tide__scratch_acquire();
+  if (scratch == NULL) return TIDE_ENOMEM;
+  tide__cand_t *cands = scratch->cands;
   e.cands = cands;
+  uint32_t *hist = NULL;
   e.hi = tide__malloc((size_t)nt * 2 * HI_BUCKETS * sizeof(uint32_t));
-  if (e.hi == NULL) return TIDE_ENOMEM;
+  if (e.hi == NULL) {
+    rc = TIDE_ENOMEM;
+    goto out;
+  }
   e.phase = 0;
   tide__parallel_run(nt, exact_work, &e);
-  uint32_t *hist = tide__calloc(LO_BUCKETS, sizeof *hist); /* hi, then lo sums */
+  hist = tide__calloc(LO_BUCKETS, sizeof *hist); /* hi, then lo sums */
   if (hist == NULL) {
     rc = TIDE_ENOMEM;
     goto out;
@@ -531,7 +536,7 @@ int tide__topk_exact(const float *x, size_t d, size_t k, int nt, float *values,
     stats->candidates = d;
   }
 out:
-  for (int t = 0; t < nt; t++) tide__cand_free(&cands[t]);
+  tide__scratch_release(scratch);
   tide__free(hist);
   tide__free(e.hi);
   tide__free(e.lo);
@@ -581,13 +586,17 @@ int tide__topk_sampled(const float *x, size_t d, size_t k, int nt, float *values
   size_t sampled = runs * SAMPLE_RUN;
   int rc = 0;
   sampled_t s = {.x = x, .d = d, .runs = runs, .run_stride = (d - SAMPLE_RUN) / (runs - 1)};
-  tide__cand_t cands[256];
-  memset(cands, 0, sizeof cands);
+  tide__scratch_t *scratch = tide__scratch_acquire();
+  if (scratch == NULL) return TIDE_ENOMEM;
+  tide__cand_t *cands = scratch->cands;
   s.cands = cands;
   /* On the calling thread: ~0.2 ms, less than a fork-join costs on a
    * loaded machine. */
   s.hist = tide__malloc(HI_BUCKETS * sizeof(uint32_t));
-  if (s.hist == NULL) return TIDE_ENOMEM;
+  if (s.hist == NULL) {
+    rc = TIDE_ENOMEM;
+    goto out;
+  }
   sample_histogram(&s);
 
   /* Expect m sampled elements at or above the k-th key; cut below the
@@ -618,7 +627,7 @@ int tide__topk_sampled(const float *x, size_t d, size_t k, int nt, float *values
   s.cap = (size_t)(3.0 * expect) + 2 * k + 65536;
   /* Room for the expected share and then some, so that the collection
    * rarely grows by copying (untouched pages cost nothing). */
-  size_t reserve = (size_t)(2.0 * expect / nt) + 4096;
+  size_t reserve = (size_t)(1.3 * expect / nt) + 4096;
   for (int t = 0; t < nt; t++) TIDE_CHECK_GOTO(tide__cand_grow(&cands[t], reserve), rc, out);
   atomic_init(&s.stop, 0);
   tide__parallel_run(nt, scan_work, &s);
@@ -645,14 +654,15 @@ int tide__topk_sampled(const float *x, size_t d, size_t k, int nt, float *values
   goto out;
 
 fallback:
-  for (int t = 0; t < nt; t++) tide__cand_free(&cands[t]);
+  tide__scratch_release(scratch);
+  scratch = NULL;
   rc = tide__topk_exact(x, d, k, nt, values, indices, stats, bad_index);
   if (rc == 0) {
     stats->fallback = 1;
     stats->full_passes += cut != 0;
   }
 out:
-  for (int t = 0; t < nt; t++) tide__cand_free(&cands[t]);
+  tide__scratch_release(scratch);
   tide__free(s.hist);
   return rc;
 }
