@@ -25,12 +25,12 @@ static double number_after(const char *text, const char *key) {
   return at ? atof(at + strlen(key)) : -1;
 }
 
-static void train(int np) {
+static void train(int np, const char *grad) {
   char cmd[4096], out[65536];
   snprintf(cmd, sizeof cmd,
            "%s/tiderun -np %d %s/tide-train --model mlp --epochs 2 --batch 32 --subset 3000 --lr 0.05 "
-           "--name np%d --runs %s 2>&1",
-           tools, np, tools, np, runs);
+           "--grad %s --name np%d --runs %s 2>&1",
+           tools, np, tools, grad, np, runs);
   int rc = run(cmd, out, sizeof out);
   if (rc != 0) {
     fprintf(stderr, "%s\n-> exit %d\n%s\n", cmd, rc, out);
@@ -66,7 +66,7 @@ static void train(int np) {
   fclose(f);
   double tail = 0;
   for (int i = 0; i < 10; i++) tail += last[i] / 10;
-  fprintf(stderr, "np=%d: %d steps, loss %.3f -> %.3f, accuracy %.3f\n", np, steps, first, tail,
+  fprintf(stderr, "np=%d %s: %d steps, loss %.3f -> %.3f, accuracy %.3f\n", np, grad, steps, first, tail,
           number_after(summary, "\"final_test_accuracy\":"));
   CHECK(epochs == 2);
   CHECK(steps == 2 * ((3000 / np + 31) / 32));
@@ -104,9 +104,13 @@ int main(void) {
   refused("--epochs 2 --warmup-epochs 2", "--warmup-epochs");
   refused("--bogus", "unknown or incomplete option");
   refused("--data /nonexistent/fashion", "dataset-fashion-mnist");
-  train(1);
-  train(2);
-  train(4);
+  train(1, "dense");
+  train(2, "dense");
+  train(4, "dense");
+  /* sparse gradients with error feedback: the loss must fall too */
+  train(2, "topk:0.01");
+  train(2, "hitopk:0.01");
+  refused("--grad hitopk:2", "--grad must be dense, topk:RHO or hitopk:RHO");
   char cmd[2048];
   snprintf(cmd, sizeof cmd, "rm -rf %s", runs);
   return system(cmd) == 0 ? 0 : 1;
