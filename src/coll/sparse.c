@@ -17,6 +17,23 @@
 /* The packed form of k pairs: k floats then k uint32 indices. */
 static size_t pair_words(size_t k) { return 2 * k; }
 
+/* Every rank's one number (a size), in rank order, into out[0..size). */
+static int allgather_size(tide_comm_t *comm, size_t mine, size_t *out) {
+  int n = comm->size;
+  uint64_t value = mine, *all = tide__malloc((size_t)n * sizeof *all);
+  size_t *unit = tide__malloc(2 * (size_t)n * sizeof *unit);
+  int rc = all == NULL || unit == NULL ? TIDE_ENOMEM : 0;
+  for (int r = 0; rc == 0 && r < n; r++) {
+    unit[r] = 1;
+    unit[n + r] = (size_t)r;
+  }
+  if (rc == 0) rc = tide__allgatherv_ring(comm, &value, all, unit, unit + n, TIDE_I64);
+  for (int r = 0; rc == 0 && r < n; r++) out[r] = (size_t)all[r];
+  tide__free(all);
+  tide__free(unit);
+  return rc;
+}
+
 /* All-gathers variable numbers of pairs: counts[r] = rank r's k. The result
  * is rank after rank, each as k values then k indices. Owned by the caller
  * (tide__free). */
@@ -26,29 +43,13 @@ static int gather_pairs(tide_comm_t *comm, const float *values, const uint32_t *
   size_t *counts = tide__calloc((size_t)n * 3, sizeof *counts);
   if (counts == NULL) return TIDE_ENOMEM;
   size_t *words = counts + n, *displs = counts + 2 * n;
-  /* Everyone's k first: a uint64 per rank. */
-  uint64_t mine = k;
-  uint64_t *ks = tide__malloc((size_t)n * sizeof *ks);
-  size_t ones[64], at[64], *one = ones, *off = at;
-  if (n > 64) {
-    one = tide__malloc(2 * (size_t)n * sizeof *one);
-    off = one + n;
-  }
-  int rc = ks == NULL || one == NULL ? TIDE_ENOMEM : 0;
-  for (int r = 0; rc == 0 && r < n; r++) {
-    one[r] = 1;
-    off[r] = (size_t)r;
-  }
-  if (rc == 0) rc = tide__allgatherv_ring(comm, &mine, ks, one, off, TIDE_I64);
-  if (one != ones) tide__free(one);
+  int rc = allgather_size(comm, k, counts); /* everyone's k first */
   size_t total = 0;
   for (int r = 0; rc == 0 && r < n; r++) {
-    counts[r] = (size_t)ks[r];
     words[r] = pair_words(counts[r]);
     displs[r] = total;
     total += words[r];
   }
-  tide__free(ks);
   uint32_t *pairs = rc == 0 ? tide__malloc((total ? total : 1) * sizeof *pairs) : NULL;
   if (rc == 0 && pairs == NULL) rc = TIDE_ENOMEM;
   if (rc == 0) {
@@ -155,18 +156,10 @@ int tide__hitopk_allreduce(tide_comm_t *comm, const float *grad, float *out, siz
   size_t mine_words = (size_t)n;
   for (int h = 0; rc == 0 && h < n; h++) mine_words += pair_words(node_counts[h]);
   size_t *words = rc == 0 ? tide__calloc(2 * (size_t)m, sizeof *words) : NULL;
-  uint64_t *sizes = rc == 0 ? tide__malloc((size_t)m * sizeof *sizes) : NULL;
-  size_t *unit = rc == 0 ? tide__malloc(2 * (size_t)m * sizeof *unit) : NULL;
-  if (rc == 0 && (words == NULL || sizes == NULL || unit == NULL)) rc = TIDE_ENOMEM;
-  for (int r = 0; rc == 0 && r < m; r++) {
-    unit[r] = 1;
-    unit[m + r] = (size_t)r;
-  }
-  uint64_t mine = mine_words;
-  if (rc == 0) rc = lift(comm, local, tide__allgatherv_ring(local, &mine, sizes, unit, unit + m, TIDE_I64));
+  if (rc == 0 && words == NULL) rc = TIDE_ENOMEM;
+  if (rc == 0) rc = lift(comm, local, allgather_size(local, mine_words, words));
   size_t total = 0;
   for (int r = 0; rc == 0 && r < m; r++) {
-    words[r] = (size_t)sizes[r];
     words[m + r] = total;
     total += words[r];
   }
@@ -201,8 +194,6 @@ int tide__hitopk_allreduce(tide_comm_t *comm, const float *grad, float *out, siz
   tide__free(node_counts);
   tide__free(node_pairs);
   tide__free(words);
-  tide__free(sizes);
-  tide__free(unit);
   tide__free(all);
   if (rc == 0 && op == TIDE_AVG) tide__scale(out, d, TIDE_F32, comm->size);
   return rc;
