@@ -593,6 +593,12 @@ static void ef_step(tide_compressor_t *c, const float *grad, size_t d, float *be
   CHECK(j == k);
 }
 
+/* Zeroes the residual, then fills grad with one value: every element ties. */
+static void reset_and_fill(tide_compressor_t *c, float *grad, size_t d, float value) {
+  CHECK_OK(tide_compressor_reset(c));
+  for (size_t i = 0; i < d; i++) grad[i] = value;
+}
+
 static void test_error_feedback(void) {
   /* Three tensors given out of order; the middle one tiny. */
   const tide_tensor_t tensors[3] = {{"fc.bias", 3000, 10, 1, {10, 0, 0, 0}},
@@ -657,21 +663,46 @@ static void test_error_feedback(void) {
   float *g = malloc(big * sizeof *g), *b = malloc(big * sizeof *b), *v = malloc(big * 4);
   uint32_t *ix = malloc(big * 4);
   CHECK(g && b && v && ix);
-  tide_compressor_t *c = NULL;
-  tide_topk_opts_t two = {.num_threads = 2};
-  CHECK_OK(tide_compressor_create(TIDE_TOPK_SAMPLED, 0.001, TIDE_TOPK_GLOBAL, NULL, 0, big, &two,
-                                  &c));
-  for (int step = 0; step < 3; step++) {
-    fill(g, big, D_LAPLACE, 50 + step);
-    ef_step(c, g, big, b, v, ix);
+  /* This is the one-pass path (acc, cut and collection fused): its pairs
+   * must be the exact top k of gradient + residual, also when the cut fails
+   * (all zeros, all ties) and with a NaN. */
+  float *acc = malloc(big * 4), *ev = malloc(big * 4);
+  uint32_t *eix = malloc(big * 4);
+  CHECK(acc && ev && eix);
+  for (int threads = 1; threads <= 2; threads++) {
+    tide_compressor_t *c = NULL;
+    tide_topk_opts_t opts = {.num_threads = threads};
+    CHECK_OK(tide_compressor_create(TIDE_TOPK_SAMPLED, 0.001, TIDE_TOPK_GLOBAL, NULL, 0, big, &opts, &c));
+    size_t k = tide_compressor_k(c);
+    for (int step = 0; step < 6; step++) {
+      if (step < 3) fill(g, big, D_LAPLACE, 50 + step);
+      if (step == 3) memset(g, 0, big * sizeof *g); /* the residual decides */
+      if (step == 4) reset_and_fill(c, g, big, 0.25f);  /* all ties */
+      if (step == 5) fill(g, big, D_MIXED, 60);
+      for (size_t i = 0; i < big; i++) acc[i] = g[i] + tide_compressor_residual(c)[i];
+      CHECK_OK(tide_topk_select(TIDE_TOPK_EXACT, acc, big, k, "acc", ev, eix, NULL));
+      ef_step(c, g, big, b, v, ix);
+      CHECK(memcmp(ix, eix, k * 4) == 0 && memcmp(v, ev, k * 4) == 0);
+    }
+    memcpy(b, tide_compressor_residual(c), big * sizeof *b);
+    g[big - 5] = -INFINITY;
+    size_t k_out = 0;
+    capture_begin();
+    CHECK_RC(tide_compressor_compress(c, g, big, v, ix, &k_out), TIDE_EINVAL);
+    CHECK(strstr(capture_end(), "element 1199995") != NULL);
+    CHECK(memcmp(b, tide_compressor_residual(c), big * sizeof *b) == 0);
+    tide_compressor_destroy(c);
   }
-  tide_compressor_destroy(c);
+  free(acc);
+  free(ev);
+  free(eix);
   free(g);
   free(b);
   free(v);
   free(ix);
 
   /* Creation errors. */
+  tide_compressor_t *c = NULL;
   tide_tensor_t gap[2] = {{"a", 0, 10, 1, {10, 0, 0, 0}}, {"b", 11, 10, 1, {10, 0, 0, 0}}};
   capture_begin();
   CHECK_RC(tide_compressor_create(TIDE_TOPK_EXACT, 0.1, TIDE_TOPK_PER_TENSOR, gap, 2, 21, NULL,

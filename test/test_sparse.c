@@ -46,33 +46,48 @@ static int sparse_allgather(int rank, int size, void *arg) {
   return 0;
 }
 
+/* One HiTopKComm case: the emulated hosts (NULL: one host), the size, and
+ * the selector: the sampled one takes the pipelined path (reduce-scatter in
+ * chunks, each selected from as it arrives) once shards reach 65536
+ * elements, unless `mixed` gives rank 0 an exact one, which sends every
+ * rank down the two-step path. */
+typedef struct {
+  const char *const *hosts;
+  size_t d;
+  tide_topk_kind_t kind;
+  int mixed;
+} hitopk_case_t;
+
 /* Runs on every rank; recomputes each host's shard sums and selections. */
 static int hitopk(int rank, int size, void *arg) {
-  const char *const *hosts = arg;
+  const hitopk_case_t *hc = arg;
+  const char *const *hosts = hc->hosts;
+  size_t d = hc->d;
   tide_comm_t *comm;
   CHECK_OK(tide_comm_init(&comm));
   int m = tide_comm_local_size(comm), nodes = tide_comm_node_count(comm);
   size_t offset, len;
-  CHECK_OK(tide_hitopk_shard(comm, D, &offset, &len));
+  CHECK_OK(tide_hitopk_shard(comm, d, &offset, &len));
   double density = 0.01;
   tide_compressor_t *c;
-  CHECK_OK(tide_compressor_create(TIDE_TOPK_EXACT, density, TIDE_TOPK_GLOBAL, NULL, 0, len, NULL, &c));
-  float *grad = malloc(D * sizeof *grad), *out = malloc(D * sizeof *out), *want = calloc(D, sizeof *want);
-  for (size_t i = 0; i < D; i++) grad[i] = grad_value(rank, i);
-  CHECK_OK(tide_hitopk_allreduce(comm, grad, out, D, c, TIDE_SUM));
+  tide_topk_kind_t kind = hc->mixed && rank == 0 ? TIDE_TOPK_EXACT : hc->kind;
+  CHECK_OK(tide_compressor_create(kind, density, TIDE_TOPK_GLOBAL, NULL, 0, len, NULL, &c));
+  float *grad = malloc(d * sizeof *grad), *out = malloc(d * sizeof *out), *want = calloc(d, sizeof *want);
+  for (size_t i = 0; i < d; i++) grad[i] = grad_value(rank, i);
+  CHECK_OK(tide_hitopk_allreduce(comm, grad, out, d, c, TIDE_SUM));
   /* The reference: per host, the dense sum of its ranks; per shard j, the
    * exact top-k of that host's shard; summed over hosts. */
-  float *host_sum = malloc(D * sizeof *host_sum);
+  float *host_sum = malloc(d * sizeof *host_sum);
   for (int h = 0; h < nodes; h++) {
-    memset(host_sum, 0, D * sizeof *host_sum);
+    memset(host_sum, 0, d * sizeof *host_sum);
     for (int r = 0; r < size; r++) {
       int on_h = hosts == NULL ? h == 0 : strcmp(hosts[r], hosts[h * m]) == 0;
       if (on_h)
-        for (size_t i = 0; i < D; i++) host_sum[i] += grad_value(r, i);
+        for (size_t i = 0; i < d; i++) host_sum[i] += grad_value(r, i);
     }
     for (int j = 0; j < m; j++) {
       size_t so, sl;
-      tide_block(D, m, j, &so, &sl);
+      tide_block(d, m, j, &so, &sl);
       size_t k = tide_compressor_k(c) > 0 ? (size_t)((double)sl * density + 0.999999) : 0;
       float *v = malloc(k * sizeof *v);
       uint32_t *ix = malloc(k * sizeof *ix);
@@ -82,9 +97,9 @@ static int hitopk(int rank, int size, void *arg) {
       free(ix);
     }
   }
-  CHECK(memcmp(out, want, D * sizeof *out) == 0);
+  CHECK(memcmp(out, want, d * sizeof *out) == 0);
   /* in place, twice: the residual carries the unsent part forward */
-  CHECK_OK(tide_hitopk_allreduce(comm, grad, grad, D, c, TIDE_AVG));
+  CHECK_OK(tide_hitopk_allreduce(comm, grad, grad, d, c, TIDE_AVG));
   /* replicas agree bit for bit */
   float first = grad[0], check = 0;
   CHECK_OK(tide_allreduce(comm, &first, &check, 1, TIDE_F32, TIDE_MAX));
@@ -104,17 +119,27 @@ int main(void) {
     fprintf(stderr, "-- TopK-AllGather np=%d\n", np);
     CHECK(harness_run(&opts, sparse_allgather, NULL) == 0);
     fprintf(stderr, "-- HiTopKComm np=%d, one host\n", np);
-    CHECK(harness_run(&opts, hitopk, NULL) == 0);
+    hitopk_case_t exact = {NULL, D, TIDE_TOPK_EXACT, 0}, sampled = {NULL, 600000, TIDE_TOPK_SAMPLED, 0};
+    CHECK(harness_run(&opts, hitopk, &exact) == 0);
+    fprintf(stderr, "-- HiTopKComm np=%d, one host, pipelined\n", np);
+    CHECK(harness_run(&opts, hitopk, &sampled) == 0);
   }
   const char *hosts[] = {"a", "a", "b", "b"};
   harness_opts_t two = {4, hosts, 0, 120, NULL};
   fprintf(stderr, "-- TopK-AllGather, 2 emulated hosts x 2\n");
   CHECK(harness_run(&two, sparse_allgather, NULL) == 0);
   fprintf(stderr, "-- HiTopKComm, 2 emulated hosts x 2\n");
-  CHECK(harness_run(&two, hitopk, (void *)hosts) == 0);
+  hitopk_case_t two_exact = {hosts, D, TIDE_TOPK_EXACT, 0}, two_sampled = {hosts, 600000, TIDE_TOPK_SAMPLED, 0},
+                two_mixed = {hosts, 600000, TIDE_TOPK_SAMPLED, 1};
+  CHECK(harness_run(&two, hitopk, &two_exact) == 0);
+  fprintf(stderr, "-- HiTopKComm, 2 emulated hosts x 2, pipelined\n");
+  CHECK(harness_run(&two, hitopk, &two_sampled) == 0);
+  fprintf(stderr, "-- HiTopKComm, 2 emulated hosts x 2, one rank's selector exact: two-step path\n");
+  CHECK(harness_run(&two, hitopk, &two_mixed) == 0);
   const char *one_each[] = {"a", "b"};
   harness_opts_t pair = {2, one_each, 0, 120, NULL};
   fprintf(stderr, "-- HiTopKComm, 2 emulated hosts x 1\n");
-  CHECK(harness_run(&pair, hitopk, (void *)one_each) == 0);
+  hitopk_case_t pair_sampled = {one_each, 600000, TIDE_TOPK_SAMPLED, 0};
+  CHECK(harness_run(&pair, hitopk, &pair_sampled) == 0);
   return 0;
 }

@@ -77,40 +77,64 @@ int tide__allreduce_rd(tide_comm_t *comm, const void *sendbuf, void *recvbuf, si
   return 0;
 }
 
-int tide__reduce_scatter_ring(tide_comm_t *comm, const void *sendbuf, void *out, size_t count,
-                              tide_dtype_t dtype, tide_op_t op) {
+int tide__reduce_scatterv_ring(tide_comm_t *comm, const void *sendbuf, void *out, const size_t *counts,
+                               const size_t *displs, tide_dtype_t dtype, tide_op_t op) {
   int n = comm->size, r = comm->rank;
-  size_t esize = tide_dtype_size(dtype), off, len;
+  size_t esize = tide_dtype_size(dtype);
+  const uint8_t *in = sendbuf;
   if (n == 1) {
-    if (out != sendbuf) memmove(out, sendbuf, count * esize);
+    if (out != in + displs[0] * esize) memmove(out, in + displs[0] * esize, counts[0] * esize);
     return 0;
   }
   /* Partial sums travel right; each rank adds its own block as it passes.
    * Step s sends block r-s-1 and receives block r-s-2; the last step
-   * receives block r, which lands in out. */
-  uint8_t *work = tide__comm_scratch(comm, count * esize);
-  if (work == NULL) return TIDE_ENOMEM;
-  const uint8_t *in = sendbuf;
+   * receives block r, which lands in out. Partial sums wait in work, the
+   * blocks back to back (woff). */
+  size_t *woff = tide__malloc((size_t)n * sizeof *woff), total = 0;
+  if (woff == NULL) return TIDE_ENOMEM;
+  for (int b = 0; b < n; b++) {
+    woff[b] = total;
+    total += counts[b];
+  }
+  uint8_t *work = tide__comm_scratch(comm, total * esize);
+  int rc = work == NULL ? TIDE_ENOMEM : 0;
   int right = (r + 1) % n, left = (r + n - 1) % n;
-  for (int s = 0; s < n - 1; s++) {
+  for (int s = 0; rc == 0 && s < n - 1; s++) {
     int send_block = ((r - s - 1) % n + n) % n, recv_block = ((r - s - 2) % n + n) % n;
     tide__p2p_t ops[2];
-    tide_block(count, n, send_block, &off, &len);
-    const uint8_t *sent = (s == 0 ? in : work) + off * esize;
-    size_t sent_bytes = len * esize;
+    const uint8_t *sent = s == 0 ? in + displs[send_block] * esize : work + woff[send_block] * esize;
+    size_t sent_bytes = counts[send_block] * esize, len = counts[recv_block];
     op_pair(&ops[0], TIDE__P2P_SEND, right, sent, NULL, sent_bytes, dtype, op);
-    tide_block(count, n, recv_block, &off, &len);
-    uint8_t *dst = s == n - 2 ? (uint8_t *)out : work + off * esize;
+    uint8_t *dst = s == n - 2 ? (uint8_t *)out : work + woff[recv_block] * esize;
     /* With two ranks in place, out may overlap the block still being sent
      * (a zero-copy transport reads it until the send completes): land the
      * result in work and copy it over afterwards. */
     int bounce = dst == (uint8_t *)out && dst < sent + sent_bytes && sent < dst + len * esize;
-    if (bounce) dst = work + off * esize;
-    op_pair(&ops[1], TIDE__P2P_RECV_REDUCE, left, in + off * esize, dst, len * esize, dtype, op);
-    TIDE_CHECK(tide__comm_run(comm, ops, 2, "reduce-scatter (ring)"));
-    if (bounce) memcpy(out, dst, len * esize);
+    if (bounce) dst = work + woff[recv_block] * esize;
+    op_pair(&ops[1], TIDE__P2P_RECV_REDUCE, left, in + displs[recv_block] * esize, dst, len * esize, dtype, op);
+    rc = tide__comm_run(comm, ops, 2, "reduce-scatter (ring)");
+    if (rc == 0 && bounce) memcpy(out, dst, len * esize);
   }
+  tide__free(woff);
+  return rc;
+}
+
+/* Block sizes and offsets of the reduce-scatter partition. */
+static int partition(tide_comm_t *comm, size_t count, size_t **counts, size_t **displs) {
+  *counts = tide__malloc(2 * (size_t)comm->size * sizeof(size_t));
+  if (*counts == NULL) return TIDE_ENOMEM;
+  *displs = *counts + comm->size;
+  for (int b = 0; b < comm->size; b++) tide_block(count, comm->size, b, &(*displs)[b], &(*counts)[b]);
   return 0;
+}
+
+int tide__reduce_scatter_ring(tide_comm_t *comm, const void *sendbuf, void *out, size_t count,
+                              tide_dtype_t dtype, tide_op_t op) {
+  size_t *counts, *displs;
+  TIDE_CHECK(partition(comm, count, &counts, &displs));
+  int rc = tide__reduce_scatterv_ring(comm, sendbuf, out, counts, displs, dtype, op);
+  tide__free(counts);
+  return rc;
 }
 
 int tide__allgatherv_ring(tide_comm_t *comm, const void *sendbuf, void *buf, const size_t *counts,
@@ -130,16 +154,6 @@ int tide__allgatherv_ring(tide_comm_t *comm, const void *sendbuf, void *buf, con
             counts[recv_block] * esize, dtype, TIDE_SUM);
     TIDE_CHECK(tide__comm_run(comm, ops, 2, "allgather (ring)"));
   }
-  return 0;
-}
-
-/* Block sizes and offsets of the reduce-scatter partition, for the
- * allgather half. */
-static int partition(tide_comm_t *comm, size_t count, size_t **counts, size_t **displs) {
-  *counts = tide__malloc(2 * (size_t)comm->size * sizeof(size_t));
-  if (*counts == NULL) return TIDE_ENOMEM;
-  *displs = *counts + comm->size;
-  for (int b = 0; b < comm->size; b++) tide_block(count, comm->size, b, &(*displs)[b], &(*counts)[b]);
   return 0;
 }
 

@@ -30,6 +30,10 @@ int tide__allreduce(tide_comm_t *comm, const void *sendbuf, void *recvbuf, size_
  * (or min/max); rank r's block goes to out. TIDE_AVG sums (caller scales). */
 int tide__reduce_scatter_ring(tide_comm_t *comm, const void *sendbuf, void *out, size_t count,
                               tide_dtype_t dtype, tide_op_t op);
+/* The same with explicit blocks: block b is counts[b] elements at
+ * displacement displs[b] of sendbuf (in any order, not overlapping). */
+int tide__reduce_scatterv_ring(tide_comm_t *comm, const void *sendbuf, void *out, const size_t *counts,
+                               const size_t *displs, tide_dtype_t dtype, tide_op_t op);
 /* Ring allgather of variable blocks: rank r's block (counts[r] elements at
  * displacement displs[r]) is already in buf (or copied from sendbuf when it
  * is not NULL). */

@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "coll/coll.h"
+#include "compress/compress.h"
 
 /* The packed form of k pairs: k floats then k uint32 indices. */
 static size_t pair_words(size_t k) { return 2 * k; }
@@ -92,9 +93,14 @@ int tide__sparse_allgather(tide_comm_t *comm, const float *values, const uint32_
                            size_t d, tide_op_t op) {
   size_t *counts;
   uint32_t *pairs;
+  int64_t t0 = tide__now_ns();
   TIDE_CHECK(gather_pairs(comm, values, indices, k, &counts, &pairs));
+  int64_t t1 = tide__now_ns();
   memset(out, 0, d * sizeof *out);
+  int64_t t2 = tide__now_ns();
   int rc = scatter_add(comm, pairs, counts, comm->size, out, d);
+  TIDE_DEBUG("topk-allgather: gather %.2f ms, zero %.2f ms, sum %.2f ms", (t1 - t0) / 1e6, (t2 - t1) / 1e6,
+             (tide__now_ns() - t2) / 1e6);
   if (rc == 0 && op == TIDE_AVG) tide__scale(out, d, TIDE_F32, comm->size);
   tide__free(counts);
   tide__free(pairs);
@@ -117,37 +123,119 @@ static int lift(tide_comm_t *comm, tide_comm_t *sub, int rc) {
   return tide__comm_fail(comm, rc, 1, "%s", tide_comm_last_error(sub));
 }
 
+/* Fails the communicator, so that the other ranks stop waiting for this one. */
+static int out_of_memory(tide_comm_t *comm, const char *what) {
+  return tide__comm_fail(comm, TIDE_ENOMEM, 0, "rank %d: out of memory for %s in hitopk_allreduce", comm->rank, what);
+}
+
+/* Elements of one rank's shard per pipelined reduce-scatter step: 1 MiB,
+ * so that the chunk is still in the cache when it is selected from. */
+#define HITOPK_CHUNK ((size_t)1 << 18)
+
+/* Steps 1 and 2 pipelined: the shards' samples are reduced first (they
+ * give the cut), then the shards in chunks, each chunk of this rank's
+ * shard going through the one-pass error feedback (acc, cut, collection)
+ * as it arrives. The host's sum of the shard is never stored. Returns 1,
+ * having done nothing else, when some local rank's compressor cannot take
+ * pieces (then every local rank returns 1). */
+static int reduce_select_pipelined(tide_comm_t *comm, tide_comm_t *local, const float *grad, size_t d,
+                                   tide_compressor_t *compressor, float *values, uint32_t *indices, size_t *got) {
+  int m = local->size, me = local->rank;
+  tide__sample_plan_t plan, mine_plan;
+  float able = tide__ef_plan(compressor, &mine_plan) ? 1.0f : 0.0f;
+  size_t *shard = tide__malloc(6 * (size_t)m * sizeof *shard); /* offset, len; counts, displs twice */
+  if (shard == NULL) return out_of_memory(comm, "the shard table");
+  size_t *len = shard + m, *counts = shard + 2 * m, *displs = shard + 3 * m, *ccounts = shard + 4 * m,
+         *cdispls = shard + 5 * m, total = 0;
+  for (int j = 0; j < m; j++) {
+    tide_block(d, m, j, &shard[j], &len[j]);
+    counts[j] = 1 + (tide__sample_plan(len[j], &plan) ? plan.runs * TIDE__SAMPLE_RUN : 0);
+    displs[j] = total;
+    total += counts[j];
+  }
+  /* Every block: [how many ranks can take pieces | that shard's sample]. */
+  float *samples = tide__malloc(total * sizeof *samples), *chunk = NULL;
+  float *mine = tide__malloc(counts[me] * sizeof *mine);
+  int rc = samples == NULL || mine == NULL ? out_of_memory(comm, "the samples") : 0;
+  for (int j = 0; rc == 0 && j < m; j++) {
+    samples[displs[j]] = able;
+    if (counts[j] > 1 && tide__sample_plan(len[j], &plan)) tide__sample_gather(&plan, grad + shard[j], samples + displs[j] + 1);
+  }
+  if (rc == 0) rc = lift(comm, local, tide__reduce_scatterv_ring(local, samples, mine, counts, displs, TIDE_F32, TIDE_SUM));
+  if (rc == 0 && mine[0] != (float)m) rc = 1;
+  if (rc == 0 && (rc = tide__ef_begin(compressor, mine + 1)) != 0)
+    rc = tide__comm_fail(comm, rc, 0, "rank %d: top-k selection failed: %s", comm->rank, tide_strerror(rc));
+  size_t steps = (len[0] + HITOPK_CHUNK - 1) / HITOPK_CHUNK; /* len[0] is the longest */
+  if (rc == 0 && (chunk = tide__malloc(HITOPK_CHUNK * sizeof *chunk)) == NULL) rc = out_of_memory(comm, "a chunk");
+  for (size_t q = 0; rc == 0 && q < steps; q++) {
+    for (int j = 0; j < m; j++) {
+      tide_block(len[j], steps, q, &cdispls[j], &ccounts[j]);
+      cdispls[j] += shard[j];
+    }
+    rc = lift(comm, local, tide__reduce_scatterv_ring(local, grad, chunk, ccounts, cdispls, TIDE_F32, TIDE_SUM));
+    if (rc == 0 && (rc = tide__ef_feed(compressor, cdispls[me] - shard[me], chunk, ccounts[me])) != 0)
+      rc = tide__comm_fail(comm, rc, 0, "rank %d: top-k selection failed: %s", comm->rank, tide_strerror(rc));
+  }
+  if (rc == 0 && (rc = tide__ef_finish(compressor, NULL, values, indices, got)) != 0)
+    rc = tide__comm_fail(comm, rc, 0, "rank %d: top-k selection failed: %s", comm->rank,
+                         tide_compressor_last_error(compressor));
+  tide__ef_abort(compressor); /* after a failure: the residual stays as it was */
+  tide__free(chunk);
+  tide__free(mine);
+  tide__free(samples);
+  tide__free(shard);
+  return rc;
+}
+
+/* Steps 1 and 2 one after the other, for any compressor: the host's sum of
+ * the shard is stored in out (where it belongs), then selected from. */
+static int reduce_select(tide_comm_t *comm, tide_comm_t *local, const float *grad, float *out, size_t d,
+                         tide_compressor_t *compressor, float *values, uint32_t *indices, size_t *got) {
+  size_t offset, len;
+  tide_block(d, local->size, local->rank, &offset, &len);
+  float *shard = out + offset;
+  TIDE_CHECK(lift(comm, local, tide__reduce_scatter_ring(local, grad, shard, d, TIDE_F32, TIDE_SUM)));
+  int rc = tide_compressor_compress(compressor, shard, len, values, indices, got);
+  if (rc != 0)
+    rc = tide__comm_fail(comm, rc, 0, "rank %d: top-k selection failed: %s", comm->rank,
+                         tide_compressor_last_error(compressor));
+  return rc;
+}
+
 int tide__hitopk_allreduce(tide_comm_t *comm, const float *grad, float *out, size_t d, tide_compressor_t *compressor,
                            tide_op_t op) {
   size_t offset, len;
   TIDE_CHECK(tide__hitopk_shard(comm, d, &offset, &len));
+  if (tide__compressor_size(compressor) != len)
+    return tide__comm_fail(comm, TIDE_EINVAL, 0,
+                           "rank %d: hitopk_allreduce of %zu elements needs a compressor for this rank's shard "
+                           "of %zu elements (tide_hitopk_shard), but it has one for %zu",
+                           comm->rank, d, len, tide__compressor_size(compressor));
   /* Small tensors: selection and three exchanges cost more than they save. */
   if (d < (size_t)tide__param_int(TIDE__PARAM_SPARSE_MIN))
     return tide__allreduce(comm, grad, out, d, TIDE_F32, op, tide__allreduce_algo(comm, d, TIDE_F32));
   tide_comm_t *local, *cross;
   TIDE_CHECK(tide_comm_local(comm, &local));
   TIDE_CHECK(tide_comm_cross(comm, &cross));
-  /* 1. The host's sum of our shard, written where the shard belongs in out. */
-  float *shard = out + offset;
-  int rc = lift(comm, local, tide__reduce_scatter_ring(local, grad, shard, d, TIDE_F32, TIDE_SUM));
-  if (rc != 0) return rc;
-  /* 2. Top-k of the shard with error feedback (indices within the shard). */
+  /* 1 and 2. The host's sum of our shard, and its top k with error
+   * feedback (indices within the shard). */
   size_t k = tide_compressor_k(compressor), got = 0;
   float *values = tide__malloc((k ? k : 1) * sizeof *values);
   uint32_t *indices = tide__malloc((k ? k : 1) * sizeof *indices);
   if (values == NULL || indices == NULL) {
     tide__free(values);
     tide__free(indices);
-    return TIDE_ENOMEM;
+    return out_of_memory(comm, "the selected pairs");
   }
-  rc = tide_compressor_compress(compressor, shard, len, values, indices, &got);
-  if (rc != 0)
-    rc = tide__comm_fail(comm, rc, 0, "rank %d: top-k selection failed: %s", comm->rank,
-                         tide_compressor_last_error(compressor));
+  int64_t t0 = tide__now_ns();
+  int rc = reduce_select_pipelined(comm, local, grad, d, compressor, values, indices, &got);
+  if (rc == 1) rc = reduce_select(comm, local, grad, out, d, compressor, values, indices, &got);
+  int64_t t1 = tide__now_ns();
   /* 3. Across hosts: every host's pairs for this shard. */
   size_t *node_counts = NULL;
   uint32_t *node_pairs = NULL, *all = NULL;
   if (rc == 0) rc = lift(comm, cross, gather_pairs(cross, values, indices, got, &node_counts, &node_pairs));
+  int64_t t2 = tide__now_ns();
   tide__free(values);
   tide__free(indices);
   /* 4. Within the host: every local rank's block, [n pair counts | the n
@@ -172,6 +260,7 @@ int tide__hitopk_allreduce(tide_comm_t *comm, const float *grad, float *out, siz
   }
   /* 5. Sum every shard's pairs into the dense result, shard by shard and
    * host by host: one order on every rank. */
+  int64_t t3 = tide__now_ns();
   if (rc == 0) {
     memset(out, 0, d * sizeof *out);
     for (int j = 0; rc == 0 && j < m; j++) {
@@ -191,6 +280,9 @@ int tide__hitopk_allreduce(tide_comm_t *comm, const float *grad, float *out, siz
       if (c != counts) tide__free(c);
     }
   }
+  int64_t t4 = tide__now_ns();
+  TIDE_DEBUG("hitopk: reduce-scatter and select %.2f ms, across hosts %.2f ms, within the host %.2f ms, sum %.2f ms",
+             (t1 - t0) / 1e6, (t2 - t1) / 1e6, (t3 - t2) / 1e6, (t4 - t3) / 1e6);
   tide__free(node_counts);
   tide__free(node_pairs);
   tide__free(words);

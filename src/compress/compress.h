@@ -161,6 +161,42 @@ void tide__scratch_release(tide__scratch_t *s);
 int tide__cand_finish(tide__cand_t *cands, int ncands, uint32_t cut, size_t k, int nthreads,
                       float *values, uint32_t *indices, uint32_t *kth_key);
 
+/* ---- the sampled selector's sample and cut -------------------------------------------- */
+
+/* A stratified sample of d elements: runs of TIDE__SAMPLE_RUN contiguous
+ * elements (one cache line) evenly spread, at most 2^17 elements. */
+#define TIDE__SAMPLE_RUN 16
+typedef struct {
+  size_t runs, stride;
+} tide__sample_plan_t;
+
+/* 1 and the plan when d is large enough for sampling to pay, else 0. */
+int tide__sample_plan(size_t d, tide__sample_plan_t *plan);
+/* Where run r starts: a multiple of TIDE__SAMPLE_RUN. */
+static inline size_t tide__sample_start(const tide__sample_plan_t *plan, size_t r) {
+  return r * plan->stride / TIDE__SAMPLE_RUN * TIDE__SAMPLE_RUN;
+}
+/* Copies the plan's runs of x, back to back, to sample (runs * RUN floats). */
+void tide__sample_gather(const tide__sample_plan_t *plan, const float *x, float *sample);
+
+/* A collection cut from a sample: every key >= cut is collected. It sits at
+ * the lower edge of the bucket (key >> 16) holding the sample's r-th largest
+ * key, r four binomial standard deviations above the expected count, so
+ * that the collection finds k or more with near certainty. cut == 0 means
+ * the cut would take everything. expect: candidates expected; cap: stop
+ * collecting past this many (the cut was wrong: select exactly instead). */
+typedef struct {
+  uint32_t cut;
+  size_t expect, cap;
+} tide__cut_t;
+int tide__sample_cut(const float *sample, size_t n, size_t d, size_t k, tide__cut_t *out);
+/* Room to reserve in each of nlists candidate lists: the expected share and
+ * then some, so that the collection rarely grows by copying (untouched pages
+ * cost nothing). */
+static inline size_t tide__cut_reserve(const tide__cut_t *cut, int nlists) {
+  return (size_t)(1.3 * (double)cut->expect / nlists) + 4096;
+}
+
 /* 0, or TIDE__NONFINITE with the first non-finite index in *bad_index; one
  * parallel pass. */
 int tide__check_finite(const float *x, size_t d, int nthreads, size_t *bad_index);
@@ -190,6 +226,35 @@ int tide__topk_run(tide_topk_kind_t kind, const tide_topk_opts_t *opts, const fl
                    tide_topk_stats_t *stats_or_null, size_t *bad_index);
 /* "NaN", "+Inf" or "-Inf" for a non-finite v. */
 const char *tide__nonfinite_name(float v);
+
+/* ---- error feedback over a gradient that arrives in pieces ----------------------------- */
+
+/* One pass instead of three: for a compressor of kind SAMPLED with scope
+ * GLOBAL and 0 < k < d, acc = grad + residual is computed, stored (streaming
+ * stores: acc is not read back) and tested against a cut in one pass, and
+ * the exact top k is taken from what the pass collected. The gradient may
+ * arrive in pieces, in index order: HiTopKComm feeds each chunk of the
+ * host's sum of its shard as the reduce-scatter delivers it, while it is
+ * still in the cache. tide_compressor_compress runs the same steps on a
+ * whole gradient.
+ *
+ *   plan    tide__ef_plan: the sample positions (0: not this compressor, use
+ *           tide_compressor_compress);
+ *   begin   the gradient at the sample positions (tide__sample_gather
+ *           layout); the residual is added here;
+ *   feed    pieces, offsets increasing from 0 with no gap, until d;
+ *   finish  exactly k pairs in index order, the residual updated; or an
+ *           error with the residual unchanged (a NaN or Inf is named);
+ *   abort   after a failed feed or begin, or to give up: residual unchanged.
+ * The same thread calls all of them. */
+int tide__ef_plan(const tide_compressor_t *c, tide__sample_plan_t *plan);
+/* The gradient size the compressor was created for. */
+size_t tide__compressor_size(const tide_compressor_t *c);
+int tide__ef_begin(tide_compressor_t *c, const float *grad_sample);
+int tide__ef_feed(tide_compressor_t *c, size_t offset, const float *piece, size_t len);
+int tide__ef_finish(tide_compressor_t *c, const float *grad_or_null, float *values, uint32_t *indices,
+                    size_t *k_out);
+void tide__ef_abort(tide_compressor_t *c);
 
 /* ---- shared definitions the fast paths and the references must agree on ------------- */
 

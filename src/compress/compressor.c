@@ -33,6 +33,13 @@ struct tide_compressor {
   float *acc;
   uint64_t step;
   char last_error[512];
+  /* A step in progress (tide__ef_begin .. tide__ef_finish). */
+  tide__scratch_t *scratch; /* its candidate lists; NULL when no step is open */
+  tide__cut_t cut;
+  size_t fed;   /* elements fed so far */
+  int nlists;   /* candidate lists used so far, in index order */
+  int overflow; /* stopped collecting: select exactly from acc */
+  int nonfinite;
 };
 
 static int by_offset(const void *pa, const void *pb) {
@@ -53,6 +60,7 @@ static void set_k(tide_compressor_t *c) {
 
 void tide_compressor_destroy(tide_compressor_t *c) {
   if (c == NULL) return;
+  tide__ef_abort(c);
   for (size_t t = 0; t < c->ntensors; t++) tide__free(c->tensors[t].name);
   tide__free(c->tensors);
   tide__free(c->residual);
@@ -157,6 +165,8 @@ fail:
 
 size_t tide_compressor_k(const tide_compressor_t *c) { return c != NULL ? c->k : 0; }
 
+size_t tide__compressor_size(const tide_compressor_t *c) { return c->d; }
+
 int tide_compressor_set_density(tide_compressor_t *c, double density) {
   if (c == NULL || !density_ok(density)) {
     TIDE_ERROR("tide_compressor_set_density: density = %g; it must be in (0, 1]", density);
@@ -176,6 +186,7 @@ int tide_compressor_reset(tide_compressor_t *c) {
     TIDE_ERROR("tide_compressor_reset: c must not be NULL");
     return TIDE_EINVAL;
   }
+  tide__ef_abort(c);
   memset(c->residual, 0, c->d * sizeof(float));
   c->step = 0;
   c->last_error[0] = '\0';
@@ -214,6 +225,8 @@ static uint64_t step_seed(const tide_compressor_t *c, size_t tensor) {
   return tide__splitmix64(&state);
 }
 
+/* The message for a NaN or Inf at flat index `flat` of acc; grad is the
+ * caller's gradient, or NULL when it came in pieces. */
 static int fail_nonfinite(tide_compressor_t *c, const float *grad, size_t flat) {
   size_t lo = 0, hi = c->ntensors; /* the tensor holding flat */
   while (hi - lo > 1) {
@@ -224,13 +237,207 @@ static int fail_nonfinite(tide_compressor_t *c, const float *grad, size_t flat) 
       hi = mid;
   }
   const ctensor_t *t = &c->tensors[lo];
+  char from[96] = "";
+  if (grad != NULL) snprintf(from, sizeof from, "gradient %g, ", (double)grad[flat]);
   snprintf(c->last_error, sizeof c->last_error,
            "tide_compressor_compress: tensor \"%s\" element %zu (flat index %zu) of gradient + "
-           "residual is %s (gradient %g, residual %g); the residual is unchanged, skip this step",
-           t->name, flat - t->offset, flat, tide__nonfinite_name(c->acc[flat]),
-           (double)grad[flat], (double)c->residual[flat]);
+           "residual is %s (%sresidual %g); the residual is unchanged, skip this step",
+           t->name, flat - t->offset, flat, tide__nonfinite_name(c->acc[flat]), from,
+           (double)c->residual[flat]);
   TIDE_ERROR("%s", c->last_error);
   return TIDE_EINVAL;
+}
+
+/* ---- the one-pass path ------------------------------------------------------------------ */
+
+int tide__ef_plan(const tide_compressor_t *c, tide__sample_plan_t *plan) {
+  return c != NULL && c->kind == TIDE_TOPK_SAMPLED && c->scope == TIDE_TOPK_GLOBAL && c->k > 0 &&
+         c->k < c->d && tide__sample_plan(c->d, plan);
+}
+
+void tide__ef_abort(tide_compressor_t *c) {
+  if (c == NULL || c->scratch == NULL) return;
+  tide__scratch_release(c->scratch);
+  c->scratch = NULL;
+}
+
+int tide__ef_begin(tide_compressor_t *c, const float *grad_sample) {
+  tide__sample_plan_t plan;
+  if (!tide__ef_plan(c, &plan) || c->scratch != NULL) return TIDE_EINVAL; /* a caller's bug */
+  size_t n = plan.runs * TIDE__SAMPLE_RUN;
+  float *sample = tide__malloc(n * sizeof *sample);
+  if (sample == NULL) return TIDE_ENOMEM;
+  for (size_t r = 0; r < plan.runs; r++) {
+    const float *res = c->residual + tide__sample_start(&plan, r);
+    for (size_t j = 0; j < TIDE__SAMPLE_RUN; j++) {
+      size_t i = r * TIDE__SAMPLE_RUN + j;
+      sample[i] = grad_sample[i] + res[j];
+    }
+  }
+  int rc = tide__sample_cut(sample, n, c->d, c->k, &c->cut);
+  tide__free(sample);
+  if (rc < 0) return rc;
+  c->scratch = tide__scratch_acquire();
+  if (c->scratch == NULL) return TIDE_ENOMEM;
+  c->fed = 0;
+  c->nlists = 0;
+  c->overflow = c->cut.cut == 0; /* the cut would take everything: select exactly */
+  c->nonfinite = 0;
+  return 0;
+}
+
+typedef struct {
+  const float *piece, *residual; /* at the piece's offset */
+  float *acc;                    /* likewise */
+  size_t len, offset;
+  uint32_t cut;
+  size_t cap;
+  int collect;
+  tide__cand_t *lists; /* nt of them */
+  int rc[TIDE__MAX_THREADS], bad[TIDE__MAX_THREADS];
+} feed_t;
+
+/* One element of feed_range, without vectors. */
+static inline int feed_one(const feed_t *f, size_t i, tide__cand_t *list, int *collect, int *nonfinite) {
+  float v = f->piece[i] + f->residual[i];
+  f->acc[i] = v;
+  uint32_t bits;
+  memcpy(&bits, &v, sizeof bits);
+  *nonfinite |= (bits & 0x7fffffffu) >= TIDE__KEY_NONFINITE;
+  if (*collect && (bits & 0x7fffffffu) >= f->cut) {
+    TIDE_CHECK(tide__cand_push(list, bits, (uint32_t)(f->offset + i)));
+    if (list->len > f->cap) *collect = 0;
+  }
+  return 0;
+}
+
+/* acc[i] = piece[i] + residual[i] for i in [b, e), and every i whose key
+ * is >= cut appended to list (index offset + i) while list stays under
+ * cap. Returns 0 or TIDE_ENOMEM; *bad is set for a NaN or Inf. */
+static int feed_range(const feed_t *f, size_t b, size_t e, tide__cand_t *list, int *bad) {
+  int collect = f->collect, nonfinite = 0;
+  size_t i = b;
+#if defined(__SSE2__)
+  const float *restrict p = f->piece, *restrict r = f->residual;
+  float *restrict acc = f->acc;
+  const uint32_t cut = f->cut;
+  /* Scalar until acc is 16-byte aligned, then blocks of 64. */
+  for (; i < e && ((uintptr_t)(acc + i) & 15) != 0; i++) TIDE_CHECK(feed_one(f, i, list, &collect, &nonfinite));
+  const __m128i abs_mask = _mm_set1_epi32(0x7fffffff);
+  const __m128i below = _mm_set1_epi32((int32_t)cut - 1);
+  const __m128i finite_max = _mm_set1_epi32((int32_t)TIDE__KEY_NONFINITE - 1);
+  for (; i + 64 <= e; i += 64) {
+    uint64_t mask = 0;
+    int bad_bits = 0;
+    for (int j = 0; j < 64; j += 4) {
+      __m128 v = _mm_add_ps(_mm_loadu_ps(p + i + j), _mm_loadu_ps(r + i + j));
+      _mm_stream_ps(acc + i + j, v);
+      __m128i key = _mm_and_si128(_mm_castps_si128(v), abs_mask);
+      mask |= (uint64_t)_mm_movemask_ps(_mm_castsi128_ps(_mm_cmpgt_epi32(key, below))) << j;
+      bad_bits |= _mm_movemask_ps(_mm_castsi128_ps(_mm_cmpgt_epi32(key, finite_max)));
+    }
+    nonfinite |= bad_bits != 0;
+    if (mask == 0 || !collect) continue;
+    TIDE_CHECK(tide__cand_grow(list, list->len + 64));
+    for (; mask != 0; mask &= mask - 1) {
+      int j = __builtin_ctzll(mask);
+      float v = p[i + j] + r[i + j]; /* the same add: the same bits as acc */
+      memcpy(&list->bits[list->len], &v, sizeof v);
+      list->index[list->len] = (uint32_t)(f->offset + i + j);
+      list->len++;
+    }
+    if (list->len > f->cap) collect = 0;
+  }
+  _mm_sfence(); /* the streaming stores are visible before the join */
+#endif
+  for (; i < e; i++) TIDE_CHECK(feed_one(f, i, list, &collect, &nonfinite));
+  *bad = nonfinite;
+  return 0;
+}
+
+static void feed_work(void *arg, int tid, int nt) {
+  feed_t *f = arg;
+  size_t b, e;
+  tide__chunk(f->len, tid, nt, &b, &e);
+  f->rc[tid] = feed_range(f, b, e, &f->lists[tid], &f->bad[tid]);
+}
+
+int tide__ef_feed(tide_compressor_t *c, size_t offset, const float *piece, size_t len) {
+  if (c == NULL || c->scratch == NULL || offset != c->fed || len > c->d - offset) return TIDE_EINVAL;
+  int nt;
+  TIDE_CHECK(tide__compress_threads(c->opts.num_threads, len, &nt));
+  /* Fresh lists for this piece, after the earlier pieces' (index order);
+   * when they run out, the last one takes the rest on one thread. */
+  int first = c->nlists;
+  if (first + nt > TIDE__MAX_THREADS) {
+    nt = 1;
+    first = TIDE__MAX_THREADS - 1;
+  }
+  feed_t f = {.piece = piece, .residual = c->residual + offset, .acc = c->acc + offset, .len = len,
+              .offset = offset, .cut = c->cut.cut, .cap = c->cut.cap, .collect = !c->overflow,
+              .lists = c->scratch->cands + first};
+  for (int t = 0; t < nt && f.collect && first + t >= c->nlists; t++)
+    TIDE_CHECK(tide__cand_grow(&f.lists[t], tide__cut_reserve(&c->cut, nt) * len / c->d + 64));
+  tide__parallel_run(nt, feed_work, &f);
+  c->nlists = first + nt;
+  c->fed += len;
+  size_t total = 0;
+  for (int t = 0; t < c->nlists; t++) total += c->scratch->cands[t].len;
+  for (int t = 0; t < nt; t++) {
+    TIDE_CHECK(f.rc[t]);
+    c->nonfinite |= f.bad[t];
+  }
+  if (total > c->cut.cap) c->overflow = 1;
+  return 0;
+}
+
+int tide__ef_finish(tide_compressor_t *c, const float *grad_or_null, float *values, uint32_t *indices,
+                    size_t *k_out) {
+  if (c == NULL || c->scratch == NULL || c->fed != c->d) {
+    tide__ef_abort(c);
+    return TIDE_EINVAL;
+  }
+  int nt, rc = tide__compress_threads(c->opts.num_threads, c->d, &nt);
+  if (rc == 0 && c->nonfinite) rc = fail_nonfinite(c, grad_or_null, tide__first_nonfinite(c->acc, 0, c->d));
+  size_t total = 0;
+  for (int t = 0; t < c->nlists; t++) total += c->scratch->cands[t].len;
+  if (rc == 0 && !c->overflow && total >= c->k) {
+    uint32_t kth;
+    rc = tide__cand_finish(c->scratch->cands, c->nlists, c->cut.cut, c->k, nt, values, indices, &kth);
+  } else if (rc == 0) { /* the cut was wrong: exact selection over acc */
+    tide_topk_stats_t stats;
+    size_t bad = 0;
+    rc = tide__topk_exact(c->acc, c->d, c->k, nt, values, indices, &stats, &bad);
+  }
+  tide__ef_abort(c);
+  if (rc != 0) {
+    if (rc != TIDE_EINVAL)
+      snprintf(c->last_error, sizeof c->last_error, "tide_compressor_compress: selection failed: %s",
+               tide_strerror(rc));
+    return rc;
+  }
+  /* The selected entries leave acc; what stays is the new residual. */
+  float *residual = c->acc;
+  c->acc = c->residual;
+  c->residual = residual;
+  for (size_t j = 0; j < c->k; j++) residual[indices[j]] = 0.0f;
+  c->step++;
+  *k_out = c->k;
+  return 0;
+}
+
+/* The one-pass path on a whole gradient. */
+static int compress_one_pass(tide_compressor_t *c, const tide__sample_plan_t *plan, const float *grad,
+                             float *values, uint32_t *indices, size_t *k_out) {
+  float *sample = tide__malloc(plan->runs * TIDE__SAMPLE_RUN * sizeof *sample);
+  if (sample == NULL) return TIDE_ENOMEM;
+  tide__sample_gather(plan, grad, sample);
+  int rc = tide__ef_begin(c, sample);
+  tide__free(sample);
+  if (rc == 0) rc = tide__ef_feed(c, 0, grad, c->d);
+  if (rc == 0) return tide__ef_finish(c, grad, values, indices, k_out);
+  tide__ef_abort(c);
+  return rc;
 }
 
 int tide_compressor_compress(tide_compressor_t *c, const float *grad, size_t d, float *values,
@@ -251,6 +458,8 @@ int tide_compressor_compress(tide_compressor_t *c, const float *grad, size_t d, 
     TIDE_ERROR("%s", c->last_error);
     return TIDE_EINVAL;
   }
+  tide__sample_plan_t plan;
+  if (tide__ef_plan(c, &plan)) return compress_one_pass(c, &plan, grad, values, indices, k_out);
   int nt;
   TIDE_CHECK(tide__compress_threads(c->opts.num_threads, d, &nt));
   acc_t a = {grad, c->residual, c->acc, d, {0}};

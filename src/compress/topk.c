@@ -545,90 +545,93 @@ out:
 
 /* ---- sampled selection --------------------------------------------------------------- */
 
-#define SAMPLE_RUN 16               /* contiguous elements per sample: one cache line */
-#define SAMPLE_MAX ((size_t)1 << 17) /* elements sampled at most: ~1% of 25M */
+#define SAMPLE_MAX ((size_t)1 << 14) /* elements sampled at most */
 
-typedef struct {
-  const float *x;
-  size_t d;
-  size_t runs, run_stride;
-  uint32_t *hist; /* HI_BUCKETS */
-  uint32_t cut;
-  size_t cap;
-  atomic_int stop;
-  tide__cand_t *cands;
-  int rc[256];
-} sampled_t;
-
-static void sample_histogram(sampled_t *s) {
-  uint32_t *h = s->hist;
-  memset(h, 0, HI_BUCKETS * sizeof *h);
-  const tide__u32_alias *u = (const tide__u32_alias *)s->x;
-  for (size_t r = 0; r < s->runs; r++) {
-    size_t start = r * s->run_stride / SAMPLE_RUN * SAMPLE_RUN; /* whole cache lines */
-    for (size_t j = 0; j < SAMPLE_RUN; j++) h[(u[start + j] >> 16) & 0x7fff]++;
-  }
-}
-
-static void scan_work(void *arg, int tid, int nt) {
-  sampled_t *s = arg;
-  size_t b, e;
-  tide__chunk(s->d, tid, nt, &b, &e);
-  s->rc[tid] = collect_range(s->x, b, e, s->cut, &s->cands[tid], s->cap, &s->stop);
-}
-
-int tide__topk_sampled(const float *x, size_t d, size_t k, int nt, float *values,
-                       uint32_t *indices, tide_topk_stats_t *stats, size_t *bad_index) {
+int tide__sample_plan(size_t d, tide__sample_plan_t *plan) {
   /* The sample must be small next to d for the one pass to pay. */
-  size_t runs = d / (16 * SAMPLE_RUN);
-  if (runs > SAMPLE_MAX / SAMPLE_RUN) runs = SAMPLE_MAX / SAMPLE_RUN;
-  if (runs < 256) return tide__topk_exact(x, d, k, nt, values, indices, stats, bad_index);
-  size_t sampled = runs * SAMPLE_RUN;
-  int rc = 0;
-  sampled_t s = {.x = x, .d = d, .runs = runs, .run_stride = (d - SAMPLE_RUN) / (runs - 1)};
-  tide__scratch_t *scratch = tide__scratch_acquire();
-  if (scratch == NULL) return TIDE_ENOMEM;
-  tide__cand_t *cands = scratch->cands;
-  s.cands = cands;
-  /* On the calling thread: ~0.2 ms, less than a fork-join costs on a
-   * loaded machine. */
-  s.hist = tide__malloc(HI_BUCKETS * sizeof(uint32_t));
-  if (s.hist == NULL) {
-    rc = TIDE_ENOMEM;
-    goto out;
-  }
-  sample_histogram(&s);
+  size_t runs = d / (16 * TIDE__SAMPLE_RUN);
+  if (runs > SAMPLE_MAX / TIDE__SAMPLE_RUN) runs = SAMPLE_MAX / TIDE__SAMPLE_RUN;
+  if (runs < 256) return 0;
+  plan->runs = runs;
+  plan->stride = (d - TIDE__SAMPLE_RUN) / (runs - 1);
+  return 1;
+}
 
-  /* Expect m sampled elements at or above the k-th key; cut below the
+void tide__sample_gather(const tide__sample_plan_t *plan, const float *x, float *sample) {
+  for (size_t r = 0; r < plan->runs; r++)
+    memcpy(sample + r * TIDE__SAMPLE_RUN, x + tide__sample_start(plan, r), TIDE__SAMPLE_RUN * sizeof *x);
+}
+
+int tide__sample_cut(const float *sample, size_t n, size_t d, size_t k, tide__cut_t *out) {
+  uint32_t *hist = tide__calloc(HI_BUCKETS, sizeof *hist);
+  if (hist == NULL) return TIDE_ENOMEM;
+  for (size_t i = 0; i < n; i++) hist[tide__key(sample[i]) >> 16]++;
+  /* Expect e sampled elements at or above the k-th key; cut below the
    * r-th sampled key, r four standard deviations (of a binomial count)
-   * above m, at the bucket's lower edge. */
-  double m = (double)k * (double)sampled / (double)d;
-  double r = ceil(m + 4.0 * sqrt(m) + 4.0);
+   * above e, at the bucket's lower edge. */
+  double e = (double)k * (double)n / (double)d;
+  double r = ceil(e + 4.0 * sqrt(e) + 4.0);
   uint32_t cut = 0;
-  if (r < (double)sampled) {
+  if (r < (double)n) {
     size_t seen = 0;
     for (uint32_t bucket = HI_BUCKETS - 1; bucket > 0; bucket--) {
-      seen += s.hist[bucket];
+      seen += hist[bucket];
       if ((double)seen >= r) {
         cut = bucket << 16;
         break;
       }
     }
   }
-  tide__free(s.hist);
-  s.hist = NULL;
-  if (cut == 0) /* the cut would take everything: a dense selection */
-    goto fallback;
+  tide__free(hist);
   if (cut > TIDE__KEY_NONFINITE) cut = TIDE__KEY_NONFINITE; /* every NaN/Inf is a candidate */
+  /* Expected candidates: (r / n) * d; stop collecting at several times that. */
+  out->cut = cut;
+  out->expect = (size_t)(r * (double)d / (double)n);
+  out->cap = 3 * out->expect + 2 * k + 65536;
+  return 0;
+}
 
-  /* Expected candidates: (r / sampled) * d; stop at several times that. */
-  s.cut = cut;
-  double expect = r * (double)d / (double)sampled;
-  s.cap = (size_t)(3.0 * expect) + 2 * k + 65536;
-  /* Room for the expected share and then some, so that the collection
-   * rarely grows by copying (untouched pages cost nothing). */
-  size_t reserve = (size_t)(1.3 * expect / nt) + 4096;
-  for (int t = 0; t < nt; t++) TIDE_CHECK_GOTO(tide__cand_grow(&cands[t], reserve), rc, out);
+typedef struct {
+  const float *x;
+  size_t d;
+  tide__cut_t cut;
+  atomic_int stop;
+  tide__cand_t *cands;
+  int rc[256];
+} sampled_t;
+
+static void scan_work(void *arg, int tid, int nt) {
+  sampled_t *s = arg;
+  size_t b, e;
+  tide__chunk(s->d, tid, nt, &b, &e);
+  s->rc[tid] = collect_range(s->x, b, e, s->cut.cut, &s->cands[tid], s->cut.cap, &s->stop);
+}
+
+int tide__topk_sampled(const float *x, size_t d, size_t k, int nt, float *values,
+                       uint32_t *indices, tide_topk_stats_t *stats, size_t *bad_index) {
+  tide__sample_plan_t plan;
+  if (!tide__sample_plan(d, &plan)) return tide__topk_exact(x, d, k, nt, values, indices, stats, bad_index);
+  size_t sampled = plan.runs * TIDE__SAMPLE_RUN;
+  int rc = 0;
+  sampled_t s = {.x = x, .d = d};
+  tide__scratch_t *scratch = tide__scratch_acquire();
+  if (scratch == NULL) return TIDE_ENOMEM;
+  tide__cand_t *cands = scratch->cands;
+  s.cands = cands;
+  /* On the calling thread: ~0.2 ms, less than a fork-join costs on a
+   * loaded machine. */
+  float *sample = tide__malloc(sampled * sizeof *sample);
+  if (sample == NULL) {
+    rc = TIDE_ENOMEM;
+    goto out;
+  }
+  tide__sample_gather(&plan, x, sample);
+  rc = tide__sample_cut(sample, sampled, d, k, &s.cut);
+  tide__free(sample);
+  if (rc < 0) goto out;
+  if (s.cut.cut == 0) /* the cut would take everything: a dense selection */
+    goto fallback;
+  for (int t = 0; t < nt; t++) TIDE_CHECK_GOTO(tide__cand_grow(&cands[t], tide__cut_reserve(&s.cut, nt)), rc, out);
   atomic_init(&s.stop, 0);
   tide__parallel_run(nt, scan_work, &s);
   for (int t = 0; t < nt; t++) TIDE_CHECK_GOTO(s.rc[t], rc, out);
@@ -647,7 +650,7 @@ int tide__topk_sampled(const float *x, size_t d, size_t k, int nt, float *values
   }
   if (total < k) goto fallback;
   uint32_t kth;
-  TIDE_CHECK_GOTO(tide__cand_finish(cands, nt, cut, k, nt, values, indices, &kth), rc, out);
+  TIDE_CHECK_GOTO(tide__cand_finish(cands, nt, s.cut.cut, k, nt, values, indices, &kth), rc, out);
   memcpy(&stats->threshold, &kth, sizeof kth);
   stats->full_passes = 1;
   stats->candidates = total;
@@ -659,11 +662,10 @@ fallback:
   rc = tide__topk_exact(x, d, k, nt, values, indices, stats, bad_index);
   if (rc == 0) {
     stats->fallback = 1;
-    stats->full_passes += cut != 0;
+    stats->full_passes += s.cut.cut != 0;
   }
 out:
   tide__scratch_release(scratch);
-  tide__free(s.hist);
   return rc;
 }
 
