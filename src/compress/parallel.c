@@ -16,39 +16,15 @@
 
 #define MAX_THREADS TIDE__MAX_THREADS
 
-static pthread_once_t env_once = PTHREAD_ONCE_INIT;
-static int env_threads;      /* from TIDE_NUM_THREADS or the online CPUs */
-static char env_error[160];  /* non-empty when TIDE_NUM_THREADS is bad */
-
-/* TIDE_NUM_THREADS is read here, once, until the params table has a row for
- * it (src/core is not this module's to change). */
-static void read_env(void) {
-  long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-  env_threads = cpus >= 1 ? (int)(cpus < MAX_THREADS ? cpus : MAX_THREADS) : 1;
-  const char *text = getenv("TIDE_NUM_THREADS");
-  if (text == NULL || text[0] == '\0') return;
-  char *end;
-  errno = 0;
-  long v = strtol(text, &end, 10);
-  if (errno != 0 || end == text || *end != '\0' || v < 1 || v > MAX_THREADS) {
-    snprintf(env_error, sizeof env_error,
-             "TIDE_NUM_THREADS=\"%.40s\" is not an integer in [1, %d]; unset it or fix the value",
-             text, MAX_THREADS);
-    return;
-  }
-  env_threads = (int)v;
-  TIDE_INFO("TIDE_NUM_THREADS=%d", env_threads);
-}
-
 int tide__compress_threads(int requested, size_t d, int *out) {
   int n = requested;
   if (n <= 0) {
-    pthread_once(&env_once, read_env);
-    if (env_error[0] != '\0') {
-      TIDE_ERROR("%s", env_error);
-      return TIDE_EINVAL;
-    }
-    n = env_threads;
+    TIDE_CHECK(tide_params_load()); /* a bad TIDE_* variable, named in the log */
+    n = (int)tide__param_int(TIDE__PARAM_NUM_THREADS);
+  }
+  if (n <= 0) {
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    n = cpus >= 1 ? (int)(cpus < MAX_THREADS ? cpus : MAX_THREADS) : 1;
   }
   if (n > MAX_THREADS) n = MAX_THREADS;
   size_t useful = d / TIDE__GRAIN;

@@ -82,7 +82,10 @@ void tide__log_set_rank(int rank);
   XX(SPARSE_MIN, INT, "16384", 0, 1073741824,                                            \
      "hierarchical top-k allreduce of fewer elements than this runs dense instead")     \
   XX(MAX_FRAME_BYTES, INT, "1073741824", 4096, 4294967295LL,                             \
-     "largest frame or store value accepted from the wire")
+     "largest frame or store value accepted from the wire")                              \
+  XX(NUM_THREADS, INT, "0", 0, 256,                                                      \
+     "threads of one top-k selection or compression (0: the online CPUs); each gets "     \
+     "at least 512Ki elements")
 
 enum {
 #define XX(id, type, def, min, max, help) TIDE__PARAM_##id,
