@@ -1,6 +1,7 @@
 /* tide-train end to end: a short run on a subset where the loss falls and
- * every rank ends with identical parameters, for np = 1, 2 and 4; and bad
- * options that fail with a message naming the problem. */
+ * every rank ends with identical parameters, for np = 1, 2 and 4; test
+ * evaluations every N steps and the time to a target accuracy (no timing
+ * asserted); and bad options that fail with a message naming the problem. */
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -74,6 +75,94 @@ static void train(int np, const char *grad) {
   CHECK(number_after(summary, "\"final_test_accuracy\":") > 0.6);
 }
 
+static int near(double a, double b) { return a - b < 1e-3 && b - a < 1e-3; }
+
+/* Reads a whole (small) file into buf. */
+static void slurp(const char *path, char *buf, size_t cap) {
+  FILE *f = fopen(path, "r");
+  if (f == NULL) {
+    fprintf(stderr, "cannot read %s\n", path);
+    exit(1);
+  }
+  size_t n = fread(buf, 1, cap - 1, f);
+  buf[n] = 0;
+  fclose(f);
+}
+
+/* --eval-every 10 on 2 ranks, 3000 images, batch 32: 47 steps an epoch, so
+ * eval lines at steps 10, 20, ..., 90 (none falls on an epoch end), in order
+ * with the epoch lines; --target-accuracy names the first evaluation of
+ * either kind at or above it. */
+static void eval_every(void) {
+  char cmd[4096], out[65536], path[2048], summary[4096];
+  snprintf(cmd, sizeof cmd,
+           "%s/tiderun -np 2 %s/tide-train --model mlp --epochs 2 --batch 32 --subset 3000 --lr 0.05 "
+           "--eval-every 10 --target-accuracy 0.6 --name eval --runs %s 2>&1",
+           tools, tools, runs);
+  int rc = run(cmd, out, sizeof out);
+  if (rc != 0) {
+    fprintf(stderr, "%s\n-> exit %d\n%s\n", cmd, rc, out);
+    exit(1);
+  }
+  snprintf(path, sizeof path, "%s/eval/summary.json", runs);
+  slurp(path, summary, sizeof summary);
+  CHECK(number_after(summary, "\"eval_every\":") == 10);
+  CHECK(number_after(summary, "\"target_accuracy\":") == 0.6);
+  snprintf(path, sizeof path, "%s/eval/metrics.jsonl", runs);
+  FILE *f = fopen(path, "r");
+  CHECK(f != NULL);
+  char line[1024];
+  int evals = 0, epochs = 0, steps = 0;
+  long next = 10, first_step = -1;
+  double last_time = 0, first_time = -1;
+  while (fgets(line, sizeof line, f)) {
+    int eval = strstr(line, "\"type\":\"eval\"") != NULL, epoch = strstr(line, "\"type\":\"epoch\"") != NULL;
+    if (!eval && !epoch) {
+      steps++;
+      continue;
+    }
+    double step = number_after(line, "\"step\":"), time_s = number_after(line, "\"time_s\":");
+    double accuracy = number_after(line, "\"test_accuracy\":");
+    CHECK(step == steps); /* written after the step it follows */
+    CHECK(accuracy >= 0 && accuracy <= 1 && number_after(line, "\"test_loss\":") > 0);
+    CHECK(time_s >= last_time && number_after(line, "\"eval_s\":") <= time_s);
+    last_time = time_s;
+    if (eval) {
+      CHECK(step == next);
+      CHECK(near(number_after(line, "\"epoch\":"), step / 47.0));
+      next += 10;
+      evals++;
+    } else {
+      epochs++;
+    }
+    if (first_step < 0 && accuracy >= 0.6) {
+      first_step = (long)step;
+      first_time = time_s;
+    }
+  }
+  fclose(f);
+  fprintf(stderr, "eval-every 10: %d evaluations, %d epoch ends; 60%% first at step %ld, %.3f s\n", evals, epochs,
+          first_step, first_time);
+  CHECK(evals == 9 && epochs == 2 && steps == 94);
+  CHECK(first_step > 0); /* final accuracy > 0.6 is checked by train() on the same data */
+  CHECK(number_after(summary, "\"step_to_target\":") == first_step);
+  CHECK(near(number_after(summary, "\"time_to_target_s\":"), first_time));
+  CHECK(number_after(summary, "\"time_to_target_s\":") <= number_after(summary, "\"wall_s\":"));
+  /* never reached: null */
+  snprintf(cmd, sizeof cmd,
+           "%s/tiderun -np 1 %s/tide-train --model mlp --epochs 1 --batch 32 --subset 320 --eval-every 4 "
+           "--target-accuracy 1 --name never --runs %s 2>&1",
+           tools, tools, runs);
+  rc = run(cmd, out, sizeof out);
+  if (rc != 0) {
+    fprintf(stderr, "%s\n-> exit %d\n%s\n", cmd, rc, out);
+    exit(1);
+  }
+  snprintf(path, sizeof path, "%s/never/summary.json", runs);
+  slurp(path, summary, sizeof summary);
+  CHECK(strstr(summary, "\"time_to_target_s\":null,\"eval_s_to_target\":null,\"step_to_target\":null") != NULL);
+}
+
 static void refused(const char *args, const char *expect) {
   char cmd[4096], out[65536];
   snprintf(cmd, sizeof cmd, "%s/tiderun -np 1 %s/tide-train %s --runs %s 2>&1", tools, tools, args, runs);
@@ -103,6 +192,8 @@ int main(void) {
   refused("--optim sgdd", "--optim must be");
   refused("--epochs 2 --warmup-epochs 2", "--warmup-epochs");
   refused("--bogus", "unknown or incomplete option");
+  refused("--eval-every -5", "--eval-every must be an integer >= 0");
+  refused("--target-accuracy 85", "--target-accuracy must be a fraction in (0, 1]");
   refused("--data /nonexistent/fashion", "dataset-fashion-mnist");
   train(1, "dense");
   train(2, "dense");
@@ -110,6 +201,7 @@ int main(void) {
   /* sparse gradients with error feedback: the loss must fall too */
   train(2, "topk:0.01");
   train(2, "hitopk:0.01");
+  eval_every();
   refused("--grad hitopk:2", "--grad must be dense, topk:RHO or hitopk:RHO");
   char cmd[2048];
   snprintf(cmd, sizeof cmd, "rm -rf %s", runs);

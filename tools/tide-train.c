@@ -19,7 +19,9 @@
 typedef struct {
   const char *model, *optim, *schedule, *grad, *name, *data, *runs;
   int epochs, batch, threads, subset, warmup_epochs, sparse_warmup_epochs;
-  double lr, momentum, weight_decay, final_lr;
+  double lr, momentum, weight_decay, final_lr; /* momentum < 0: the optimizer's default */
+  int eval_every;         /* steps between test evaluations; 0 = at epoch ends only */
+  double target_accuracy; /* 0 = none */
   int sparse;     /* 0 dense, 1 topk (TopK-AllGather), 2 hitopk (HiTopKComm) */
   double density; /* of the sparse modes */
   const char *selector;
@@ -35,7 +37,8 @@ static void usage(FILE *out) {
           "  --optim NAME             sgd, momentum, nesterov, adam, adamw, lars, lamb (default momentum)\n"
           "  --lr X                   base learning rate (default 0.05; scaled by nothing: give the\n"
           "                           rate for the global batch)\n"
-          "  --momentum X             momentum (default 0.9)\n"
+          "  --momentum X             momentum of momentum, nesterov and lars (default: the\n"
+          "                           optimizer's, 0.9)\n"
           "  --weight-decay X         weight decay (default 0.0005)\n"
           "  --schedule NAME          constant, step, cosine, poly (default cosine)\n"
           "  --warmup-epochs N        linear warm-up epochs (default 0)\n"
@@ -45,6 +48,11 @@ static void usage(FILE *out) {
           "  --selector NAME          top-k selector: sampled (default), mstopk, exact, randomk\n"
           "  --sparse-warmup-epochs N density warm-up (DGC): epoch e < N uses RHO^((e+1)/(N+1))\n"
           "                           (default 1)\n"
+          "  --eval-every N           also evaluate the test set every N steps, not only at epoch ends\n"
+          "                           (default 0: epoch ends only); each evaluation is a line in\n"
+          "                           metrics.jsonl, its time_s counted from the start of training\n"
+          "  --target-accuracy X      record in summary.json the time at which test accuracy first\n"
+          "                           reached X (a fraction, e.g. 0.85), at any evaluation\n"
           "  --seed N                 seed for initialisation and shuffling (default 1)\n"
           "  --name NAME              run name: writes runs/NAME/ (default: model-np-time)\n"
           "  --runs DIR               where runs go (default runs)\n"
@@ -77,15 +85,29 @@ static int parse_double(const char *opt, const char *text, double *out) {
   return 0;
 }
 
+/* A number in (0, 1]: an accuracy, never a percentage. */
+static int parse_fraction(const char *opt, const char *text, double *out) {
+  char *end;
+  errno = 0;
+  double v = strtod(text, &end);
+  if (errno || *end || end == text || !(v > 0 && v <= 1)) {
+    fprintf(stderr, "tide-train: %s must be a fraction in (0, 1], e.g. 0.85 for 85%%, got \"%s\"\n", opt, text);
+    return -1;
+  }
+  *out = v;
+  return 0;
+}
+
 static int parse_options(int argc, char **argv, options_t *o) {
   *o = (options_t){"mlp", "momentum", "cosine", "dense", NULL, NULL, "runs", 5, 64, 0, 0, 0, 1,
-                   0.05, 0.9, 5e-4, 0.0, 0, 1.0, "sampled", 1};
+                   0.05, -1.0, 5e-4, 0.0, 0, 0.0, 0, 1.0, "sampled", 1};
   static const struct option longs[] = {
       {"model", 1, 0, 'm'},   {"epochs", 1, 0, 'e'},   {"batch", 1, 0, 'b'},         {"optim", 1, 0, 'o'},
       {"lr", 1, 0, 'l'},      {"momentum", 1, 0, 'M'}, {"weight-decay", 1, 0, 'w'},  {"schedule", 1, 0, 's'},
       {"grad", 1, 0, 'g'},    {"seed", 1, 0, 'S'},     {"name", 1, 0, 'n'},          {"runs", 1, 0, 'r'},
       {"data", 1, 0, 'd'},    {"subset", 1, 0, 'u'},   {"threads", 1, 0, 't'},       {"warmup-epochs", 1, 0, 'W'},
-      {"selector", 1, 0, 'K'}, {"sparse-warmup-epochs", 1, 0, 'P'},
+      {"selector", 1, 0, 'K'}, {"sparse-warmup-epochs", 1, 0, 'P'}, {"eval-every", 1, 0, 'E'},
+      {"target-accuracy", 1, 0, 'A'},
       {"help", 0, 0, 'h'},    {0, 0, 0, 0}};
   int c, seed;
   opterr = 0;
@@ -109,6 +131,8 @@ static int parse_options(int argc, char **argv, options_t *o) {
       case 'W': if (parse_int("--warmup-epochs", optarg, 0, &o->warmup_epochs)) return -1; break;
       case 'K': o->selector = optarg; break;
       case 'P': if (parse_int("--sparse-warmup-epochs", optarg, 0, &o->sparse_warmup_epochs)) return -1; break;
+      case 'E': if (parse_int("--eval-every", optarg, 0, &o->eval_every)) return -1; break;
+      case 'A': if (parse_fraction("--target-accuracy", optarg, &o->target_accuracy)) return -1; break;
       case 'h': usage(stdout); exit(0);
       default:
         fprintf(stderr, "tide-train: unknown or incomplete option \"%s\"\n", argv[optind - 1]);
@@ -192,6 +216,47 @@ static int mkdirs(const char *path) {
     exit(1);                                                                                        \
   } while (0)
 
+/* Test loss and accuracy of the current parameters: each rank evaluates its
+ * stride of the test set and one allreduce sums the results, so every rank
+ * gets the same figures. Collective: every rank calls it at the same step. */
+static void evaluate(tide_comm_t *comm, nn_model_t *model, nn_dataset_t *test, double *loss_out,
+                     double *accuracy_out) {
+  int rc, rank = tide_comm_rank(comm), size = tide_comm_size(comm);
+  size_t n_test = nn_dataset_count(test), per = (n_test + (size_t)size - 1) / (size_t)size;
+  size_t from = (size_t)rank * per, to = from + per < n_test ? from + per : n_test;
+  float loss = 0;
+  int correct = 0;
+  if (to > from &&
+      (rc = nn_evaluate(model, nn_dataset_images(test) + from * 784, nn_dataset_labels(test) + from, (int)(to - from),
+                        &loss, &correct)) != 0)
+    FAIL(comm, rc, "evaluation");
+  double sums[3] = {(double)loss * (double)(to > from ? to - from : 0), correct, (double)(to > from ? to - from : 0)};
+  if ((rc = tide_allreduce(comm, sums, sums, 3, TIDE_F64, TIDE_SUM)) != 0) FAIL(comm, rc, "evaluation allreduce");
+  *loss_out = sums[0] / sums[2];
+  *accuracy_out = sums[1] / sums[2];
+}
+
+/* The first evaluation at which test accuracy reached --target-accuracy
+ * (time_s < 0: not yet); eval_s is the part of time_s spent evaluating. */
+typedef struct {
+  double time_s, eval_s, epoch;
+  long step;
+} target_t;
+
+static void check_target(const options_t *o, double accuracy, double time_s, double eval_s, long step, double epoch,
+                         int rank, target_t *t) {
+  if (o->target_accuracy <= 0 || t->time_s >= 0 || accuracy < o->target_accuracy) return;
+  t->time_s = time_s;
+  t->eval_s = eval_s;
+  t->step = step;
+  t->epoch = epoch;
+  if (rank == 0) {
+    printf("target: test accuracy %.2f%% >= %.2f%% after %.1f s (step %ld, epoch %.2f)\n", 100 * accuracy,
+           100 * o->target_accuracy, time_s, step, epoch);
+    fflush(stdout);
+  }
+}
+
 int main(int argc, char **argv) {
   options_t o;
   if (parse_options(argc, argv, &o) != 0) return 2;
@@ -236,7 +301,7 @@ int main(int argc, char **argv) {
     return 2;
   }
   tide_optim_config_default(kind, &config);
-  config.momentum = (float)o.momentum;
+  if (o.momentum >= 0) config.momentum = (float)o.momentum; /* else the optimizer's own */
   config.weight_decay = (float)o.weight_decay;
   size_t ntensors;
   const nn_tensor_t *views = nn_tensors(model, &ntensors);
@@ -317,9 +382,10 @@ int main(int argc, char **argv) {
   int32_t *labels = malloc((size_t)o.batch * sizeof *labels);
   const float *all_images = nn_dataset_images(train);
   const int32_t *all_labels = nn_dataset_labels(train);
-  double start = now_s(), compute_total = 0, comm_total = 0, last_print = 0;
+  double start = now_s(), compute_total = 0, comm_total = 0, eval_total = 0, last_print = 0;
   long step = 0;
   double test_acc = 0, test_loss = 0;
+  target_t target = {-1, 0, 0, 0};
   for (int epoch = 0; epoch < o.epochs; epoch++) {
     tide_sampler_set_epoch(sampler, (uint64_t)epoch);
     if (compressor != NULL) tide_compressor_set_density(compressor, sparse_density(&o, epoch));
@@ -397,29 +463,38 @@ int main(int argc, char **argv) {
           }
         }
       }
+      /* --eval-every: the epoch's last step is evaluated below, once. */
+      if (o.eval_every > 0 && (step + 1) % o.eval_every == 0 && s < steps_per_epoch - 1) {
+        double t4 = now_s();
+        evaluate(comm, model, test, &test_loss, &test_acc);
+        double t5 = now_s(), epochs_done = epoch + (double)(s + 1) / (double)steps_per_epoch;
+        eval_total += t5 - t4;
+        if (rank == 0) {
+          fprintf(metrics,
+                  "{\"type\":\"eval\",\"step\":%ld,\"epoch\":%.4f,\"test_loss\":%.6f,\"test_accuracy\":%.6f,"
+                  "\"time_s\":%.4f,\"eval_s\":%.4f}\n",
+                  step + 1, epochs_done, test_loss, test_acc, t5 - start, eval_total);
+          fflush(metrics);
+        }
+        check_target(&o, test_acc, t5 - start, eval_total, step + 1, epochs_done, rank, &target);
+      }
     }
-    /* Test accuracy: each rank evaluates its stride of the test set. */
-    size_t n_test = nn_dataset_count(test), per = (n_test + (size_t)size - 1) / (size_t)size;
-    size_t from = (size_t)rank * per, to = from + per < n_test ? from + per : n_test;
-    float loss = 0;
-    int correct = 0;
-    if (to > from &&
-        (rc = nn_evaluate(model, nn_dataset_images(test) + from * 784, nn_dataset_labels(test) + from, (int)(to - from),
-                          &loss, &correct)) != 0)
-      FAIL(comm, rc, "evaluation");
-    double sums[3] = {(double)loss * (double)(to > from ? to - from : 0), correct, (double)(to > from ? to - from : 0)};
-    if ((rc = tide_allreduce(comm, sums, sums, 3, TIDE_F64, TIDE_SUM)) != 0) FAIL(comm, rc, "evaluation allreduce");
-    test_loss = sums[0] / sums[2];
-    test_acc = sums[1] / sums[2];
+    double t4 = now_s();
+    evaluate(comm, model, test, &test_loss, &test_acc);
+    double t5 = now_s();
+    eval_total += t5 - t4;
     if (rank == 0) {
       if (tty) fprintf(stderr, "\n");
       printf("epoch %d: test loss %.4f, test accuracy %.2f%% (%.1f s)\n", epoch + 1, test_loss, 100 * test_acc,
-             now_s() - start);
+             t5 - start);
       fflush(stdout);
-      fprintf(metrics, "{\"type\":\"epoch\",\"epoch\":%d,\"step\":%ld,\"test_loss\":%.6f,\"test_accuracy\":%.6f,\"time_s\":%.4f}\n",
-              epoch, step, test_loss, test_acc, now_s() - start);
+      fprintf(metrics,
+              "{\"type\":\"epoch\",\"epoch\":%d,\"step\":%ld,\"test_loss\":%.6f,\"test_accuracy\":%.6f,"
+              "\"time_s\":%.4f,\"eval_s\":%.4f}\n",
+              epoch, step, test_loss, test_acc, t5 - start, eval_total);
       fflush(metrics);
     }
+    check_target(&o, test_acc, t5 - start, eval_total, step, epoch + 1.0, rank, &target);
   }
   double wall = now_s() - start;
   /* The replicas must be identical: compare every rank's checksum. */
@@ -438,15 +513,28 @@ int main(int argc, char **argv) {
     snprintf(path, sizeof path, "%s/summary.json", dir);
     FILE *summary = fopen(path, "w");
     if (summary != NULL) {
+      /* JSON null where there is no target, or it was never reached. */
+      char target_json[32] = "null", time_json[32] = "null", eval_json[32] = "null", step_json[32] = "null",
+           epoch_json[32] = "null";
+      if (o.target_accuracy > 0) snprintf(target_json, sizeof target_json, "%g", o.target_accuracy);
+      if (target.time_s >= 0) {
+        snprintf(time_json, sizeof time_json, "%.4f", target.time_s);
+        snprintf(eval_json, sizeof eval_json, "%.4f", target.eval_s);
+        snprintf(step_json, sizeof step_json, "%ld", target.step);
+        snprintf(epoch_json, sizeof epoch_json, "%.4f", target.epoch);
+      }
       fprintf(summary,
               "{\"name\":\"%s\",\"model\":\"%s\",\"workers\":%d,\"batch_per_worker\":%d,\"global_batch\":%d,"
               "\"optimizer\":\"%s\",\"lr\":%g,\"schedule\":\"%s\",\"epochs\":%d,\"train_images\":%zu,"
-              "\"parameters\":%zu,\"grad\":\"%s\",\"seed\":%llu,\"wall_s\":%.3f,\"compute_s\":%.3f,\"comm_s\":%.3f,"
+              "\"parameters\":%zu,\"grad\":\"%s\",\"selector\":\"%s\",\"sparse_warmup_epochs\":%d,\"seed\":%llu,"
+              "\"eval_every\":%d,\"wall_s\":%.3f,\"compute_s\":%.3f,\"comm_s\":%.3f,\"eval_s\":%.3f,"
               "\"images_per_s\":%.1f,\"final_test_loss\":%.6f,\"final_test_accuracy\":%.6f,"
-              "\"replicas_identical\":%s,\"checksum\":\"%016llx\"}\n",
+              "\"target_accuracy\":%s,\"time_to_target_s\":%s,\"eval_s_to_target\":%s,\"step_to_target\":%s,"
+              "\"epoch_to_target\":%s,\"replicas_identical\":%s,\"checksum\":\"%016llx\"}\n",
               name, o.model, size, o.batch, size * o.batch, o.optim, o.lr, o.schedule, o.epochs, n_train, nparams,
-              o.grad, (unsigned long long)o.seed, wall, compute_total, comm_total,
-              (double)n_train * o.epochs / wall, test_loss, test_acc, identical ? "true" : "false",
+              o.grad, o.selector, o.sparse_warmup_epochs, (unsigned long long)o.seed, o.eval_every, wall,
+              compute_total, comm_total, eval_total, (double)n_train * o.epochs / wall, test_loss, test_acc,
+              target_json, time_json, eval_json, step_json, epoch_json, identical ? "true" : "false",
               (unsigned long long)sums[0]);
       fclose(summary);
     }
