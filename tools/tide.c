@@ -18,6 +18,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "core/half.h"
 #include "tide.h"
 
 #define EXIT_USAGE 2
@@ -212,61 +213,14 @@ static void parse_bench_options(int argc, char **argv, bench_options_t *o) {
 
 /* ---- element access, with the two 16-bit float formats ---------------------- */
 
-static float half_to_float(uint16_t h) {
-  uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, mant = h & 0x3ff, x;
-  if (exp == 0) {
-    float f = ldexpf((float)mant, -24); /* zero or subnormal */
-    return sign ? -f : f;
-  }
-  if (exp == 31) x = sign | 0x7f800000u | (mant << 13);
-  else x = sign | ((exp + 112) << 23) | (mant << 13);
-  float f;
-  memcpy(&f, &x, sizeof f);
-  return f;
-}
-
-/* Round to nearest even; only small integers need to be exact here. */
-static uint16_t float_to_half(float f) {
-  uint32_t x;
-  memcpy(&x, &f, sizeof x);
-  uint32_t sign = (x >> 16) & 0x8000, mant = x & 0x7fffff;
-  int exp = (int)((x >> 23) & 0xff) - 127 + 15;
-  if (((x >> 23) & 0xff) == 0xff) return (uint16_t)(sign | 0x7c00 | (mant ? 0x200 : 0));
-  if (exp >= 31) return (uint16_t)(sign | 0x7c00);
-  if (exp <= 0) {
-    if (exp < -10) return (uint16_t)sign;
-    mant |= 0x800000;
-    unsigned shift = (unsigned)(14 - exp);
-    uint32_t half = mant >> shift, rem = mant & ((1u << shift) - 1), mid = 1u << (shift - 1);
-    if (rem > mid || (rem == mid && (half & 1))) half++;
-    return (uint16_t)(sign | half);
-  }
-  uint32_t half = sign | ((uint32_t)exp << 10) | (mant >> 13), rem = mant & 0x1fff;
-  if (rem > 0x1000 || (rem == 0x1000 && (half & 1))) half++; /* a carry bumps the exponent */
-  return (uint16_t)half;
-}
-
-static float bf16_to_float(uint16_t b) {
-  uint32_t x = (uint32_t)b << 16;
-  float f;
-  memcpy(&f, &x, sizeof f);
-  return f;
-}
-
-static uint16_t float_to_bf16(float f) {
-  uint32_t x;
-  memcpy(&x, &f, sizeof x);
-  return (uint16_t)((x + 0x7fff + ((x >> 16) & 1)) >> 16);
-}
-
 static void store_value(void *buf, tide_dtype_t dt, size_t i, double v) {
   switch (dt) {
     case TIDE_F32: ((float *)buf)[i] = (float)v; break;
     case TIDE_F64: ((double *)buf)[i] = v; break;
     case TIDE_I32: ((int32_t *)buf)[i] = (int32_t)v; break;
     case TIDE_I64: ((int64_t *)buf)[i] = (int64_t)v; break;
-    case TIDE_F16: ((uint16_t *)buf)[i] = float_to_half((float)v); break;
-    case TIDE_BF16: ((uint16_t *)buf)[i] = float_to_bf16((float)v); break;
+    case TIDE_F16: ((uint16_t *)buf)[i] = tide__f32_to_f16((float)v); break;
+    case TIDE_BF16: ((uint16_t *)buf)[i] = tide__f32_to_bf16((float)v); break;
     default: break;
   }
 }
@@ -277,8 +231,8 @@ static double load_value(const void *buf, tide_dtype_t dt, size_t i) {
     case TIDE_F64: return ((const double *)buf)[i];
     case TIDE_I32: return ((const int32_t *)buf)[i];
     case TIDE_I64: return (double)((const int64_t *)buf)[i];
-    case TIDE_F16: return half_to_float(((const uint16_t *)buf)[i]);
-    case TIDE_BF16: return bf16_to_float(((const uint16_t *)buf)[i]);
+    case TIDE_F16: return tide__f16_to_f32(((const uint16_t *)buf)[i]);
+    case TIDE_BF16: return tide__bf16_to_f32(((const uint16_t *)buf)[i]);
     default: return NAN;
   }
 }

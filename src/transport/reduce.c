@@ -4,64 +4,8 @@
 #include <math.h>
 #include <string.h>
 
+#include "core/half.h"
 #include "transport/transport.h"
-
-static float f16_to_f32(uint16_t h) {
-  uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, mant = h & 0x3ff, bits;
-  if (exp == 0x1f) {
-    bits = sign | 0x7f800000 | (mant << 13);
-  } else if (exp != 0) {
-    bits = sign | ((exp + 112) << 23) | (mant << 13);
-  } else if (mant == 0) {
-    bits = sign;
-  } else { /* subnormal: normalise */
-    int e = -1;
-    do {
-      e++;
-      mant <<= 1;
-    } while ((mant & 0x400) == 0);
-    bits = sign | ((uint32_t)(112 - e) << 23) | ((mant & 0x3ff) << 13);
-  }
-  float f;
-  memcpy(&f, &bits, 4);
-  return f;
-}
-
-static uint16_t f32_to_f16(float f) {
-  uint32_t x;
-  memcpy(&x, &f, 4);
-  uint32_t sign = (x >> 16) & 0x8000;
-  uint32_t absx = x & 0x7fffffff;
-  if (absx >= 0x7f800000) return (uint16_t)(sign | 0x7c00 | (absx > 0x7f800000 ? 0x200 : 0));
-  if (absx >= 0x477ff000) return (uint16_t)(sign | 0x7c00); /* rounds to inf */
-  if (absx < 0x38800000) { /* subnormal or zero in f16 */
-    if (absx < 0x33000000) return (uint16_t)sign;
-    uint32_t mant = (absx & 0x7fffff) | 0x800000;
-    int shift = 126 - (int)(absx >> 23); /* value = q * 2^-24 */
-    uint32_t q = mant >> shift, r = mant & ((1u << shift) - 1), mid = 1u << (shift - 1);
-    if (r > mid || (r == mid && (q & 1))) q++;
-    return (uint16_t)(sign | q);
-  }
-  uint32_t bits = absx - 0x38000000; /* rebias exponent 127 -> 15 */
-  uint32_t q = bits >> 13, r = bits & 0x1fff;
-  if (r > 0x1000 || (r == 0x1000 && (q & 1))) q++;
-  return (uint16_t)(sign | q);
-}
-
-static float bf16_to_f32(uint16_t h) {
-  uint32_t bits = (uint32_t)h << 16;
-  float f;
-  memcpy(&f, &bits, 4);
-  return f;
-}
-
-static uint16_t f32_to_bf16(float f) {
-  uint32_t x;
-  memcpy(&x, &f, 4);
-  if ((x & 0x7fffffff) > 0x7f800000) return (uint16_t)((x >> 16) | 0x40);
-  x += 0x7fff + ((x >> 16) & 1);
-  return (uint16_t)(x >> 16);
-}
 
 #define LOOP(T, EXPR)                          \
   do {                                         \
@@ -89,10 +33,10 @@ static uint16_t f32_to_bf16(float f) {
 static void reduce_half(uint16_t *d, const uint16_t *x, const uint16_t *y, size_t n, int bf,
                         tide_op_t op) {
   for (size_t i = 0; i < n; i++) {
-    float u = bf ? bf16_to_f32(x[i]) : f16_to_f32(x[i]);
-    float v = bf ? bf16_to_f32(y[i]) : f16_to_f32(y[i]);
+    float u = bf ? tide__bf16_to_f32(x[i]) : tide__f16_to_f32(x[i]);
+    float v = bf ? tide__bf16_to_f32(y[i]) : tide__f16_to_f32(y[i]);
     float r = op == TIDE_MIN ? (u < v ? u : v) : op == TIDE_MAX ? (u > v ? u : v) : u + v;
-    d[i] = bf ? f32_to_bf16(r) : f32_to_f16(r);
+    d[i] = bf ? tide__f32_to_bf16(r) : tide__f32_to_f16(r);
   }
 }
 
@@ -150,8 +94,8 @@ void tide__scale(void *buf, size_t n, tide_dtype_t dtype, int divisor) {
       uint16_t *p = buf;
       int bf = dtype == TIDE_BF16;
       for (size_t i = 0; i < n; i++) {
-        float v = (bf ? bf16_to_f32(p[i]) : f16_to_f32(p[i])) / (float)divisor;
-        p[i] = bf ? f32_to_bf16(v) : f32_to_f16(v);
+        float v = (bf ? tide__bf16_to_f32(p[i]) : tide__f16_to_f32(p[i])) / (float)divisor;
+        p[i] = bf ? tide__f32_to_bf16(v) : tide__f32_to_f16(v);
       }
       break;
     }
