@@ -611,11 +611,14 @@ static int cmd_report(int argc, char **argv) {
       fprintf(steps, "%g %g %g %g %g %g\n", json_number(line, "step"), json_number(line, "time_s"),
               json_number(line, "loss"), json_number(line, "images_per_s"), c / (c + k), json_number(line, "lr"));
       nsteps++;
-    } else if (strstr(line, "\"type\":\"epoch\"") != NULL) {
-      fprintf(epochs, "%g %g %g %g %g\n", json_number(line, "epoch") + 1, json_number(line, "step"),
+    } else if (strstr(line, "\"type\":\"epoch\"") != NULL || strstr(line, "\"type\":\"eval\"") != NULL) {
+      /* Test evaluations: at epoch ends ("epoch": its 0-based index) and,
+       * with --eval-every, between them ("epoch": epochs done, fractional). */
+      int end = strstr(line, "\"type\":\"epoch\"") != NULL;
+      fprintf(epochs, "%g %g %g %g %g\n", json_number(line, "epoch") + end, json_number(line, "step"),
               json_number(line, "time_s"), json_number(line, "test_loss"),
               100 * json_number(line, "test_accuracy"));
-      nepochs++;
+      nepochs += end;
     }
   }
   fclose(in);
@@ -642,9 +645,7 @@ static int cmd_report(int argc, char **argv) {
           "set output '%s/loss_steps.png'\nset xlabel 'step'\n"
           "plot s u 1:3 w l lc rgb '#c0c0ff' t 'per step', s u 1:3 smooth bezier lw 2 lc rgb '#0000c0' t 'trend'%s\n"
           "set output '%s/accuracy.png'\nset title 'test accuracy'\nset ylabel 'accuracy (%%)'\nset xlabel 'seconds'\n"
-          "set x2label 'epoch'\nset x2tics\n"
           "plot e u 3:5 w lp pt 7 lw 2 t 'test accuracy'\n"
-          "unset x2label; unset x2tics\n"
           "set output '%s/throughput.png'\nset title 'throughput'\nset xlabel 'step'\nset ylabel 'images/s'\n"
           "plot s u 1:4 w l lc rgb '#c0e0c0' t 'per step', s u 1:4 smooth bezier lw 2 lc rgb '#008000' t 'trend'\n"
           "set output '%s/comm_share.png'\nset title sprintf('share of step time communicating (mean %%.1f%%%%)', %g)\n"
