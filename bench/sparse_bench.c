@@ -34,6 +34,11 @@ int main(int argc, char **argv) {
   size_t d = argc > 1 ? (size_t)atof(argv[1]) : 25500000;
   double density = argc > 2 ? atof(argv[2]) : 0.001;
   int iters = argc > 3 ? atoi(argv[3]) : 5;
+  if (d < 1 || d >= ((size_t)1 << 32) || !(density > 0 && density <= 1) || iters < 1) {
+    fprintf(stderr, "sparse_bench: usage: sparse_bench [ELEMENTS in [1, 2^32)] [DENSITY in (0, 1]] [ITERS >= 1]\n");
+    return 2;
+  }
+  double *times = malloc((size_t)iters * sizeof *times);
   tide_comm_t *comm = NULL;
   CHECK(tide_comm_init(&comm), "init");
   int rank = tide_comm_rank(comm);
@@ -53,8 +58,7 @@ int main(int argc, char **argv) {
   uint32_t *indices = malloc(k * sizeof *indices);
   const char *modes[] = {"dense", "topk_allgather", "hitopk"};
   for (int mode = 0; mode < 3; mode++) {
-    double times[64];
-    for (int it = -1; it < iters && it < 64; it++) {
+    for (int it = -1; it < iters; it++) {
       CHECK(tide_barrier(comm), "barrier");
       double t0 = now();
       if (mode == 0) {
@@ -82,6 +86,7 @@ int main(int argc, char **argv) {
   free(out);
   free(values);
   free(indices);
+  free(times);
   tide_comm_destroy(comm);
   return 0;
 }
