@@ -24,6 +24,7 @@
 # A baseline that was not built (no MPI or no libgloo-dev found) is skipped.
 set -uo pipefail
 
+here=$(cd "$(dirname "$0")/.." && pwd)
 build=${1:-build}
 if [ ! -d "$build" ]; then
   echo "bench-allreduce: no build directory '$build' (build first: make build)" >&2
@@ -130,95 +131,9 @@ fi
 elapsed=$(($(date +%s) - start))
 
 # ---- tables -----------------------------------------------------------------
-if ! command -v python3 >/dev/null; then
-  echo "bench-allreduce: python3 not found; results are in $out" >&2
-  exit 1
-fi
-python3 - "$out" "$np" "$elapsed" <<'EOF'
-import json, os, platform, sys
-
-path, np_, elapsed = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-rows = []
-with open(path) as f:
-    for line in f:
-        try:
-            rows.append(json.loads(line))
-        except ValueError:
-            pass
-
-def pick(lib, op):
-    """bytes -> record; for a lib measured several ways (Gloo's algo, Open MPI's
-    variant), the best p50."""
-    out = {}
-    for r in rows:
-        if r.get("lib") == lib and r.get("op") == op and r.get("np") == np_:
-            b = r["bytes"]
-            if b not in out or r["p50_s"] < out[b]["p50_s"]:
-                out[b] = r
-    return out
-
-def size(b):
-    for unit, div in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if b >= div and b % div == 0:
-            return f"{b // div} {unit}"
-    return f"{b} B"
-
-def bw(rec):
-    if rec is None:
-        return "-"
-    note = ""
-    if rec.get("variant", "default") != "default":
-        note = f" ({rec['variant']})"
-    elif rec.get("algo", "ring") != "ring":
-        note = f" ({rec['algo']})"
-    return f"{rec['algbw_GBps']:.2f}" + note + ("" if rec.get("ok", True) else " (WRONG)")
-
-def ratio(a, b):
-    if a is None or b is None or b["algbw_GBps"] == 0:
-        return "-"
-    return f"{a['algbw_GBps'] / b['algbw_GBps']:.2f}x"
-
-cpu = "?"
-try:
-    with open("/proc/cpuinfo") as f:
-        cpu = next(l.split(":", 1)[1].strip() for l in f if l.startswith("model name"))
-except (OSError, StopIteration):
-    pass
-print(f"## allreduce, f32 sum, np={np_}: algbw in GB/s (bytes / p50 time)\n")
-print(f"{platform.node()}: {os.cpu_count()} CPUs ({cpu}), Linux {platform.release()}; "
-      f"all runs took {elapsed} s. Results: {path}\n")
-
-tide, mpi, gloo = pick("tide", "allreduce"), pick("openmpi", "allreduce"), pick("gloo", "allreduce")
-print("| bytes | tide | Open MPI | Gloo | tide/Open MPI | tide/Gloo |")
-print("|---:|---:|---:|---:|---:|---:|")
-for b in sorted(set(tide) | set(mpi) | set(gloo)):
-    t, m, g = tide.get(b), mpi.get(b), gloo.get(b)
-    print(f"| {size(b)} | {bw(t)} | {bw(m)} | {bw(g)} | {ratio(t, m)} | {ratio(t, g)} |")
-lat = []
-for name, recs in (("tide", tide), ("Open MPI", mpi), ("Gloo", gloo)):
-    r = recs.get(4096)
-    lat.append(f"{name} {r['p50_s'] * 1e6:.1f} µs" if r else f"{name} -")
-print("\n4 KiB allreduce latency (p50): " + ", ".join(lat) + ".")
-print("\nEach baseline shows its better run at each size, marked when it is not the "
-      "plain one. Open MPI: as installed (default MCA settings), or `nommap`: the same with "
-      "glibc's mmap off (MALLOC_MMAP_MAX_=0), so the temporary buffers it mallocs on every call "
-      "stop costing fresh pages. Gloo: `ring` (gloo::allreduce with AllreduceOptions, the call PyTorch makes) "
-      "or `ring_legacy` (gloo::AllreduceRing).")
-
-print(f"\n## reduce_scatter and allgather, f32, np={np_}: algbw in GB/s\n")
-print("| bytes | tide reduce_scatter | Open MPI reduce_scatter | ratio "
-      "| tide allgather | Open MPI allgather | ratio |")
-print("|---:|---:|---:|---:|---:|---:|---:|")
-trs, mrs = pick("tide", "reduce_scatter"), pick("openmpi", "reduce_scatter")
-tag, mag = pick("tide", "allgather"), pick("openmpi", "allgather")
-for b in sorted(set(trs) | set(mrs) | set(tag) | set(mag)):
-    print(f"| {size(b)} | {bw(trs.get(b))} | {bw(mrs.get(b))} | {ratio(trs.get(b), mrs.get(b))} "
-          f"| {bw(tag.get(b))} | {bw(mag.get(b))} | {ratio(tag.get(b), mag.get(b))} |")
-print("\nbytes as nccl-tests: reduce_scatter the input per rank, allgather the whole output.")
-bad = [r for r in rows if not r.get("ok", True)]
-if bad:
-    print(f"\n**{len(bad)} measurement(s) returned wrong results (ok=false).**")
-EOF
+awk -v table=allreduce -v np="$np" -v elapsed="$elapsed" -v host="$(uname -n)" -v cpus="$(nproc)" \
+  -v cpu="$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -1)" -v kernel="$(uname -r)" \
+  -f "$here/scripts/bench-tables.awk" "$out"
 status=$?
 
 if [ ${#failed[@]} -gt 0 ]; then

@@ -16,6 +16,7 @@
 #   OUT=BUILD_DIR/bench-mpi.jsonl  RUN_TIMEOUT=300 (seconds per run)
 set -uo pipefail
 
+here=$(cd "$(dirname "$0")/.." && pwd)
 build=${1:-build}
 if [ ! -x "$build/tools/tide" ] || [ ! -x "$build/bench/mpi_bench" ]; then
   echo "bench-mpi: needs $build/tools/tide and $build/bench/mpi_bench (build with MPI found: make build)" >&2
@@ -61,49 +62,8 @@ for ((round = 1; round <= repeat; round++)); do
 done
 elapsed=$(($(date +%s) - start))
 
-python3 - "$out" "$np" "$elapsed" "$repeat" "$ops" <<'EOF'
-import json, os, platform, sys
-
-path, np_, elapsed, repeat, ops = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5]
-rows = [json.loads(l) for l in open(path) if l.startswith("{")]
-
-def best(variant, op):
-    out = {}
-    for r in rows:
-        if r.get("variant") == variant and r["op"] == op and r["np"] == np_:
-            if r["bytes"] not in out or r["p50_s"] < out[r["bytes"]]["p50_s"]:
-                out[r["bytes"]] = r
-    return out
-
-def size(b):
-    for unit, div in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if b >= div and b % div == 0:
-            return f"{b // div} {unit}"
-    return f"{b} B"
-
-def bw(r):
-    return "-" if r is None else f"{r['algbw_GBps']:.2f}" + ("" if r.get("ok", True) else " (WRONG)")
-
-def ratio(a, b):
-    return "-" if a is None or b is None or b["algbw_GBps"] == 0 else f"{a['algbw_GBps'] / b['algbw_GBps']:.2f}x"
-
-mpi_call = {"allreduce": "MPI_Allreduce", "reduce_scatter": "MPI_Reduce_scatter_block",
-            "allgather": "MPI_Allgather", "broadcast": "MPI_Bcast"}
-print(f"{platform.node()}: {os.cpu_count()} CPUs, Linux {platform.release()}; np={np_}, f32 sum, "
-      f"best median of {repeat} rounds; {elapsed} s in all. Lines: {path}\n")
-for op in ops.split(","):
-    auto, ring, mpi = best("tide-auto", op), best("tide-ring", op), best("mpi", op)
-    print(f"### {op}: algbw in GB/s\n")
-    print(f"| bytes | tide over MPI (auto) | tide over MPI (ring) | {mpi_call.get(op, op)} | auto/MPI | ring/MPI |")
-    print("|---:|---:|---:|---:|---:|---:|")
-    for b in sorted(set(auto) | set(ring) | set(mpi)):
-        a, r, m = auto.get(b), ring.get(b), mpi.get(b)
-        print(f"| {size(b)} | {bw(a)} | {bw(r)} | {bw(m)} | {ratio(a, m)} | {ratio(r, m)} |")
-    print()
-bad = [r for r in rows if not r.get("ok", True)]
-if bad:
-    print(f"**{len(bad)} measurement(s) returned wrong results (ok=false).**")
-EOF
+awk -v table=mpi -v np="$np" -v elapsed="$elapsed" -v repeat="$repeat" -v ops="$ops" -v host="$(uname -n)" \
+  -v cpus="$(nproc)" -v kernel="$(uname -r)" -f "$here/scripts/bench-tables.awk" "$out"
 status=$?
 [ $failed -ne 0 ] && exit 1
 exit $status

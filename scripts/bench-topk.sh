@@ -69,32 +69,4 @@ for d in $ds; do
   rm -f "$data"
 done
 
-"$python" - "$out" <<'EOF'
-import json, sys
-rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
-read = {r["d"]: r for r in rows if r["impl"] == "read"}
-key = lambda r: (r["d"], round(r["density"], 9))
-cells = {}
-for r in rows:
-    if r["impl"] == "read":
-        continue
-    name = r["kind"] if r["impl"] == "tide" else r["impl"]
-    cells.setdefault(key(r), {})[name] = r
-def ms(c, n):
-    return f'{c[n]["median_ms"]:.1f}' if n in c else "-"
-def share(c, n):
-    return f'{c[n]["mass_share"]:.4f}' if n in c and "mass_share" in c[n] else "-"
-def ratio(c, a, b):
-    return f'{c[b]["median_ms"] / c[a]["median_ms"]:.0f}x' if a in c and b in c else "-"
-print("\n| d | density | k | read floor ms | sampled ms | mstopk ms (mass) | exact ms | nth_element ms | torch.topk ms | sampled vs nth_element | sampled vs torch | same top-k |")
-print("|---|---|---|---|---|---|---|---|---|---|---|---|")
-for (d, dens), c in sorted(cells.items()):
-    k = next(iter(c.values()))["k"]
-    masses = [c[n]["mass"] for n in ("exact", "sampled", "nth_element", "torch.topk") if n in c]
-    same = "yes" if masses and max(masses) - min(masses) <= 1e-6 * max(masses) else "NO"
-    floor = f'{read[d]["median_ms"]:.1f}' if d in read else "-"
-    print(f'| {d/1e6:g}M | {dens:g} | {k} | {floor} | {ms(c, "sampled")} | {ms(c, "mstopk")} ({share(c, "mstopk")}) '
-          f'| {ms(c, "exact")} | {ms(c, "nth_element")} | {ms(c, "torch.topk")} '
-          f'| {ratio(c, "sampled", "nth_element")} | {ratio(c, "sampled", "torch.topk")} | {same} |')
-print(f"\nmedian of runs; {len(rows)} lines in {sys.argv[1]}")
-EOF
+awk -v table=topk -f "$here/scripts/bench-tables.awk" "$out"
