@@ -368,7 +368,7 @@ static void random_images(float *x, int32_t *labels, int n) {
   for (int i = 0; i < n; i++) labels[i] = (int32_t)(urand(0, 10)) % 10;
 }
 
-static const nn_tensor_t *find_tensor(const nn_tensor_t *t, size_t count, const char *name) {
+static const tide_tensor_t *find_tensor(const tide_tensor_t *t, size_t count, const char *name) {
   for (size_t i = 0; i < count; i++)
     if (strcmp(t[i].name, name) == 0) return &t[i];
   fprintf(stderr, "no tensor %s\n", name);
@@ -383,7 +383,7 @@ static double reference_loss(const nn_model_t *m, const double *params, const fl
   enum { CAP = 1 << 17 };
   static double buf[2][CAP];
   size_t count;
-  const nn_tensor_t *t = nn_tensors(m, &count);
+  const tide_tensor_t *t = nn_tensors(m, &count);
   double total = 0;
   for (int n = 0; n < batch; n++) {
     double *a = buf[0], *b = buf[1];
@@ -472,7 +472,7 @@ static void test_model_fd(const char *arch) {
   double *params = malloc(n * sizeof *params);
   for (size_t i = 0; i < n; i++) params[i] = nn_params(m)[i];
   expect_close("reference loss", 0, loss, reference_loss(m, params, x, labels, batch), 1e-5, 1e-5);
-  const nn_tensor_t *t = nn_tensors(m, &count);
+  const tide_tensor_t *t = nn_tensors(m, &count);
   int probes = 0, before = failures;
   for (size_t ti = 0; ti < count; ti++) {
     double gmax = 0;
@@ -541,7 +541,7 @@ static void torch_prepare(torch_case_t *tc) {
   nn_model_t *m = tc->m;
   int batch = tc->batch;
   size_t n = nn_param_count(m), count;
-  const nn_tensor_t *t = nn_tensors(m, &count);
+  const tide_tensor_t *t = nn_tensors(m, &count);
   float *x = alloc_floats((size_t)batch * NN_IMAGE_SIZE);
   tc->logits = alloc_floats((size_t)batch * NN_CLASSES);
   int32_t *labels = malloc((size_t)batch * sizeof *labels);
@@ -573,7 +573,7 @@ static void torch_compare(torch_case_t *tc) {
   nn_model_t *m = tc->m;
   int batch = tc->batch;
   size_t n = nn_param_count(m), count;
-  const nn_tensor_t *t = nn_tensors(m, &count);
+  const tide_tensor_t *t = nn_tensors(m, &count);
   char path[600];
   snprintf(path, sizeof path, "%s/ref.bin", tc->dir);
   size_t want_values = 1 + (size_t)batch * NN_CLASSES + n;
@@ -854,20 +854,20 @@ static void test_api(void) {
     CHECK(nn_param_count(m) == known[k].params);
     CHECK(nn_model_max_batch(m) == 16);
     size_t count, at = 0;
-    const nn_tensor_t *t = nn_tensors(m, &count);
+    const tide_tensor_t *t = nn_tensors(m, &count);
     CHECK(count == (k == 0 ? 6u : 8u));
     for (size_t i = 0; i < count; i++) {
       CHECK(strcmp(t[i].name, known[k].names[i]) == 0);
       CHECK(t[i].offset == at);
       CHECK(t[i].shape[0] == known[k].shape0[i]);
-      CHECK(t[i].is_bias == (int)(i % 2));
+      CHECK((t[i].ndim == 1) == (int)(i % 2)); /* weight, bias, weight, ... */
       size_t prod = 1;
       for (int d = 0; d < t[i].ndim; d++) prod *= (size_t)t[i].shape[d];
       CHECK(prod == t[i].count);
-      if (!t[i].is_bias) CHECK(t[i].shape[1] == known[k].shape1[i]);
-      if (!t[i].is_bias) CHECK(t[i].ndim == (strncmp(t[i].name, "conv", 4) == 0 ? 4 : 2));
+      if (t[i].ndim != 1) CHECK(t[i].shape[1] == known[k].shape1[i]);
+      if (t[i].ndim != 1) CHECK(t[i].ndim == (strncmp(t[i].name, "conv", 4) == 0 ? 4 : 2));
       /* PyTorch's default bound, 1/sqrt(fan_in), for weights and biases. */
-      size_t fan_in = t[i - t[i].is_bias].count / (size_t)t[i].shape[0];
+      size_t fan_in = t[i - (t[i].ndim == 1)].count / (size_t)t[i].shape[0];
       float bound = 1.0f / sqrtf((float)fan_in), big = 0;
       for (size_t j = 0; j < t[i].count; j++) {
         CHECK(fabsf(nn_params(m)[t[i].offset + j]) <= bound);

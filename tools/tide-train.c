@@ -304,15 +304,7 @@ int main(int argc, char **argv) {
   if (o.momentum >= 0) config.momentum = (float)o.momentum; /* else the optimizer's own */
   config.weight_decay = (float)o.weight_decay;
   size_t ntensors;
-  const nn_tensor_t *views = nn_tensors(model, &ntensors);
-  tide_tensor_t *tensors = calloc(ntensors, sizeof *tensors);
-  for (size_t i = 0; i < ntensors; i++) {
-    tensors[i].name = views[i].name;
-    tensors[i].offset = views[i].offset;
-    tensors[i].count = views[i].count;
-    tensors[i].ndim = views[i].ndim;
-    memcpy(tensors[i].shape, views[i].shape, sizeof tensors[i].shape);
-  }
+  const tide_tensor_t *tensors = nn_tensors(model, &ntensors);
   tide_optim_t *optim;
   if ((rc = tide_optim_create(&config, tensors, ntensors, nparams, &optim)) != 0) {
     fprintf(stderr, "tide-train: bad optimizer settings: %s\n", tide_strerror(rc));
@@ -546,7 +538,6 @@ int main(int argc, char **argv) {
   free(exchange);
   free(images);
   free(labels);
-  free(tensors);
   tide_sampler_destroy(sampler);
   tide_compressor_destroy(compressor);
   free(pair_values);

@@ -43,7 +43,7 @@ struct nn_model {
   float *dbuf[2]; /* gradient ping-pong, each as large as the largest activation */
   float *scratch; /* the convolutions' im2col chunks */
   size_t ntensors;
-  nn_tensor_t tensors[2 * MAX_LAYERS];
+  tide_tensor_t tensors[2 * MAX_LAYERS];
   char names[2 * MAX_LAYERS][24];
   void *arena;
 };
@@ -197,7 +197,7 @@ static void name_tensors(nn_model_t *m) {
     const char *stem = l->kind == LAYER_CONV ? "conv" : "fc";
     int index = l->kind == LAYER_CONV ? ++convs : ++denses;
     size_t wt = m->ntensors, bt = m->ntensors + 1;
-    nn_tensor_t *tw = &m->tensors[wt], *tb = &m->tensors[bt];
+    tide_tensor_t *tw = &m->tensors[wt], *tb = &m->tensors[bt];
     snprintf(m->names[wt], sizeof m->names[wt], "%s%d.weight", stem, index);
     snprintf(m->names[bt], sizeof m->names[bt], "%s%d.bias", stem, index);
     memset(tw, 0, sizeof *tw);
@@ -209,7 +209,6 @@ static void name_tensors(nn_model_t *m) {
     tb->count = (size_t)l->oc;
     tb->ndim = 1;
     tb->shape[0] = l->oc;
-    tb->is_bias = 1;
     tw->shape[0] = l->oc;
     tw->shape[1] = l->c;
     if (l->kind == LAYER_CONV) {
@@ -232,7 +231,7 @@ static void init_params(nn_model_t *m, uint64_t seed) {
   uint64_t x = seed;
   for (int i = 0; i < 4; i++) rng.s[i] = splitmix64(&x);
   for (size_t t = 0; t < m->ntensors; t += 2) {
-    const nn_tensor_t *tw = &m->tensors[t], *tb = &m->tensors[t + 1];
+    const tide_tensor_t *tw = &m->tensors[t], *tb = &m->tensors[t + 1];
     size_t fan_in = tw->count / (size_t)tw->shape[0];
     float bound = (float)(1.0 / sqrt((double)fan_in));
     for (size_t i = 0; i < tw->count; i++) m->params[tw->offset + i] = rng_uniform(&rng, bound);
@@ -348,7 +347,7 @@ size_t nn_param_count(const nn_model_t *m) { return m->nparams; }
 float *nn_params(nn_model_t *m) { return m->params; }
 float *nn_grads(nn_model_t *m) { return m->grads; }
 
-const nn_tensor_t *nn_tensors(const nn_model_t *m, size_t *count) {
+const tide_tensor_t *nn_tensors(const nn_model_t *m, size_t *count) {
   if (count != NULL) *count = m->ntensors;
   return m->tensors;
 }

@@ -29,18 +29,6 @@ enum { NN_IMAGE_SIZE = 784, NN_IMAGE_SIDE = 28, NN_CLASSES = 10 };
 
 typedef struct nn_model nn_model_t;
 
-/* One parameter tensor inside the flat parameter (and gradient) buffer:
- * params[offset .. offset+count). Weights are in PyTorch's layout: dense
- * [out, in], conv [out, in, kh, kw]; biases [out]. Names follow PyTorch's
- * ("conv1.weight", "fc2.bias"). */
-typedef struct {
-  const char *name;
-  size_t offset;
-  size_t count;
-  int ndim;
-  int shape[4];
-  int is_bias;
-} nn_tensor_t;
 
 /* Builds a model for inputs of [batch, 1, 28, 28] with batch <= max_batch,
  * its parameters initialised from seed (the same on every machine: see
@@ -72,7 +60,12 @@ float *nn_params(nn_model_t *m);
 float *nn_grads(nn_model_t *m);
 /* The per-tensor views of those buffers, in buffer order; *count gets their
  * number. Owned by the model. */
-const nn_tensor_t *nn_tensors(const nn_model_t *m, size_t *count);
+/* The parameter tensors inside the flat parameter (and gradient) buffer,
+ * params[offset .. offset+count) each, in order: the views the optimizers
+ * and compressors take. Weights are in PyTorch's layout: dense [out, in],
+ * conv [out, in, kh, kw]; biases [out] (ndim 1). Names follow PyTorch's
+ * ("conv1.weight", "fc2.bias"). */
+const tide_tensor_t *nn_tensors(const nn_model_t *m, size_t *count);
 
 /* Forward pass on x ([batch, 1, 28, 28] floats, borrowed for the call),
  * softmax cross-entropy against labels (each in [0, 10)), and backward pass:
