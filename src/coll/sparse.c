@@ -159,9 +159,11 @@ static int reduce_select_pipelined(tide_comm_t *comm, tide_comm_t *local, const 
   int rc = samples == NULL || mine == NULL ? out_of_memory(comm, "the samples") : 0;
   for (int j = 0; rc == 0 && j < m; j++) {
     samples[displs[j]] = able;
-    if (counts[j] > 1 && tide__sample_plan(len[j], &plan)) tide__sample_gather(&plan, grad + shard[j], samples + displs[j] + 1);
+    if (counts[j] > 1 && tide__sample_plan(len[j], &plan))
+      tide__sample_gather(&plan, grad + shard[j], samples + displs[j] + 1);
   }
-  if (rc == 0) rc = lift(comm, local, tide__reduce_scatterv_ring(local, samples, mine, counts, displs, TIDE_F32, TIDE_SUM));
+  if (rc == 0)
+    rc = lift(comm, local, tide__reduce_scatterv_ring(local, samples, mine, counts, displs, TIDE_F32, TIDE_SUM));
   if (rc == 0 && mine[0] != (float)m) rc = 1;
   if (rc == 0 && (rc = tide__ef_begin(compressor, mine + 1)) != 0)
     rc = tide__comm_fail(comm, rc, 0, "rank %d: top-k selection failed: %s", comm->rank, tide_strerror(rc));
