@@ -346,6 +346,13 @@ static void test_success_and_prefix(void) {
     CHECK_OUT(&p, line[0] == '[' && strchr(line, '\n') != NULL);
   }
 
+  /* What a rank leaves running in its process group is killed when it exits:
+   * the background sleep would otherwise hold the output pipes for 30 s. */
+  const char *leftover[] = {"-np", "2", "/bin/sh", "-c", "sleep 30 & exit 0", NULL};
+  double start = now_s();
+  CHECK_OUT(&p, run(&p, leftover, 15) == 0);
+  CHECK_OUT(&p, now_s() - start < 10);
+
   /* -l is --prefix; "--" ends the options. */
   const char *args3[] = {"-l", "-np", "1", "--", "/bin/sh", "-c", "echo hi", NULL};
   CHECK_OUT(&p, run(&p, args3, 15) == 0);

@@ -10,7 +10,8 @@
  *
  * Each rank runs in its own process group, so a Ctrl-C at the terminal
  * reaches tiderun only (and is forwarded once), and a signal sent to a rank
- * also reaches the processes it started (a shell's children, say). */
+ * also reaches the processes it started (a shell's children, say). When a
+ * rank exits, whatever it left running in its group is killed. */
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -571,12 +572,23 @@ static void rank_ended(job_t *job, rank_t *r, int status) {
   job->grace_end = tide__deadline_after_ms(job->opts->grace_ms);
 }
 
+/* Reaps the ranks that ended. Before reaping one, kills what it left behind
+ * in its process group (a shell's background child, say): such a process
+ * would hold the job's output open after tiderun exits. The unreaped rank
+ * keeps its pid, and with it the group id, from being reused. */
 static void reap(job_t *job) {
-  int status;
-  pid_t pid;
-  while ((pid = waitpid(-1, &status, WNOHANG)) > 0)
+  for (;;) {
+    siginfo_t si = {0};
+    if (waitid(P_ALL, 0, &si, WEXITED | WNOHANG | WNOWAIT) != 0 || si.si_pid == 0) return;
+    pid_t pid = si.si_pid;
+    rank_t *r = NULL;
     for (int i = 0; i < job->nranks; i++)
-      if (job->ranks[i].pid == pid && job->ranks[i].running) rank_ended(job, &job->ranks[i], status);
+      if (job->ranks[i].pid == pid && job->ranks[i].running) r = &job->ranks[i];
+    if (r != NULL) kill(-pid, SIGKILL);
+    int status;
+    if (waitpid(pid, &status, 0) != pid) return;
+    if (r != NULL) rank_ended(job, r, status);
+  }
 }
 
 static void on_signal(job_t *job, int sig) {
