@@ -116,12 +116,19 @@ static tide_comm_t *world_comm(void) {
   return comm;
 }
 
-/* Mismatched calls, a bad argument and a timeout: the same code on every
- * rank, with a message that names the calls, as under tiderun. */
-static int scenario_fault(const char *arg) {
+/* Starts MPI. TEST_SERIALIZED asks for less than MPI_THREAD_MULTIPLE, so
+ * tide serialises its MPI calls (and TIDE_ALGO=mpi takes MPI's nonblocking
+ * collectives). */
+static void mpi_init(void) {
   int want = getenv("TEST_SERIALIZED") ? MPI_THREAD_SERIALIZED : MPI_THREAD_MULTIPLE, provided;
   MPI_Init_thread(NULL, NULL, want, &provided);
   CHECK(provided >= want);
+}
+
+/* Mismatched calls, a bad argument and a timeout: the same code on every
+ * rank, with a message that names the calls, as under tiderun. */
+static int scenario_fault(const char *arg) {
+  mpi_init();
   int rank, size;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &size);
@@ -173,11 +180,7 @@ static int scenario_fault(const char *arg) {
 /* The program owns MPI: tide joins a communicator it split, and
  * TIDE_BACKEND=mpi reuses the running MPI and leaves it running. */
 static int scenario_user(const char *arg) {
-  /* TEST_SERIALIZED: less than MPI_THREAD_MULTIPLE, so tide serialises its
-   * MPI calls (and TIDE_ALGO=mpi takes MPI's nonblocking collectives). */
-  int want = getenv("TEST_SERIALIZED") ? MPI_THREAD_SERIALIZED : MPI_THREAD_MULTIPLE, provided;
-  MPI_Init_thread(NULL, NULL, want, &provided);
-  CHECK(provided >= want);
+  mpi_init();
   int wrank, wsize;
   MPI_Comm_rank(MPI_COMM_WORLD, &wrank);
   MPI_Comm_size(MPI_COMM_WORLD, &wsize);
