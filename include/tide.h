@@ -231,6 +231,13 @@ int tide_sampler_set_epoch(tide_sampler_t *sampler, uint64_t epoch);
 /* This rank's indices for the current epoch (owned by the sampler, valid
  * until the next set_epoch) and their number in *count. */
 const uint64_t *tide_sampler_indices(const tide_sampler_t *sampler, size_t *count);
+/* The whole epoch's order: a permutation of [0, n), identical on every rank
+ * (owned by the sampler, valid until the next set_epoch). Consumers that
+ * deal it themselves (the trainer: each step takes the next global batch of
+ * positions and splits it between the ranks) survive changes of batch size
+ * and membership mid-epoch: positions are global, so every sample is used
+ * once per epoch whatever happens between steps. n in *count. */
+const uint64_t *tide_sampler_order(const tide_sampler_t *sampler, uint64_t *count);
 /* The largest shard of any rank: ranks that run the same number of steps
  * per epoch use it (the smaller shards end one sample early). */
 size_t tide_sampler_max_count(const tide_sampler_t *sampler);
@@ -473,6 +480,8 @@ typedef enum {
 int tide_compressor_create(tide_topk_kind_t kind, double density, tide_topk_scope_t scope,
                            const tide_tensor_t *tensors, size_t ntensors, size_t d,
                            const tide_topk_opts_t *opts, tide_compressor_t **out);
+/* Elements of the buffer the compressor was created for (d). */
+size_t tide_compressor_size(const tide_compressor_t *c);
 /* Pairs every compress writes: the sum of the tensors' k (or the global k). */
 size_t tide_compressor_k(const tide_compressor_t *c);
 /* Changes the density from the next compress on (density warm-up); the
@@ -489,6 +498,9 @@ int tide_compressor_compress(tide_compressor_t *c, const float *grad, size_t d, 
 /* The residual, d floats, owned by the compressor; valid until the next
  * compress, reset or destroy. */
 const float *tide_compressor_residual(const tide_compressor_t *c);
+/* Replaces the residual with residual[0..d) (d as created), e.g. one saved
+ * from tide_compressor_residual before a restart. */
+int tide_compressor_set_residual(tide_compressor_t *c, const float *residual, size_t d);
 /* Zeroes the residual and rewinds the seed to the one given at creation. */
 int tide_compressor_reset(tide_compressor_t *c);
 /* The message of the last failed compress ("" if none). */
@@ -518,6 +530,246 @@ int tide_hitopk_shard(tide_comm_t *comm, size_t d, size_t *offset, size_t *len);
  * selections, duplicate indices summed, identical on every rank. */
 int tide_hitopk_allreduce(tide_comm_t *comm, const float *grad, float *out, size_t d, tide_compressor_t *compressor,
                           tide_op_t op);
+
+/* ---- monitoring: noise scale, gain ratio, goodput ------------------------ */
+
+/* The formulas the monitor and the policies are built from, public so that
+ * a framework binding can check its own figures. Pure; any thread. The
+ * references are ../shared/spec/adaptation.md §1, §2 and §6 in tide's
+ * repository and docs/adaptation.md. */
+
+/* McCandlish et al.'s two-batch estimators: from |G_small|^2 of a gradient
+ * over b_small samples and |G_big|^2 over b_big > b_small samples (b_small
+ * >= 1), unbiased estimates of |G|^2 (*grad_sq) and tr(Sigma) (*trace_sigma)
+ * (either may be negative on a noisy step). TIDE_EINVAL unless
+ * 1 <= b_small < b_big and both squares are finite and >= 0. */
+int tide_gns_estimate(double b_small, double b_big, double sq_small, double sq_big, double *grad_sq,
+                      double *trace_sigma);
+/* AdaScale's gain ratio r = (var + sqr) / (var / scale + sqr) for the
+ * gradient variance var at scale 1 (tr(Sigma) / base batch), sqr = |G|^2 and
+ * scale = batch / base batch: in [1, scale]. var is clamped to >= 1e-12 and
+ * sqr to >= 0 first; scale < 1 or a NaN gives NaN. */
+double tide_adascale_gain(double var, double sqr, double scale);
+/* Pollux's statistical efficiency of batch M against base batch M0 at noise
+ * scale phi = tr(Sigma)/|G|^2: E = (phi + M0) / (phi + M), 1 at M = M0. NaN
+ * for M0 or M <= 0 or phi < 0. */
+double tide_pollux_efficiency(double phi, double base_batch, double batch);
+
+/* Pollux's throughput model (Qiao et al., OSDI 2021): seconds of one
+ * forward/backward pass of m samples T_acc = alpha_c + beta_c*m; of the
+ * gradient exchange T_net = alpha_n + beta_n*max(K-2, 0) across hosts
+ * (nodes > 1), alpha_r + beta_r*max(K-2, 0) within one (K > 1), 0 for one
+ * replica; T_opt = (T_acc^gamma + T_net^gamma)^(1/gamma), gamma in [1, 10]
+ * (1: no overlap). */
+typedef struct {
+  double alpha_c, beta_c, alpha_n, beta_n, alpha_r, beta_r, gamma;
+} tide_pollux_model_t;
+/* Samples per second of a step of `replicas` ranks on `nodes` hosts, each
+ * with micro-batches of `atomic` samples and `accum` extra accumulation
+ * passes (the spec's s: a step is accum + 1 passes, global batch
+ * replicas * atomic * (accum + 1)): M / (accum*T_acc + T_opt). NaN for a
+ * model or arguments out of range. */
+double tide_pollux_throughput(const tide_pollux_model_t *model, int nodes, int replicas, double atomic,
+                              int accum);
+
+/* ---- the training step ---------------------------------------------------- */
+
+/* A trainer owns one data-parallel training step over a caller-owned flat
+ * parameter buffer and its gradient buffer (float32, same layout, split
+ * into tensors by tide_tensor_t views): it deals the data (which samples
+ * each rank takes next), accumulates the caller's micro-batch gradients,
+ * exchanges them (dense allreduce, TopK-AllGather or HiTopKComm, from one
+ * table), measures (noise scale, gain ratio, step times, communication
+ * share), asks its policies (batch size, learning-rate factor, exchange,
+ * membership) and applies the optimizer. Every rank applies the same
+ * decisions at the same step, so replicas stay identical.
+ *
+ * The caller's loop:
+ *   while (tide_trainer_next(tr, &batch) == 0 && !batch.done) {
+ *     forward/backward over batch.indices[0..batch.count) -> grads (mean)
+ *     tide_trainer_step(tr, loss, &stats);   // stats.stepped: an update ran
+ *   }
+ * A trainer is used by one thread at a time; its calls that communicate are
+ * collective over its communicator (every rank calls them in the same
+ * order). */
+typedef struct tide_trainer tide_trainer_t;
+
+typedef enum {
+  TIDE_EXCHANGE_DENSE = 0, /* one allreduce of the gradient sum and the statistics */
+  TIDE_EXCHANGE_TOPK,      /* TopK-AllGather of each rank's top-k, error feedback */
+  TIDE_EXCHANGE_HITOPK,    /* HiTopKComm: intra-host reduce-scatter, top-k across hosts */
+  TIDE_EXCHANGE_COUNT
+} tide_exchange_t;
+/* "dense", "topk", "hitopk"; "?" for an unknown value. */
+const char *tide_exchange_name(tide_exchange_t exchange);
+/* The exchange named `name` (case-insensitive); TIDE_EINVAL otherwise. */
+int tide_exchange_parse(const char *name, tide_exchange_t *out);
+
+/* Start from tide_trainer_config_default and set the data set's size. */
+typedef struct {
+  uint64_t dataset_size; /* samples to deal each epoch (> 0) */
+  uint64_t seed;         /* the data order (tide_sampler) and the compressor's draws */
+  int batch;             /* per-rank samples per step at the start (> 0, default 64) */
+  int max_batch;         /* most samples in one of the caller's forward/backward passes
+                            (>= batch; 0 = batch): a larger per-rank share of a step is
+                            split into micro-batches whose gradients are accumulated */
+  int max_accum;         /* most micro-batches per step (>= 1, default 16) */
+  long base_batch;       /* M0, the global batch the learning rate and schedule were tuned
+                            for (0 = batch * ranks at creation) */
+  double epochs;         /* training length in epochs of progress: the run is done when
+                            progress reaches epochs * dataset_size / base_batch (> 0) */
+  tide_optim_config_t optim;
+  /* Indexed by progress in base-batch steps (AdaScale's scale-invariant
+   * iterations), not by step: give its step counts at base_batch. */
+  tide_lr_schedule_t schedule;
+  tide_exchange_t exchange;     /* at the start (default dense) */
+  double density;               /* topk, hitopk: in (0, 1] (default 0.01) */
+  tide_topk_kind_t selector;    /* topk, hitopk (default TIDE_TOPK_SAMPLED) */
+  double sparse_warmup_epochs;  /* DGC's density warm-up: in data epoch e < this, density
+                                   density^((e+1)/(N+1)) (default 0) */
+  double gns_decay;             /* the monitor's moving averages keep decay^(M/M0) of their
+                                   value per step of global batch M (in (0, 1), default 0.99) */
+  int tensor_stats;             /* 1: noise scale per tensor too (tide_trainer_tensor_stats) */
+} tide_trainer_config_t;
+
+void tide_trainer_config_default(tide_trainer_config_t *out);
+
+/* Creates a trainer over comm for params[0..nparams) and grads[0..nparams)
+ * (caller-owned, borrowed until destroy; every rank must start from the same
+ * params, e.g. broadcast from rank 0). tensors[0..ntensors) tile the buffer
+ * as for tide_optim_create (copied; ntensors 0: one tensor). config is
+ * copied and checked: TIDE_EINVAL names the field. Collective over comm. */
+int tide_trainer_create(tide_comm_t *comm, const tide_trainer_config_t *config, float *params,
+                        float *grads, size_t nparams, const tide_tensor_t *tensors, size_t ntensors,
+                        tide_trainer_t **out);
+/* Frees the trainer and its policies; not collective. NULL is fine. */
+void tide_trainer_destroy(tide_trainer_t *tr);
+
+/* The next micro-batch this rank computes. */
+typedef struct {
+  const uint64_t *indices; /* sample indices, owned by the trainer, valid until the next call */
+  size_t count;            /* may be 0 (the epoch's last step can leave a rank nothing):
+                              then skip the forward/backward, still call tide_trainer_step */
+  int micro, micro_count;  /* this is micro-batch `micro` of the step's micro_count */
+  uint64_t epoch;          /* data epoch the samples belong to */
+  long step;               /* optimizer steps done before this one */
+  int done;                /* 1: training is over (progress reached epochs); nothing else set */
+} tide_batch_t;
+
+/* Writes the next micro-batch to *batch. The first micro-batch of a step
+ * runs the policies' before_step hooks, which may change the batch size or
+ * the exchange from this step on. Collective (a policy may broadcast). */
+int tide_trainer_next(tide_trainer_t *tr, tide_batch_t *batch);
+
+/* What the monitor measured; written by tide_trainer_step and read by
+ * policies. Times are seconds; NaN where not known yet (the noise scale
+ * before the first step with at least two micro-batches of full size). */
+typedef struct {
+  int stepped;           /* tide_trainer_step: 1 when this call ran the exchange and update */
+  long step;             /* optimizer steps done (including this one) */
+  double progress;       /* base-batch steps of progress (AdaScale's tau) */
+  double epochs_done;    /* progress in epochs: progress * base_batch / dataset_size */
+  uint64_t epoch;        /* data epoch of this step's samples */
+  int epoch_end;         /* 1: this step took the data epoch's last samples */
+  int done;              /* 1: progress has reached the configured epochs */
+  long global_batch;     /* samples in this step over all ranks */
+  long planned_batch;    /* global batch planned for full steps: ranks * batch * accum */
+  int batch, accum;      /* per-rank micro-batch and micro-batches per step */
+  int ranks, nodes;      /* workers and hosts */
+  tide_exchange_t exchange;
+  double loss;           /* mean over the step's samples */
+  double lr;             /* learning rate applied: schedule(progress) * lr_factor */
+  double lr_factor;      /* set by a policy (AdaScale's gain), else 1 */
+  double gain;           /* progress this step added */
+  double scale;          /* global_batch / base_batch */
+  double grad_sq;        /* smoothed |G|^2 */
+  double trace_sigma;    /* smoothed tr(Sigma), per-sample gradient variance */
+  double noise_scale;    /* B_simple = trace_sigma / grad_sq (smoothed separately) */
+  double gain_ratio;     /* AdaScale's r at this step's scale (1 until known) */
+  double compute_s;      /* this rank: data and forward/backward of the step's micro-batches */
+  double exchange_s;     /* this rank: the exchange, waiting for peers included */
+  double optim_s;        /* this rank: averaging, statistics, policies and optimizer */
+  double step_s;         /* this rank: wall time since the previous step ended */
+  double compute_min_s, compute_median_s, compute_max_s; /* this step's compute_s over ranks */
+  int slowest_rank;      /* rank with compute_max_s */
+  double comm_share;     /* previous step's exchange_s / step_s over all ranks (sums) */
+  double mean_step_s;    /* previous step's step_s averaged over ranks */
+  double throughput;     /* samples per second: global_batch / step_s */
+} tide_step_stats_t;
+
+/* After the caller's forward/backward of the micro-batch tide_trainer_next
+ * gave (grads holds the mean gradient over its count samples; loss the mean
+ * loss; both ignored when count was 0): accumulates it, and after the
+ * step's last micro-batch exchanges, measures, runs the policies and applies
+ * the optimizer to params. *stats (may be NULL) is written on every call;
+ * stats->stepped says whether an update ran. Collective on the last
+ * micro-batch of a step. */
+int tide_trainer_step(tide_trainer_t *tr, double loss, tide_step_stats_t *stats);
+
+/* The last stats written (also readable between steps). */
+const tide_step_stats_t *tide_trainer_stats(const tide_trainer_t *tr);
+/* Smoothed per-tensor figures (config.tensor_stats = 1; TIDE_ESTATE
+ * otherwise); tensor in [0, ntensors). */
+int tide_trainer_tensor_stats(const tide_trainer_t *tr, size_t tensor, double *grad_sq, double *trace_sigma);
+/* The message of the last failure ("" if none). */
+const char *tide_trainer_last_error(const tide_trainer_t *tr);
+
+/* State an elastic resize or a checkpoint moves: step, progress, data epoch
+ * and position, batch plan, exchange, the monitor's averages, the policies'
+ * state, the optimizer's state and this rank's compressor residual (rank
+ * specific: error feedback not yet sent). Parameters are the caller's and
+ * not included. Host byte order. */
+size_t tide_trainer_state_size(const tide_trainer_t *tr);
+int tide_trainer_state_get(const tide_trainer_t *tr, void *buf, size_t len);
+/* Restores a state from a trainer with the same config, nparams and
+ * policies; TIDE_EINVAL (nothing changed) otherwise. Not collective: every
+ * rank restores its own (the same one, but for the residual). */
+int tide_trainer_state_set(tide_trainer_t *tr, const void *buf, size_t len);
+
+/* ---- policies (KungFu-style adaptation hooks) ----------------------------- */
+
+/* What a policy decides. Hooks write only the fields they decide; the
+ * trainer fills the rest with "unchanged" before each hook. */
+typedef struct {
+  long global_batch;    /* > 0: global batch from this step on (before_step) or the next
+                           (later hooks), rounded to ranks x micro-batch x accumulation */
+  double lr_factor;     /* > 0: multiplies the schedule's rate for this step (before_update) */
+  double gain;          /* > 0: progress this step counts for (before_update; default
+                           global_batch / base_batch) */
+  int exchange;         /* >= 0: a tide_exchange_t from the next step on; -1 unchanged */
+  int world_size;       /* > 0: requested number of workers (elastic jobs); 0 none */
+} tide_decision_t;
+
+/* A policy's hooks; each may be NULL. A hook returns 0 or a negative
+ * TIDE_E* (which fails the trainer call). Every rank runs its hooks on the
+ * same all-reduced statistics, so decisions agree; a policy that decides
+ * from anything local (a model fitted on this rank) sets decide_every > 0:
+ * its before_step then runs only every decide_every steps, and rank 0's
+ * decision is broadcast. state points to state_size bytes of plain data
+ * (no pointers), saved and restored with the trainer's state. */
+typedef struct {
+  const char *name;
+  int (*before_step)(void *state, const tide_step_stats_t *stats, tide_decision_t *decision);
+  int (*before_update)(void *state, const tide_step_stats_t *stats, tide_decision_t *decision);
+  int (*after_epoch)(void *state, const tide_step_stats_t *stats, tide_decision_t *decision);
+  void (*destroy)(void *state);
+  size_t state_size;
+  int decide_every;
+} tide_policy_ops_t;
+
+/* Adds a policy; hooks run in the order policies were added (a later
+ * policy's field wins). ops is copied; state is owned by the trainer from
+ * now on (ops->destroy frees it at tide_trainer_destroy). Not collective,
+ * but every rank must add the same policies in the same order. */
+int tide_trainer_add_policy(tide_trainer_t *tr, const tide_policy_ops_t *ops, void *state);
+/* Adds built-in policies from a comma-separated list, each NAME or
+ * NAME:key=value:key=value (docs/adaptation.md):
+ *   adascale   learning-rate gain and progress from the gain ratio (AdaScale)
+ *   gns        grow the global batch towards the measured noise scale
+ *   pollux     the batch that maximises goodput (fitted throughput x efficiency)
+ *   exchange   dense or hitopk from the measured communication share
+ * TIDE_EINVAL names an unknown policy or key, or a bad value. */
+int tide_trainer_adapt(tide_trainer_t *tr, const char *list);
 
 #ifdef __cplusplus
 }

@@ -9,7 +9,7 @@ set -euo pipefail
 packages=(build-essential cmake pkg-config zlib1g-dev libopenblas-dev
           openmpi-bin libopenmpi-dev mpich libmpich-dev libgloo-dev iproute2
           iptables libnetfilter-queue-dev
-          dataset-fashion-mnist gnuplot-nox
+          dataset-fashion-mnist gnuplot-nox libnlopt-dev
           python3 python3-numpy python3-torch)
 
 missing=()

@@ -1,8 +1,9 @@
 /* tide-train: data-parallel training of a small model on Fashion-MNIST,
- * started under tiderun. Every rank computes the gradient of its shard of
- * the batch; one allreduce sums gradients, sample counts and losses; every
- * rank applies the same optimizer step, so replicas stay identical (checked
- * at the end). Rank 0 shows progress and writes runs/<name>/. */
+ * started under tiderun. The library's trainer (tide_trainer_*, src/train)
+ * owns the step: which samples each rank takes, the gradient exchange, the
+ * monitor and the policies (--adapt), and the optimizer. This program
+ * loads the data, runs the model's forward/backward, evaluates and logs.
+ * Rank 0 shows progress and writes runs/<name>/. */
 #include <errno.h>
 #include <getopt.h>
 #include <math.h>
@@ -17,14 +18,14 @@
 #include "tide.h"
 
 typedef struct {
-  const char *model, *optim, *schedule, *grad, *name, *data, *runs;
-  int epochs, batch, threads, subset, warmup_epochs, sparse_warmup_epochs;
+  const char *model, *optim, *schedule, *grad, *name, *data, *runs, *adapt, *selector;
+  int epochs, batch, max_batch, threads, subset, warmup_epochs, sparse_warmup_epochs, eval_every;
+  long base_batch;        /* 0: workers x batch */
   double lr, momentum, weight_decay, final_lr; /* momentum < 0: the optimizer's default */
-  int eval_every;         /* steps between test evaluations; 0 = at epoch ends only */
   double target_accuracy; /* 0 = none */
-  int sparse;     /* 0 dense, 1 topk (TopK-AllGather), 2 hitopk (HiTopKComm) */
-  double density; /* of the sparse modes */
-  const char *selector;
+  double gns_decay;
+  tide_exchange_t exchange;
+  double density; /* of the sparse exchanges */
   uint64_t seed;
 } options_t;
 
@@ -32,15 +33,20 @@ static void usage(FILE *out) {
   fprintf(out,
           "usage: tiderun -np N tide-train [options]\n"
           "  --model mlp|cnn          model (default mlp)\n"
-          "  --epochs N               epochs (default 5)\n"
-          "  --batch B                batch per worker (default 64)\n"
+          "  --epochs N               training length in epochs of progress at the base batch\n"
+          "                           (default 5; with --adapt adascale a step counts for its gain)\n"
+          "  --batch B                batch per worker at the start (default 64)\n"
+          "  --max-batch B            largest batch per worker in one forward/backward pass; larger\n"
+          "                           shares of a step accumulate gradients (default: --batch, or\n"
+          "                           256 when --adapt changes the batch)\n"
+          "  --base-batch M           global batch the learning rate and schedule were tuned for\n"
+          "                           (default: workers x --batch); AdaScale scales from it\n"
           "  --optim NAME             sgd, momentum, nesterov, adam, adamw, lars, lamb (default momentum)\n"
-          "  --lr X                   base learning rate (default 0.05; scaled by nothing: give the\n"
-          "                           rate for the global batch)\n"
+          "  --lr X                   base learning rate, for the base batch (default 0.05)\n"
           "  --momentum X             momentum of momentum, nesterov and lars (default: the\n"
           "                           optimizer's, 0.9)\n"
           "  --weight-decay X         weight decay (default 0.0005)\n"
-          "  --schedule NAME          constant, step, cosine, poly (default cosine)\n"
+          "  --schedule NAME          constant, step, cosine, poly (default cosine), over progress\n"
           "  --warmup-epochs N        linear warm-up epochs (default 0)\n"
           "  --grad MODE              gradient exchange: dense (allreduce, the default), topk:RHO\n"
           "                           (TopK-AllGather of the top RHO of the gradient, with error\n"
@@ -48,6 +54,10 @@ static void usage(FILE *out) {
           "  --selector NAME          top-k selector: sampled (default), mstopk, exact, randomk\n"
           "  --sparse-warmup-epochs N density warm-up (DGC): epoch e < N uses RHO^((e+1)/(N+1))\n"
           "                           (default 1)\n"
+          "  --adapt LIST             adaptation policies, comma-separated, each NAME or\n"
+          "                           NAME:key=value:...: adascale, gns, pollux, exchange\n"
+          "                           (docs/adaptation.md); e.g. --adapt gns,adascale\n"
+          "  --gns-decay X            the noise-scale averages' factor per base-batch step (default 0.99)\n"
           "  --eval-every N           also evaluate the test set every N steps, not only at epoch ends\n"
           "                           (default 0: epoch ends only); each evaluation is a line in\n"
           "                           metrics.jsonl, its time_s counted from the start of training\n"
@@ -99,23 +109,26 @@ static int parse_fraction(const char *opt, const char *text, double *out) {
 }
 
 static int parse_options(int argc, char **argv, options_t *o) {
-  *o = (options_t){"mlp", "momentum", "cosine", "dense", NULL, NULL, "runs", 5, 64, 0, 0, 0, 1,
-                   0.05, -1.0, 5e-4, 0.0, 0, 0.0, 0, 1.0, "sampled", 1};
+  *o = (options_t){.model = "mlp", .optim = "momentum", .schedule = "cosine", .grad = "dense", .runs = "runs",
+                   .selector = "sampled", .epochs = 5, .batch = 64, .sparse_warmup_epochs = 1, .lr = 0.05,
+                   .momentum = -1.0, .weight_decay = 5e-4, .gns_decay = 0.99, .density = 1.0, .seed = 1};
   static const struct option longs[] = {
-      {"model", 1, 0, 'm'},   {"epochs", 1, 0, 'e'},   {"batch", 1, 0, 'b'},         {"optim", 1, 0, 'o'},
-      {"lr", 1, 0, 'l'},      {"momentum", 1, 0, 'M'}, {"weight-decay", 1, 0, 'w'},  {"schedule", 1, 0, 's'},
-      {"grad", 1, 0, 'g'},    {"seed", 1, 0, 'S'},     {"name", 1, 0, 'n'},          {"runs", 1, 0, 'r'},
-      {"data", 1, 0, 'd'},    {"subset", 1, 0, 'u'},   {"threads", 1, 0, 't'},       {"warmup-epochs", 1, 0, 'W'},
+      {"model", 1, 0, 'm'},    {"epochs", 1, 0, 'e'},   {"batch", 1, 0, 'b'},        {"optim", 1, 0, 'o'},
+      {"lr", 1, 0, 'l'},       {"momentum", 1, 0, 'M'}, {"weight-decay", 1, 0, 'w'}, {"schedule", 1, 0, 's'},
+      {"grad", 1, 0, 'g'},     {"seed", 1, 0, 'S'},     {"name", 1, 0, 'n'},         {"runs", 1, 0, 'r'},
+      {"data", 1, 0, 'd'},     {"subset", 1, 0, 'u'},   {"threads", 1, 0, 't'},      {"warmup-epochs", 1, 0, 'W'},
       {"selector", 1, 0, 'K'}, {"sparse-warmup-epochs", 1, 0, 'P'}, {"eval-every", 1, 0, 'E'},
-      {"target-accuracy", 1, 0, 'A'},
-      {"help", 0, 0, 'h'},    {0, 0, 0, 0}};
-  int c, seed;
+      {"target-accuracy", 1, 0, 'A'}, {"adapt", 1, 0, 'a'}, {"max-batch", 1, 0, 'B'}, {"base-batch", 1, 0, 'Z'},
+      {"gns-decay", 1, 0, 'G'}, {"help", 0, 0, 'h'},    {0, 0, 0, 0}};
+  int c, seed, base = 0;
   opterr = 0;
   while ((c = getopt_long(argc, argv, "h", longs, NULL)) != -1) {
     switch (c) {
       case 'm': o->model = optarg; break;
       case 'e': if (parse_int("--epochs", optarg, 1, &o->epochs)) return -1; break;
       case 'b': if (parse_int("--batch", optarg, 1, &o->batch)) return -1; break;
+      case 'B': if (parse_int("--max-batch", optarg, 1, &o->max_batch)) return -1; break;
+      case 'Z': if (parse_int("--base-batch", optarg, 1, &base)) return -1; o->base_batch = base; break;
       case 'o': o->optim = optarg; break;
       case 'l': if (parse_double("--lr", optarg, &o->lr)) return -1; break;
       case 'M': if (parse_double("--momentum", optarg, &o->momentum)) return -1; break;
@@ -133,6 +146,12 @@ static int parse_options(int argc, char **argv, options_t *o) {
       case 'P': if (parse_int("--sparse-warmup-epochs", optarg, 0, &o->sparse_warmup_epochs)) return -1; break;
       case 'E': if (parse_int("--eval-every", optarg, 0, &o->eval_every)) return -1; break;
       case 'A': if (parse_fraction("--target-accuracy", optarg, &o->target_accuracy)) return -1; break;
+      case 'a': o->adapt = optarg; break;
+      case 'G': if (parse_fraction("--gns-decay", optarg, &o->gns_decay) || o->gns_decay >= 1) {
+                  fprintf(stderr, "tide-train: --gns-decay must be in (0, 1)\n");
+                  return -1;
+                }
+                break;
       case 'h': usage(stdout); exit(0);
       default:
         fprintf(stderr, "tide-train: unknown or incomplete option \"%s\"\n", argv[optind - 1]);
@@ -150,21 +169,21 @@ static int parse_options(int argc, char **argv, options_t *o) {
   }
   if (strcmp(o->grad, "dense") != 0) {
     const char *colon = strchr(o->grad, ':');
-    char *end = NULL;
-    if (colon != NULL) o->density = strtod(colon + 1, &end);
-    if (strncmp(o->grad, "topk:", 5) == 0)
-      o->sparse = 1;
-    else if (strncmp(o->grad, "hitopk:", 7) == 0)
-      o->sparse = 2;
-    if (o->sparse == 0 || end == NULL || *end != '\0' || !(o->density > 0 && o->density <= 1)) {
+    char *end = NULL, kind[16] = "";
+    if (colon != NULL && (size_t)(colon - o->grad) < sizeof kind) {
+      memcpy(kind, o->grad, (size_t)(colon - o->grad));
+      o->density = strtod(colon + 1, &end);
+    }
+    if (tide_exchange_parse(kind, &o->exchange) != 0 || o->exchange == TIDE_EXCHANGE_DENSE || end == NULL ||
+        *end != '\0' || !(o->density > 0 && o->density <= 1)) {
       fprintf(stderr, "tide-train: --grad must be dense, topk:RHO or hitopk:RHO with 0 < RHO <= 1, got \"%s\"\n",
               o->grad);
       return -1;
     }
   }
-  tide_topk_kind_t kind;
-  if (tide_topk_parse(o->selector, &kind) != 0) {
-    fprintf(stderr, "tide-train: --selector must be sampled, mstopk, exact or randomk, got \"%s\"\n", o->selector);
+  if (o->max_batch == 0) o->max_batch = o->adapt != NULL && o->batch < 256 ? 256 : o->batch;
+  if (o->max_batch < o->batch) {
+    fprintf(stderr, "tide-train: --max-batch (%d) must be at least --batch (%d)\n", o->max_batch, o->batch);
     return -1;
   }
   if (o->warmup_epochs >= o->epochs && o->warmup_epochs > 0) {
@@ -175,11 +194,16 @@ static int parse_options(int argc, char **argv, options_t *o) {
   return 0;
 }
 
-/* DGC's density warm-up: epoch e < N sends RHO^((e+1)/(N+1)) of the
- * gradient, falling to RHO. */
-static double sparse_density(const options_t *o, int epoch) {
-  if (epoch >= o->sparse_warmup_epochs) return o->density;
-  return pow(o->density, (epoch + 1.0) / (o->sparse_warmup_epochs + 1.0));
+static int mkdirs(const char *path) {
+  char tmp[1024];
+  snprintf(tmp, sizeof tmp, "%s", path);
+  for (char *p = tmp + 1; *p; p++)
+    if (*p == '/') {
+      *p = 0;
+      mkdir(tmp, 0755);
+      *p = '/';
+    }
+  return mkdir(tmp, 0755) == 0 || errno == EEXIST ? 0 : -1;
 }
 
 static double now_s(void) {
@@ -197,355 +221,374 @@ static uint64_t checksum(const float *p, size_t n) {
   return h;
 }
 
-static int mkdirs(const char *path) {
-  char tmp[1024];
-  snprintf(tmp, sizeof tmp, "%s", path);
-  for (char *p = tmp + 1; *p; p++)
-    if (*p == '/') {
-      *p = 0;
-      mkdir(tmp, 0755);
-      *p = '/';
-    }
-  return mkdir(tmp, 0755) == 0 || errno == EEXIST ? 0 : -1;
-}
-
-#define FAIL(comm, rc, what)                                                                          \
-  do {                                                                                              \
-    fprintf(stderr, "tide-train: rank %d: %s failed: %s %s\n", rank, what, tide_strerror(rc),        \
-            tide_comm_last_error(comm));                                                            \
-    exit(1);                                                                                        \
-  } while (0)
-
-/* Test loss and accuracy of the current parameters: each rank evaluates its
- * stride of the test set and one allreduce sums the results, so every rank
- * gets the same figures. Collective: every rank calls it at the same step. */
-static void evaluate(tide_comm_t *comm, nn_model_t *model, nn_dataset_t *test, double *loss_out,
-                     double *accuracy_out) {
-  int rc, rank = tide_comm_rank(comm), size = tide_comm_size(comm);
-  size_t n_test = nn_dataset_count(test), per = (n_test + (size_t)size - 1) / (size_t)size;
-  size_t from = (size_t)rank * per, to = from + per < n_test ? from + per : n_test;
-  float loss = 0;
-  int correct = 0;
-  if (to > from &&
-      (rc = nn_evaluate(model, nn_dataset_images(test) + from * 784, nn_dataset_labels(test) + from, (int)(to - from),
-                        &loss, &correct)) != 0)
-    FAIL(comm, rc, "evaluation");
-  double sums[3] = {(double)loss * (double)(to > from ? to - from : 0), correct, (double)(to > from ? to - from : 0)};
-  if ((rc = tide_allreduce(comm, sums, sums, 3, TIDE_F64, TIDE_SUM)) != 0) FAIL(comm, rc, "evaluation allreduce");
-  *loss_out = sums[0] / sums[2];
-  *accuracy_out = sums[1] / sums[2];
-}
-
-/* The first evaluation at which test accuracy reached --target-accuracy
- * (time_s < 0: not yet); eval_s is the part of time_s spent evaluating. */
+/* Everything one run holds; cleaned up by job_close whatever was made. */
 typedef struct {
-  double time_s, eval_s, epoch;
-  long step;
-} target_t;
+  options_t o;
+  tide_comm_t *comm;
+  int rank, size;
+  nn_dataset_t *train, *test;
+  size_t n_train;
+  nn_model_t *model;
+  tide_trainer_t *trainer;
+  float *images;
+  int32_t *labels;
+  /* rank 0's output */
+  char name[256], dir[1024];
+  FILE *metrics;
+  int tty;
+  /* time to --target-accuracy: time_s < 0 until reached */
+  double target_time_s, target_eval_s, target_epochs;
+  long target_step;
+  double start, eval_total, last_print, test_loss, test_acc;
+  double compute_total, comm_total, samples;
+} job_t;
 
-static void check_target(const options_t *o, double accuracy, double time_s, double eval_s, long step, double epoch,
-                         int rank, target_t *t) {
-  if (o->target_accuracy <= 0 || t->time_s >= 0 || accuracy < o->target_accuracy) return;
-  t->time_s = time_s;
-  t->eval_s = eval_s;
-  t->step = step;
-  t->epoch = epoch;
-  if (rank == 0) {
-    printf("target: test accuracy %.2f%% >= %.2f%% after %.1f s (step %ld, epoch %.2f)\n", 100 * accuracy,
-           100 * o->target_accuracy, time_s, step, epoch);
-    fflush(stdout);
-  }
+static int fail(job_t *job, int rc, const char *what) {
+  const char *detail = job->trainer != NULL ? tide_trainer_last_error(job->trainer) : "";
+  if (*detail == 0 && job->comm != NULL) detail = tide_comm_last_error(job->comm);
+  fprintf(stderr, "tide-train: rank %d: %s failed: %s%s%s\n", job->rank, what, tide_strerror(rc), *detail ? ": " : "",
+          detail);
+  return 1;
 }
 
-int main(int argc, char **argv) {
-  options_t o;
-  if (parse_options(argc, argv, &o) != 0) return 2;
-  tide_comm_t *comm;
-  int rc = tide_comm_init(&comm);
+static void job_close(job_t *job) {
+  if (job->metrics != NULL) fclose(job->metrics);
+  free(job->images);
+  free(job->labels);
+  tide_trainer_destroy(job->trainer);
+  nn_model_destroy(job->model);
+  nn_dataset_free(job->train);
+  nn_dataset_free(job->test);
+  tide_comm_destroy(job->comm);
+}
+
+/* Joins the job and loads the data; the threads follow the host's share. */
+static int join(job_t *job) {
+  int rc = tide_comm_init(&job->comm);
   if (rc != 0) {
     fprintf(stderr, "tide-train: cannot join the job: %s\n", tide_strerror(rc));
     return 1;
   }
-  int rank = tide_comm_rank(comm), size = tide_comm_size(comm);
-  int threads = o.threads;
+  job->rank = tide_comm_rank(job->comm);
+  job->size = tide_comm_size(job->comm);
+  int threads = job->o.threads;
   if (threads == 0) {
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
-    threads = (int)(cores / tide_comm_local_size(comm));
+    threads = (int)(cores / tide_comm_local_size(job->comm));
     if (threads < 1) threads = 1;
   }
   nn_set_threads(threads);
-
-  nn_dataset_t *train, *test;
-  if ((rc = nn_fashion_load(o.data, "train", &train)) != 0 || (rc = nn_fashion_load(o.data, "test", &test)) != 0) {
-    fprintf(stderr, "tide-train: rank %d: cannot load Fashion-MNIST: %s\n", rank, tide_strerror(rc));
-    tide_comm_destroy(comm);
+  if ((rc = nn_fashion_load(job->o.data, "train", &job->train)) != 0 ||
+      (rc = nn_fashion_load(job->o.data, "test", &job->test)) != 0) {
+    fprintf(stderr, "tide-train: rank %d: cannot load Fashion-MNIST: %s\n", job->rank, tide_strerror(rc));
     return 1;
   }
-  size_t n_train = nn_dataset_count(train);
-  if (o.subset > 0 && (size_t)o.subset < n_train) n_train = (size_t)o.subset;
-  nn_model_t *model;
-  if ((rc = nn_model_create(o.model, o.batch, o.seed, &model)) != 0) {
-    fprintf(stderr, "tide-train: cannot build model %s: %s\n", o.model, tide_strerror(rc));
+  job->n_train = nn_dataset_count(job->train);
+  if (job->o.subset > 0 && (size_t)job->o.subset < job->n_train) job->n_train = (size_t)job->o.subset;
+  job->images = malloc((size_t)job->o.max_batch * NN_IMAGE_SIZE * sizeof *job->images);
+  job->labels = malloc((size_t)job->o.max_batch * sizeof *job->labels);
+  if (job->images == NULL || job->labels == NULL) {
+    fprintf(stderr, "tide-train: rank %d: out of memory for a batch of %d images\n", job->rank, job->o.max_batch);
     return 1;
   }
-  size_t nparams = nn_param_count(model);
-  float *params = nn_params(model), *grads = nn_grads(model);
-  /* Every rank starts from rank 0's weights. */
-  if ((rc = tide_broadcast(comm, params, nparams, TIDE_F32, 0)) != 0) FAIL(comm, rc, "broadcast of the weights");
+  return 0;
+}
 
-  tide_optim_config_t config;
+/* The model, every rank starting from rank 0's weights, and the trainer
+ * that owns the step. */
+static int build(job_t *job) {
+  const options_t *o = &job->o;
+  int rc;
+  if ((rc = nn_model_create(o->model, o->max_batch, o->seed, &job->model)) != 0) {
+    fprintf(stderr, "tide-train: cannot build model %s: %s\n", o->model, tide_strerror(rc));
+    return 2;
+  }
+  size_t nparams = nn_param_count(job->model), ntensors;
+  const tide_tensor_t *tensors = nn_tensors(job->model, &ntensors);
+  if ((rc = tide_broadcast(job->comm, nn_params(job->model), nparams, TIDE_F32, 0)) != 0)
+    return fail(job, rc, "broadcast of the weights");
+
+  tide_trainer_config_t c;
+  tide_trainer_config_default(&c);
+  c.dataset_size = job->n_train;
+  c.seed = o->seed;
+  c.batch = o->batch;
+  c.max_batch = o->max_batch;
+  c.base_batch = o->base_batch;
+  c.epochs = o->epochs;
+  c.exchange = o->exchange;
+  c.density = o->density;
+  c.sparse_warmup_epochs = o->sparse_warmup_epochs;
+  c.gns_decay = o->gns_decay;
+  if (tide_topk_parse(o->selector, &c.selector) != 0) {
+    fprintf(stderr, "tide-train: --selector must be sampled, mstopk, exact or randomk, got \"%s\"\n", o->selector);
+    return 2;
+  }
   tide_optim_kind_t kind;
-  if (tide_optim_parse(o.optim, &kind) != 0) {
+  if (tide_optim_parse(o->optim, &kind) != 0) {
     fprintf(stderr, "tide-train: --optim must be sgd, momentum, nesterov, adam, adamw, lars or lamb, got \"%s\"\n",
-            o.optim);
+            o->optim);
     return 2;
   }
-  tide_optim_config_default(kind, &config);
-  if (o.momentum >= 0) config.momentum = (float)o.momentum; /* else the optimizer's own */
-  config.weight_decay = (float)o.weight_decay;
-  size_t ntensors;
-  const tide_tensor_t *tensors = nn_tensors(model, &ntensors);
-  tide_optim_t *optim;
-  if ((rc = tide_optim_create(&config, tensors, ntensors, nparams, &optim)) != 0) {
-    fprintf(stderr, "tide-train: bad optimizer settings: %s\n", tide_strerror(rc));
+  tide_optim_config_default(kind, &c.optim);
+  if (o->momentum >= 0) c.optim.momentum = (float)o->momentum; /* else the optimizer's own */
+  c.optim.weight_decay = (float)o->weight_decay;
+  if (tide_lr_parse(o->schedule, &c.schedule.kind) != 0) {
+    fprintf(stderr, "tide-train: --schedule must be constant, step, cosine or poly, got \"%s\"\n", o->schedule);
     return 2;
   }
-  tide_sampler_t *sampler;
-  if ((rc = tide_sampler_create(n_train, o.seed, rank, size, &sampler)) != 0) FAIL(comm, rc, "sampler");
-  long steps_per_epoch = (long)((tide_sampler_max_count(sampler) + (size_t)o.batch - 1) / (size_t)o.batch);
-  /* Sparse modes: a compressor with error feedback over the whole gradient
-   * (topk) or over this rank's shard of the host's sum (hitopk). */
-  tide_compressor_t *compressor = NULL;
-  float *pair_values = NULL;
-  uint32_t *pair_indices = NULL;
-  if (o.sparse) {
-    tide_topk_kind_t selector;
-    tide_topk_parse(o.selector, &selector);
-    size_t offset = 0, len = nparams;
-    if (o.sparse == 2 && (rc = tide_hitopk_shard(comm, nparams, &offset, &len)) != 0) FAIL(comm, rc, "hitopk");
-    if ((rc = tide_compressor_create(selector, sparse_density(&o, 0), TIDE_TOPK_GLOBAL, NULL, 0, len, NULL,
-                                     &compressor)) != 0)
-      FAIL(comm, rc, "compressor");
-    pair_values = malloc(len * sizeof *pair_values);
-    pair_indices = malloc(len * sizeof *pair_indices);
-  }
-  tide_lr_schedule_t schedule = {0};
-  if (tide_lr_parse(o.schedule, &schedule.kind) != 0) {
-    fprintf(stderr, "tide-train: --schedule must be constant, step, cosine or poly, got \"%s\"\n", o.schedule);
+  /* The schedule counts base-batch steps of progress. */
+  long base = o->base_batch > 0 ? o->base_batch : (long)o->batch * job->size;
+  long per_epoch = (long)((job->n_train + (size_t)base - 1) / (size_t)base);
+  c.schedule.base_lr = (float)o->lr;
+  c.schedule.warmup_steps = o->warmup_epochs * per_epoch;
+  c.schedule.total_steps = o->epochs * per_epoch;
+  c.schedule.step_size = per_epoch * (o->epochs > 2 ? o->epochs / 3 : 1);
+  c.schedule.gamma = 0.1f;
+  c.schedule.power = 1.0f;
+  c.schedule.final_lr = (float)o->final_lr;
+  if ((rc = tide_trainer_create(job->comm, &c, nn_params(job->model), nn_grads(job->model), nparams, tensors,
+                                ntensors, &job->trainer)) != 0) {
+    fprintf(stderr, "tide-train: bad training settings: %s (the log line above names the field)\n",
+            tide_strerror(rc));
     return 2;
   }
-  schedule.base_lr = (float)o.lr;
-  schedule.warmup_steps = o.warmup_epochs * steps_per_epoch;
-  schedule.total_steps = o.epochs * steps_per_epoch;
-  schedule.step_size = steps_per_epoch * (o.epochs > 2 ? o.epochs / 3 : 1);
-  schedule.gamma = 0.1f;
-  schedule.power = 1.0f;
-  schedule.final_lr = (float)o.final_lr;
+  if (o->adapt != NULL && (rc = tide_trainer_adapt(job->trainer, o->adapt)) != 0) {
+    fprintf(stderr, "tide-train: --adapt %s: %s (the log line above says why)\n", o->adapt, tide_strerror(rc));
+    return 2;
+  }
+  return 0;
+}
 
-  /* The run's folder and files (rank 0). */
-  char name[256], dir[1024], path[1100];
-  if (o.name != NULL)
-    snprintf(name, sizeof name, "%s", o.name);
+/* runs/<name>/metrics.jsonl and the banner (rank 0). */
+static int open_run(job_t *job) {
+  const options_t *o = &job->o;
+  if (o->name != NULL)
+    snprintf(job->name, sizeof job->name, "%s", o->name);
   else
-    snprintf(name, sizeof name, "%s-np%d-%ld", o.model, size, (long)time(NULL));
-  snprintf(dir, sizeof dir, "%s/%s", o.runs, name);
-  FILE *metrics = NULL;
-  if (rank == 0) {
-    if (mkdirs(dir) != 0) {
-      fprintf(stderr, "tide-train: cannot create %s: %s\n", dir, strerror(errno));
-      return 1;
-    }
-    snprintf(path, sizeof path, "%s/metrics.jsonl", dir);
-    metrics = fopen(path, "w");
-    if (metrics == NULL) {
-      fprintf(stderr, "tide-train: cannot write %s: %s\n", path, strerror(errno));
-      return 1;
-    }
-    printf("tide-train: %s, %zu parameters, %d workers x batch %d = global batch %d, %s, lr %g (%s), %d epochs "
-           "on %zu images\n",
-           o.model, nparams, size, o.batch, size * o.batch, o.optim, o.lr, o.schedule, o.epochs, n_train);
+    snprintf(job->name, sizeof job->name, "%s-np%d-%ld", o->model, job->size, (long)time(NULL));
+  snprintf(job->dir, sizeof job->dir, "%s/%s", o->runs, job->name);
+  if (job->rank != 0) return 0;
+  char path[1100];
+  if (mkdirs(job->dir) != 0) {
+    fprintf(stderr, "tide-train: cannot create %s: %s\n", job->dir, strerror(errno));
+    return 1;
+  }
+  snprintf(path, sizeof path, "%s/metrics.jsonl", job->dir);
+  if ((job->metrics = fopen(path, "w")) == NULL) {
+    fprintf(stderr, "tide-train: cannot write %s: %s\n", path, strerror(errno));
+    return 1;
+  }
+  job->tty = isatty(STDERR_FILENO);
+  printf("tide-train: %s, %zu parameters, %d workers x batch %d = global batch %d, %s, lr %g (%s), %d epochs "
+         "on %zu images%s%s\n",
+         o->model, nn_param_count(job->model), job->size, o->batch, job->size * o->batch, o->optim, o->lr,
+         o->schedule, o->epochs, job->n_train, o->adapt ? ", adapt " : "", o->adapt ? o->adapt : "");
+  fflush(stdout);
+  return 0;
+}
+
+/* Test loss and accuracy of the current parameters: each rank evaluates its
+ * stride of the test set and one allreduce sums the results, so every rank
+ * gets the same figures. Collective. */
+static int evaluate(job_t *job, const char *type, const tide_step_stats_t *s) {
+  double t0 = now_s();
+  size_t n_test = nn_dataset_count(job->test), per = (n_test + (size_t)job->size - 1) / (size_t)job->size;
+  size_t from = (size_t)job->rank * per, to = from + per < n_test ? from + per : n_test;
+  float loss = 0;
+  int correct = 0, rc;
+  if (to > from && (rc = nn_evaluate(job->model, nn_dataset_images(job->test) + from * NN_IMAGE_SIZE,
+                                     nn_dataset_labels(job->test) + from, (int)(to - from), &loss, &correct)) != 0)
+    return fail(job, rc, "evaluation");
+  double n = to > from ? (double)(to - from) : 0, sums[3] = {(double)loss * n, correct, n};
+  if ((rc = tide_allreduce(job->comm, sums, sums, 3, TIDE_F64, TIDE_SUM)) != 0)
+    return fail(job, rc, "evaluation allreduce");
+  job->test_loss = sums[0] / sums[2];
+  job->test_acc = sums[1] / sums[2];
+  double t1 = now_s();
+  job->eval_total += t1 - t0;
+  const options_t *o = &job->o;
+  int reached = o->target_accuracy > 0 && job->target_time_s < 0 && job->test_acc >= o->target_accuracy;
+  if (reached) {
+    job->target_time_s = t1 - job->start;
+    job->target_eval_s = job->eval_total;
+    job->target_step = s->step;
+    job->target_epochs = s->epochs_done;
+  }
+  if (job->rank != 0) return 0;
+  fprintf(job->metrics,
+          "{\"type\":\"%s\",\"step\":%ld,\"epoch\":%.4f,\"data_epoch\":%llu,\"test_loss\":%.6f,"
+          "\"test_accuracy\":%.6f,\"time_s\":%.4f,\"eval_s\":%.4f}\n",
+          type, s->step, s->epochs_done, (unsigned long long)s->epoch, job->test_loss, job->test_acc, t1 - job->start,
+          job->eval_total);
+  fflush(job->metrics);
+  if (strcmp(type, "eval") != 0) {
+    if (job->tty) fprintf(stderr, "\n");
+    printf("%s %llu (progress %.2f epochs): test loss %.4f, test accuracy %.2f%% (%.1f s)\n",
+           type, (unsigned long long)s->epoch + 1, s->epochs_done, job->test_loss, 100 * job->test_acc,
+           t1 - job->start);
     fflush(stdout);
   }
-  int tty = rank == 0 && isatty(STDERR_FILENO);
-
-  /* [gradient sum ..., sample count, loss sum]: one allreduce per step. */
-  float *exchange = malloc((nparams + 2) * sizeof *exchange);
-  float *images = malloc((size_t)o.batch * 784 * sizeof *images);
-  int32_t *labels = malloc((size_t)o.batch * sizeof *labels);
-  const float *all_images = nn_dataset_images(train);
-  const int32_t *all_labels = nn_dataset_labels(train);
-  double start = now_s(), compute_total = 0, comm_total = 0, eval_total = 0, last_print = 0;
-  long step = 0;
-  double test_acc = 0, test_loss = 0;
-  target_t target = {-1, 0, 0, 0};
-  for (int epoch = 0; epoch < o.epochs; epoch++) {
-    tide_sampler_set_epoch(sampler, (uint64_t)epoch);
-    if (compressor != NULL) tide_compressor_set_density(compressor, sparse_density(&o, epoch));
-    size_t mine;
-    const uint64_t *indices = tide_sampler_indices(sampler, &mine);
-    for (long s = 0; s < steps_per_epoch; s++, step++) {
-      double t0 = now_s();
-      size_t first = (size_t)s * (size_t)o.batch;
-      int count = first >= mine ? 0 : (int)(mine - first < (size_t)o.batch ? mine - first : (size_t)o.batch);
-      for (int i = 0; i < count; i++) {
-        uint64_t at = indices[first + (size_t)i];
-        memcpy(images + (size_t)i * 784, all_images + at * 784, 784 * sizeof *images);
-        labels[i] = all_labels[at];
-      }
-      float loss = 0;
-      if (count > 0) {
-        if ((rc = nn_forward_backward(model, images, labels, count, &loss)) != 0) FAIL(comm, rc, "forward/backward");
-        for (size_t i = 0; i < nparams; i++) exchange[i] = grads[i] * (float)count;
-      } else {
-        memset(exchange, 0, nparams * sizeof *exchange);
-      }
-      exchange[nparams] = (float)count;
-      exchange[nparams + 1] = loss * (float)count;
-      double t1 = now_s();
-      if (o.sparse == 0) {
-        if ((rc = tide_allreduce(comm, exchange, exchange, nparams + 2, TIDE_F32, TIDE_SUM)) != 0)
-          FAIL(comm, rc, "gradient allreduce");
-      } else {
-        /* Sample count and loss travel densely; the gradient sparsely, its
-         * unsent part kept in the compressor's residual. */
-        if ((rc = tide_allreduce(comm, exchange + nparams, exchange + nparams, 2, TIDE_F32, TIDE_SUM)) != 0)
-          FAIL(comm, rc, "count allreduce");
-        if (o.sparse == 1) {
-          size_t k = 0;
-          if ((rc = tide_compressor_compress(compressor, exchange, nparams, pair_values, pair_indices, &k)) != 0) {
-            fprintf(stderr, "tide-train: rank %d: %s\n", rank, tide_compressor_last_error(compressor));
-            FAIL(comm, rc, "top-k selection");
-          }
-          if ((rc = tide_sparse_allgather(comm, pair_values, pair_indices, k, exchange, nparams, TIDE_SUM)) != 0)
-            FAIL(comm, rc, "TopK-AllGather");
-        } else if ((rc = tide_hitopk_allreduce(comm, exchange, exchange, nparams, compressor, TIDE_SUM)) != 0) {
-          FAIL(comm, rc, "HiTopKComm allreduce");
-        }
-      }
-      double t2 = now_s();
-      float total = exchange[nparams], inv = 1.0f / total;
-      for (size_t i = 0; i < nparams; i++) exchange[i] *= inv;
-      float lr = tide_lr_at(&schedule, step);
-      if ((rc = tide_optim_step(optim, params, exchange, lr)) != 0) FAIL(comm, rc, "optimizer step");
-      double t3 = now_s();
-      compute_total += (t1 - t0) + (t3 - t2);
-      comm_total += t2 - t1;
-      double elapsed = t3 - start, step_loss = exchange[nparams + 1] / total;
-      double ips = (double)total / (t3 - t0);
-      if (rank == 0) {
-        fprintf(metrics,
-                "{\"type\":\"step\",\"step\":%ld,\"epoch\":%d,\"loss\":%.6f,\"lr\":%.6g,\"global_batch\":%d,"
-                "\"images_per_s\":%.1f,\"compute_s\":%.6f,\"comm_s\":%.6f,\"time_s\":%.4f}\n",
-                step, epoch, step_loss, lr, (int)total, ips, (t1 - t0) + (t3 - t2), t2 - t1, elapsed);
-        if (elapsed - last_print > (tty ? 0.2 : 10.0) || s == steps_per_epoch - 1) {
-          last_print = elapsed;
-          double done = (double)(step + 1) / (double)(o.epochs * steps_per_epoch);
-          double eta = elapsed / done - elapsed;
-          if (tty) {
-            int width = 24, filled = (int)(done * width);
-            char bar[32];
-            for (int i = 0; i < width; i++) bar[i] = i < filled ? '#' : '.';
-            bar[width] = 0;
-            fprintf(stderr, "\r[%s] epoch %d/%d step %ld/%ld loss %.4f %6.0f img/s ETA %3.0fs ", bar, epoch + 1,
-                    o.epochs, s + 1, steps_per_epoch, step_loss, (double)step * size * o.batch / elapsed, eta);
-          } else {
-            fprintf(stderr, "epoch %d/%d step %ld/%ld loss %.4f %.0f img/s elapsed %.0fs ETA %.0fs\n", epoch + 1,
-                    o.epochs, s + 1, steps_per_epoch, step_loss, (double)step * size * o.batch / elapsed, elapsed,
-                    eta);
-          }
-        }
-      }
-      /* --eval-every: the epoch's last step is evaluated below, once. */
-      if (o.eval_every > 0 && (step + 1) % o.eval_every == 0 && s < steps_per_epoch - 1) {
-        double t4 = now_s();
-        evaluate(comm, model, test, &test_loss, &test_acc);
-        double t5 = now_s(), epochs_done = epoch + (double)(s + 1) / (double)steps_per_epoch;
-        eval_total += t5 - t4;
-        if (rank == 0) {
-          fprintf(metrics,
-                  "{\"type\":\"eval\",\"step\":%ld,\"epoch\":%.4f,\"test_loss\":%.6f,\"test_accuracy\":%.6f,"
-                  "\"time_s\":%.4f,\"eval_s\":%.4f}\n",
-                  step + 1, epochs_done, test_loss, test_acc, t5 - start, eval_total);
-          fflush(metrics);
-        }
-        check_target(&o, test_acc, t5 - start, eval_total, step + 1, epochs_done, rank, &target);
-      }
-    }
-    double t4 = now_s();
-    evaluate(comm, model, test, &test_loss, &test_acc);
-    double t5 = now_s();
-    eval_total += t5 - t4;
-    if (rank == 0) {
-      if (tty) fprintf(stderr, "\n");
-      printf("epoch %d: test loss %.4f, test accuracy %.2f%% (%.1f s)\n", epoch + 1, test_loss, 100 * test_acc,
-             t5 - start);
-      fflush(stdout);
-      fprintf(metrics,
-              "{\"type\":\"epoch\",\"epoch\":%d,\"step\":%ld,\"test_loss\":%.6f,\"test_accuracy\":%.6f,"
-              "\"time_s\":%.4f,\"eval_s\":%.4f}\n",
-              epoch, step, test_loss, test_acc, t5 - start, eval_total);
-      fflush(metrics);
-    }
-    check_target(&o, test_acc, t5 - start, eval_total, step, epoch + 1.0, rank, &target);
+  if (reached) {
+    printf("target: test accuracy %.2f%% >= %.2f%% after %.1f s (step %ld, epoch %.2f)\n", 100 * job->test_acc,
+           100 * o->target_accuracy, job->target_time_s, s->step, s->epochs_done);
+    fflush(stdout);
   }
-  double wall = now_s() - start;
-  /* The replicas must be identical: compare every rank's checksum. */
-  uint64_t mine_sum = checksum(params, nparams);
-  uint64_t *sums = malloc((size_t)size * sizeof *sums);
-  if ((rc = tide_allgather(comm, &mine_sum, sums, 1, TIDE_I64)) != 0) FAIL(comm, rc, "checksum allgather");
-  int identical = 1;
-  for (int r = 1; r < size; r++)
+  return 0;
+}
+
+static void json_number(FILE *f, const char *key, double v) {
+  if (isfinite(v))
+    fprintf(f, ",\"%s\":%.6g", key, v);
+  else
+    fprintf(f, ",\"%s\":null", key);
+}
+
+/* One metrics.jsonl line per step, and the progress line (rank 0). */
+static void log_step(job_t *job, const tide_step_stats_t *s) {
+  job->compute_total += s->compute_s + s->optim_s;
+  job->comm_total += s->exchange_s;
+  job->samples += (double)s->global_batch;
+  if (job->rank != 0) return;
+  double elapsed = now_s() - job->start;
+  FILE *f = job->metrics;
+  fprintf(f, "{\"type\":\"step\",\"step\":%ld,\"epoch\":%llu,\"progress\":%.4f,\"epochs_done\":%.5f,\"loss\":%.6f,"
+          "\"lr\":%.6g,\"global_batch\":%ld,\"batch\":%d,\"accum\":%d,\"exchange\":\"%s\",\"images_per_s\":%.1f,"
+          "\"compute_s\":%.6f,\"comm_s\":%.6f,\"optim_s\":%.6f,\"step_s\":%.6f,\"time_s\":%.4f",
+          s->step - 1, (unsigned long long)s->epoch, s->progress, s->epochs_done, s->loss, s->lr, s->global_batch,
+          s->batch, s->accum, tide_exchange_name(s->exchange), s->throughput, s->compute_s, s->exchange_s,
+          s->optim_s, s->step_s, elapsed);
+  json_number(f, "noise_scale", s->noise_scale);
+  json_number(f, "grad_sq", s->grad_sq);
+  json_number(f, "trace_sigma", s->trace_sigma);
+  json_number(f, "gain_ratio", s->gain_ratio);
+  json_number(f, "lr_factor", s->lr_factor);
+  json_number(f, "gain", s->gain);
+  json_number(f, "comm_share", s->comm_share);
+  json_number(f, "rank_compute_min_s", s->compute_min_s);
+  json_number(f, "rank_compute_median_s", s->compute_median_s);
+  json_number(f, "rank_compute_max_s", s->compute_max_s);
+  fprintf(f, ",\"slowest_rank\":%d}\n", s->slowest_rank);
+  if (elapsed - job->last_print < (job->tty ? 0.2 : 10.0) && !s->epoch_end) return;
+  job->last_print = elapsed;
+  double done = s->epochs_done / job->o.epochs, eta = done > 0 ? elapsed / done - elapsed : 0;
+  char bar[32] = "";
+  if (job->tty) {
+    int width = 24, filled = (int)(done * width);
+    for (int i = 0; i < width; i++) bar[i] = i < filled ? '#' : '.';
+    bar[width] = 0;
+  }
+  fprintf(stderr, "%s%s%sepoch %.2f/%d step %ld loss %.4f batch %ld %6.0f img/s ETA %3.0fs%s", job->tty ? "\r[" : "",
+          bar, job->tty ? "] " : "", s->epochs_done, job->o.epochs, s->step, s->loss, s->global_batch, s->throughput,
+          eta, job->tty ? " " : "\n");
+}
+
+/* The training loop: the trainer says which samples, this program runs the
+ * model on them. */
+static int train(job_t *job) {
+  const float *all_images = nn_dataset_images(job->train);
+  const int32_t *all_labels = nn_dataset_labels(job->train);
+  tide_batch_t batch;
+  tide_step_stats_t s = {0};
+  int rc;
+  job->start = now_s();
+  while ((rc = tide_trainer_next(job->trainer, &batch)) == 0 && !batch.done) {
+    float loss = 0;
+    for (size_t i = 0; i < batch.count; i++) {
+      memcpy(job->images + i * NN_IMAGE_SIZE, all_images + batch.indices[i] * NN_IMAGE_SIZE,
+             NN_IMAGE_SIZE * sizeof *job->images);
+      job->labels[i] = all_labels[batch.indices[i]];
+    }
+    if (batch.count > 0 &&
+        (rc = nn_forward_backward(job->model, job->images, job->labels, (int)batch.count, &loss)) != 0)
+      return fail(job, rc, "forward/backward");
+    if ((rc = tide_trainer_step(job->trainer, loss, &s)) != 0) return fail(job, rc, "training step");
+    if (!s.stepped) continue;
+    log_step(job, &s);
+    if (s.epoch_end || s.done) {
+      if (evaluate(job, s.epoch_end ? "epoch" : "final", &s) != 0) return 1;
+    } else if (job->o.eval_every > 0 && s.step % job->o.eval_every == 0 && evaluate(job, "eval", &s) != 0) {
+      return 1;
+    }
+  }
+  if (rc != 0) return fail(job, rc, "training step");
+  return 0;
+}
+
+/* Every rank's parameters must be identical; rank 0 writes summary.json. */
+static int finish(job_t *job) {
+  const options_t *o = &job->o;
+  const tide_step_stats_t *s = tide_trainer_stats(job->trainer);
+  double wall = now_s() - job->start;
+  size_t nparams = nn_param_count(job->model);
+  uint64_t mine = checksum(nn_params(job->model), nparams);
+  uint64_t *sums = malloc((size_t)job->size * sizeof *sums);
+  if (sums == NULL) {
+    fprintf(stderr, "tide-train: rank %d: out of memory\n", job->rank);
+    return 1;
+  }
+  int rc = tide_allgather(job->comm, &mine, sums, 1, TIDE_I64), identical = 1;
+  if (rc != 0) {
+    free(sums);
+    return fail(job, rc, "checksum allgather");
+  }
+  for (int r = 1; r < job->size; r++)
     if (sums[r] != sums[0]) {
       identical = 0;
-      if (rank == 0)
+      if (job->rank == 0)
         fprintf(stderr, "tide-train: rank %d's parameters differ from rank 0's (checksum %016llx vs %016llx)\n", r,
                 (unsigned long long)sums[r], (unsigned long long)sums[0]);
     }
-  if (rank == 0) {
-    snprintf(path, sizeof path, "%s/summary.json", dir);
-    FILE *summary = fopen(path, "w");
-    if (summary != NULL) {
-      /* JSON null where there is no target, or it was never reached. */
-      char target_json[32] = "null", time_json[32] = "null", eval_json[32] = "null", step_json[32] = "null",
-           epoch_json[32] = "null";
-      if (o.target_accuracy > 0) snprintf(target_json, sizeof target_json, "%g", o.target_accuracy);
-      if (target.time_s >= 0) {
-        snprintf(time_json, sizeof time_json, "%.4f", target.time_s);
-        snprintf(eval_json, sizeof eval_json, "%.4f", target.eval_s);
-        snprintf(step_json, sizeof step_json, "%ld", target.step);
-        snprintf(epoch_json, sizeof epoch_json, "%.4f", target.epoch);
-      }
-      fprintf(summary,
-              "{\"name\":\"%s\",\"model\":\"%s\",\"workers\":%d,\"batch_per_worker\":%d,\"global_batch\":%d,"
-              "\"optimizer\":\"%s\",\"lr\":%g,\"schedule\":\"%s\",\"epochs\":%d,\"train_images\":%zu,"
-              "\"parameters\":%zu,\"grad\":\"%s\",\"selector\":\"%s\",\"sparse_warmup_epochs\":%d,\"seed\":%llu,"
-              "\"eval_every\":%d,\"wall_s\":%.3f,\"compute_s\":%.3f,\"comm_s\":%.3f,\"eval_s\":%.3f,"
-              "\"images_per_s\":%.1f,\"final_test_loss\":%.6f,\"final_test_accuracy\":%.6f,"
-              "\"target_accuracy\":%s,\"time_to_target_s\":%s,\"eval_s_to_target\":%s,\"step_to_target\":%s,"
-              "\"epoch_to_target\":%s,\"replicas_identical\":%s,\"checksum\":\"%016llx\"}\n",
-              name, o.model, size, o.batch, size * o.batch, o.optim, o.lr, o.schedule, o.epochs, n_train, nparams,
-              o.grad, o.selector, o.sparse_warmup_epochs, (unsigned long long)o.seed, o.eval_every, wall,
-              compute_total, comm_total, eval_total, (double)n_train * o.epochs / wall, test_loss, test_acc,
-              target_json, time_json, eval_json, step_json, epoch_json, identical ? "true" : "false",
-              (unsigned long long)sums[0]);
-      fclose(summary);
-    }
-    fclose(metrics);
-    printf("final test accuracy %.2f%% after %d epochs in %.1f s; replicas identical: %s\nrun written to %s/\n",
-           100 * test_acc, o.epochs, wall, identical ? "yes" : "NO", dir);
-  }
+  uint64_t checksum0 = sums[0];
   free(sums);
-  free(exchange);
-  free(images);
-  free(labels);
-  tide_sampler_destroy(sampler);
-  tide_compressor_destroy(compressor);
-  free(pair_values);
-  free(pair_indices);
-  tide_optim_destroy(optim);
-  nn_model_destroy(model);
-  nn_dataset_free(train);
-  nn_dataset_free(test);
-  tide_comm_destroy(comm);
+  if (job->rank != 0) return identical ? 0 : 1;
+  char path[1100];
+  snprintf(path, sizeof path, "%s/summary.json", job->dir);
+  FILE *f = fopen(path, "w");
+  if (f == NULL) {
+    fprintf(stderr, "tide-train: cannot write %s: %s\n", path, strerror(errno));
+    return 1;
+  }
+  /* JSON null where there is no target, or it was never reached. */
+  char target[32] = "null", time_to[32] = "null", eval_to[32] = "null", step_to[32] = "null", epoch_to[32] = "null";
+  if (o->target_accuracy > 0) snprintf(target, sizeof target, "%g", o->target_accuracy);
+  if (job->target_time_s >= 0) {
+    snprintf(time_to, sizeof time_to, "%.4f", job->target_time_s);
+    snprintf(eval_to, sizeof eval_to, "%.4f", job->target_eval_s);
+    snprintf(step_to, sizeof step_to, "%ld", job->target_step);
+    snprintf(epoch_to, sizeof epoch_to, "%.4f", job->target_epochs);
+  }
+  long base = o->base_batch > 0 ? o->base_batch : (long)o->batch * job->size;
+  fprintf(f,
+          "{\"name\":\"%s\",\"model\":\"%s\",\"workers\":%d,\"batch_per_worker\":%d,\"global_batch\":%d,"
+          "\"base_batch\":%ld,\"final_global_batch\":%ld,\"adapt\":\"%s\",\"optimizer\":\"%s\",\"lr\":%g,"
+          "\"schedule\":\"%s\",\"epochs\":%d,\"data_epochs\":%.4f,\"steps\":%ld,\"train_images\":%zu,"
+          "\"parameters\":%zu,\"grad\":\"%s\",\"selector\":\"%s\",\"sparse_warmup_epochs\":%d,\"seed\":%llu,"
+          "\"eval_every\":%d,\"wall_s\":%.3f,\"compute_s\":%.3f,\"comm_s\":%.3f,\"eval_s\":%.3f,"
+          "\"images_per_s\":%.1f,\"final_test_loss\":%.6f,\"final_test_accuracy\":%.6f,"
+          "\"target_accuracy\":%s,\"time_to_target_s\":%s,\"eval_s_to_target\":%s,\"step_to_target\":%s,"
+          "\"epoch_to_target\":%s,\"replicas_identical\":%s,\"checksum\":\"%016llx\"}\n",
+          job->name, o->model, job->size, o->batch, job->size * o->batch, base, s->planned_batch,
+          o->adapt ? o->adapt : "", o->optim, o->lr, o->schedule, o->epochs,
+          job->samples / (double)job->n_train, s->step, job->n_train, nparams, o->grad, o->selector, o->sparse_warmup_epochs,
+          (unsigned long long)o->seed, o->eval_every, wall, job->compute_total, job->comm_total, job->eval_total,
+          job->samples / wall, job->test_loss, job->test_acc, target, time_to, eval_to, step_to, epoch_to,
+          identical ? "true" : "false", (unsigned long long)checksum0);
+  fclose(f);
+  printf("final test accuracy %.2f%% after %d epochs (%ld steps) in %.1f s; replicas identical: %s\nrun written to "
+         "%s/\n",
+         100 * job->test_acc, o->epochs, s->step, wall, identical ? "yes" : "NO", job->dir);
   return identical ? 0 : 1;
+}
+
+int main(int argc, char **argv) {
+  job_t job = {.target_time_s = -1};
+  if (parse_options(argc, argv, &job.o) != 0) return 2;
+  int rc = join(&job);
+  if (rc == 0) rc = build(&job);
+  if (rc == 0) rc = open_run(&job);
+  if (rc == 0) rc = train(&job);
+  if (rc == 0) rc = finish(&job);
+  job_close(&job);
+  return rc;
 }

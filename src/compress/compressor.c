@@ -11,6 +11,7 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/mman.h>
 
 #include "compress/compress.h"
@@ -181,9 +182,24 @@ fail:
   return rc;
 }
 
+int tide_compressor_set_residual(tide_compressor_t *c, const float *residual, size_t d) {
+  if (c == NULL || residual == NULL) {
+    TIDE_ERROR("tide_compressor_set_residual: compressor and residual must not be NULL");
+    return TIDE_EINVAL;
+  }
+  if (d != c->d) {
+    TIDE_ERROR("tide_compressor_set_residual: d is %zu but the compressor was created for %zu elements", d, c->d);
+    return TIDE_EINVAL;
+  }
+  memcpy(c->residual, residual, d * sizeof *residual);
+  return 0;
+}
+
 size_t tide_compressor_k(const tide_compressor_t *c) { return c != NULL ? c->k : 0; }
 
 size_t tide__compressor_size(const tide_compressor_t *c) { return c->d; }
+
+size_t tide_compressor_size(const tide_compressor_t *c) { return c != NULL ? c->d : 0; }
 
 int tide_compressor_set_density(tide_compressor_t *c, double density) {
   if (c == NULL || !density_ok(density)) {

@@ -72,6 +72,12 @@ const uint64_t *tide_sampler_indices(const tide_sampler_t *s, size_t *count) {
   return s->shard;
 }
 
+const uint64_t *tide_sampler_order(const tide_sampler_t *s, uint64_t *count) {
+  if (s == NULL) return NULL;
+  if (count != NULL) *count = s->n;
+  return s->permutation;
+}
+
 size_t tide_sampler_max_count(const tide_sampler_t *s) {
   return s == NULL ? 0 : (size_t)((s->n + (uint64_t)s->size - 1) / (uint64_t)s->size);
 }

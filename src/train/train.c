@@ -1,0 +1,720 @@
+/* The trainer: one data-parallel step over the caller's flat buffers
+ * (docs/adaptation.md, "The step"): deal the data, accumulate micro-batch
+ * gradients, exchange them with the statistics, measure, ask the policies,
+ * apply the optimizer. */
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+#include <strings.h>
+
+#include "train/train.h"
+
+static const char *const exchange_names[TIDE_EXCHANGE_COUNT] = {"dense", "topk", "hitopk"};
+
+const char *tide_exchange_name(tide_exchange_t exchange) {
+  return (unsigned)exchange < TIDE_EXCHANGE_COUNT ? exchange_names[exchange] : "?";
+}
+
+int tide_exchange_parse(const char *name, tide_exchange_t *out) {
+  if (name == NULL || out == NULL) {
+    TIDE_ERROR("tide_exchange_parse: name and out must not be NULL");
+    return TIDE_EINVAL;
+  }
+  for (int k = 0; k < TIDE_EXCHANGE_COUNT; k++)
+    if (strcasecmp(name, exchange_names[k]) == 0) {
+      *out = (tide_exchange_t)k;
+      return 0;
+    }
+  TIDE_ERROR("unknown gradient exchange '%s': use dense, topk or hitopk", name);
+  return TIDE_EINVAL;
+}
+
+int tide__trainer_fail(tide_trainer_t *tr, int rc, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(tr->last_error, sizeof tr->last_error, fmt, ap);
+  va_end(ap);
+  TIDE_ERROR("trainer: %s", tr->last_error);
+  return rc;
+}
+
+const char *tide_trainer_last_error(const tide_trainer_t *tr) { return tr != NULL ? tr->last_error : ""; }
+
+void tide_trainer_config_default(tide_trainer_config_t *out) {
+  if (out == NULL) return;
+  memset(out, 0, sizeof *out);
+  out->batch = 64;
+  out->max_accum = 16;
+  out->epochs = 1;
+  tide_optim_config_default(TIDE_OPTIM_MOMENTUM, &out->optim);
+  out->schedule.kind = TIDE_LR_CONSTANT;
+  out->schedule.base_lr = 0.05f;
+  out->exchange = TIDE_EXCHANGE_DENSE;
+  out->density = 0.01;
+  out->selector = TIDE_TOPK_SAMPLED;
+  out->gns_decay = 0.99;
+}
+
+static int config_check(const tide_trainer_config_t *c) {
+  const char *field = NULL, *why = NULL;
+  if (c->dataset_size == 0)
+    field = "dataset_size", why = "must be > 0";
+  else if (c->batch < 1)
+    field = "batch", why = "must be >= 1";
+  else if (c->max_batch != 0 && c->max_batch < c->batch)
+    field = "max_batch", why = "must be 0 (= batch) or >= batch";
+  else if (c->max_accum < 1)
+    field = "max_accum", why = "must be >= 1";
+  else if (c->base_batch < 0)
+    field = "base_batch", why = "must be 0 (batch x ranks) or > 0";
+  else if (!(c->epochs > 0 && isfinite(c->epochs)))
+    field = "epochs", why = "must be finite and > 0";
+  else if ((unsigned)c->exchange >= TIDE_EXCHANGE_COUNT)
+    field = "exchange", why = "must be a TIDE_EXCHANGE_* value";
+  else if (!(c->density > 0 && c->density <= 1))
+    field = "density", why = "must be in (0, 1]";
+  else if ((unsigned)c->selector >= TIDE_TOPK_KIND_COUNT)
+    field = "selector", why = "must be a TIDE_TOPK_* value";
+  else if (!(c->sparse_warmup_epochs >= 0 && isfinite(c->sparse_warmup_epochs)))
+    field = "sparse_warmup_epochs", why = "must be finite and >= 0";
+  else if (!(c->gns_decay > 0 && c->gns_decay < 1))
+    field = "gns_decay", why = "must be in (0, 1)";
+  else if (c->tensor_stats != 0 && c->tensor_stats != 1)
+    field = "tensor_stats", why = "must be 0 or 1";
+  if (field != NULL) {
+    TIDE_ERROR("tide_trainer_create: config.%s %s", field, why);
+    return TIDE_EINVAL;
+  }
+  TIDE_CHECK(tide_optim_config_check(&c->optim));
+  return tide_lr_check(&c->schedule);
+}
+
+/* The full-step plan for a global batch: micro-batches of at most
+ * max_batch, at most max_accum of them per rank. */
+static void plan(tide_trainer_t *tr, long global_batch) {
+  long ranks = tr->ranks, max_batch = tr->config.max_batch, max_accum = tr->config.max_accum;
+  long local = (global_batch + ranks - 1) / ranks;
+  if (local < 1) local = 1;
+  if (local > max_batch * max_accum) local = max_batch * max_accum;
+  long accum = (local + max_batch - 1) / max_batch;
+  tr->accum = (int)accum;
+  tr->batch = (int)((local + accum - 1) / accum);
+}
+
+static long planned_batch(const tide_trainer_t *tr) { return (long)tr->ranks * tr->batch * tr->accum; }
+
+void tide_trainer_destroy(tide_trainer_t *tr) {
+  if (tr == NULL) return;
+  for (size_t i = 0; i < tr->npolicies; i++)
+    if (tr->policies[i].ops.destroy != NULL) tr->policies[i].ops.destroy(tr->policies[i].state);
+  tide__free(tr->policies);
+  for (int k = 0; k < TIDE_EXCHANGE_COUNT; k++)
+    if (tr->exchange_state[k] != NULL) tide__exchanges[k].close(tr->exchange_state[k]);
+  if (tr->tensors != NULL)
+    for (size_t t = 0; t < tr->ntensors; t++) tide__free((char *)tr->tensors[t].name);
+  tide__free(tr->tensors);
+  tide_optim_destroy(tr->optim);
+  tide_sampler_destroy(tr->sampler);
+  tide__free(tr->exchange);
+  tide__free(tr->tensor_sq);
+  tide__free(tr->tensor_gns);
+  tide__free(tr->times);
+  tide__free(tr->scratch);
+  tide__free(tr->pending_residual);
+  tide__free(tr);
+}
+
+int tide_trainer_create(tide_comm_t *comm, const tide_trainer_config_t *config, float *params, float *grads,
+                        size_t nparams, const tide_tensor_t *tensors, size_t ntensors, tide_trainer_t **out) {
+  if (comm == NULL || config == NULL || params == NULL || grads == NULL || out == NULL) {
+    TIDE_ERROR("tide_trainer_create: comm, config, params, grads and out must not be NULL");
+    return TIDE_EINVAL;
+  }
+  if (nparams == 0 || nparams > ((size_t)1 << 32) - 1) {
+    TIDE_ERROR("tide_trainer_create: nparams is %zu; it must be in [1, 2^32)", nparams);
+    return TIDE_EINVAL;
+  }
+  if (ntensors > 0 && tensors == NULL) {
+    TIDE_ERROR("tide_trainer_create: tensors is NULL but ntensors is %zu", ntensors);
+    return TIDE_EINVAL;
+  }
+  TIDE_CHECK(config_check(config));
+  tide_trainer_t *tr = tide__calloc(1, sizeof *tr);
+  if (tr == NULL) return TIDE_ENOMEM;
+  int rc = TIDE_ENOMEM;
+  tr->comm = comm;
+  tr->config = *config;
+  tr->params = params;
+  tr->grads = grads;
+  tr->nparams = nparams;
+  tr->rank = tide_comm_rank(comm);
+  tr->ranks = tide_comm_size(comm);
+  tr->nodes = tide_comm_node_count(comm);
+  if (tr->config.max_batch == 0) tr->config.max_batch = tr->config.batch;
+  if (tr->config.base_batch == 0) tr->config.base_batch = (long)tr->config.batch * tr->ranks;
+  /* The optimizer checks the tiling and names a bad tensor. */
+  TIDE_CHECK_GOTO(tide_optim_create(&tr->config.optim, tensors, ntensors, nparams, &tr->optim), rc, fail);
+  tr->ntensors = ntensors ? ntensors : 1;
+  tr->tensors = tide__calloc(tr->ntensors, sizeof *tr->tensors);
+  if (tr->tensors == NULL) goto fail;
+  if (ntensors == 0) {
+    tr->tensors[0] = (tide_tensor_t){.name = tide__strdup("params"), .count = nparams, .ndim = 1,
+                                     .shape = {(int)nparams}};
+  } else {
+    for (size_t t = 0; t < ntensors; t++) {
+      tr->tensors[t] = tensors[t];
+      tr->tensors[t].name = tide__strdup(tensors[t].name != NULL ? tensors[t].name : "tensor");
+    }
+  }
+  for (size_t t = 0; t < tr->ntensors; t++)
+    if (tr->tensors[t].name == NULL) goto fail;
+  TIDE_CHECK_GOTO(tide_sampler_create(config->dataset_size, config->seed, 0, 1, &tr->sampler), rc, fail);
+  tr->nslots = TIDE__SLOT_TIMES + (size_t)tr->ranks + (config->tensor_stats ? tr->ntensors : 0);
+  tr->exchange = tide__malloc((nparams + tr->nslots) * sizeof *tr->exchange);
+  tr->tensor_sq = tide__calloc(tr->ntensors, sizeof *tr->tensor_sq);
+  tr->tensor_gns = tide__calloc(tr->ntensors, sizeof *tr->tensor_gns);
+  tr->times = tide__calloc((size_t)tr->ranks, sizeof *tr->times);
+  tr->scratch = tide__calloc((size_t)tr->ranks, sizeof *tr->scratch);
+  if (tr->exchange == NULL || tr->tensor_sq == NULL || tr->tensor_gns == NULL || tr->times == NULL ||
+      tr->scratch == NULL)
+    goto fail;
+  plan(tr, (long)config->batch * tr->ranks);
+  tr->exchange_kind = config->exchange;
+  tr->total_progress = config->epochs * (double)config->dataset_size / (double)tr->config.base_batch;
+  tr->last_step_end_ns = tide__now_ns();
+  tr->stats = (tide_step_stats_t){.noise_scale = NAN, .grad_sq = NAN, .trace_sigma = NAN, .gain_ratio = 1,
+                                  .lr_factor = 1, .comm_share = NAN, .mean_step_s = NAN, .ranks = tr->ranks, .nodes = tr->nodes,
+                                  .batch = tr->batch, .accum = tr->accum, .planned_batch = planned_batch(tr),
+                                  .exchange = tr->exchange_kind};
+  /* Every rank must run the same plan: a mismatch here is a usage error
+   * that would otherwise show up as a hang or silent divergence. */
+  double mine[2] = {(double)config->dataset_size, (double)tr->config.base_batch}, agreed[4];
+  memcpy(agreed, mine, sizeof mine);
+  memcpy(agreed + 2, mine, sizeof mine);
+  if ((rc = tide_allreduce(comm, agreed, agreed, 2, TIDE_F64, TIDE_MIN)) != 0 ||
+      (rc = tide_allreduce(comm, agreed + 2, agreed + 2, 2, TIDE_F64, TIDE_MAX)) != 0)
+    goto fail;
+  if (agreed[0] != agreed[2] || agreed[1] != agreed[3]) {
+    TIDE_ERROR("tide_trainer_create: ranks disagree on dataset_size (%g..%g) or base_batch (%g..%g): every rank "
+               "must pass the same config",
+               agreed[0], agreed[2], agreed[1], agreed[3]);
+    rc = TIDE_EINVAL;
+    goto fail;
+  }
+  *out = tr;
+  return 0;
+fail:
+  tide_trainer_destroy(tr);
+  return rc;
+}
+
+/* Runs one hook of every policy. decide_every > 0 marks a policy that
+ * decides locally: its before_step runs every decide_every steps on every
+ * rank and rank 0's decision is broadcast. */
+enum { HOOK_BEFORE_STEP, HOOK_BEFORE_UPDATE, HOOK_AFTER_EPOCH };
+
+static int run_hooks(tide_trainer_t *tr, int hook, tide_decision_t *d) {
+  for (size_t i = 0; i < tr->npolicies; i++) {
+    tide__policy_slot_t *p = &tr->policies[i];
+    int (*fn)(void *, const tide_step_stats_t *, tide_decision_t *) =
+        hook == HOOK_BEFORE_STEP ? p->ops.before_step
+        : hook == HOOK_BEFORE_UPDATE ? p->ops.before_update
+                                     : p->ops.after_epoch;
+    if (fn == NULL) continue;
+    int local = p->ops.decide_every > 0 && hook == HOOK_BEFORE_STEP;
+    if (local && tr->step % p->ops.decide_every != 0) continue;
+    int rc = fn(p->state, &tr->stats, d);
+    if (rc != 0) return tide__trainer_fail(tr, rc, "policy %s failed", p->ops.name ? p->ops.name : "?");
+    if (local && tr->ranks > 1) {
+      double wire[5] = {(double)d->global_batch, d->lr_factor, d->gain, d->exchange, d->world_size};
+      if ((rc = tide_broadcast(tr->comm, wire, 5, TIDE_F64, 0)) != 0)
+        return tide__trainer_fail(tr, rc, "broadcast of policy %s's decision: %s", p->ops.name,
+                                  tide_comm_last_error(tr->comm));
+      *d = (tide_decision_t){(long)wire[0], wire[1], wire[2], (int)wire[3], (int)wire[4]};
+    }
+  }
+  return 0;
+}
+
+/* Applies the decisions that take effect from the next planned step. */
+static int apply(tide_trainer_t *tr, const tide_decision_t *d) {
+  if (d->global_batch > 0) {
+    plan(tr, d->global_batch);
+    tr->stats.batch = tr->batch;
+    tr->stats.accum = tr->accum;
+    tr->stats.planned_batch = planned_batch(tr);
+  }
+  if (d->exchange >= 0) {
+    if (d->exchange >= TIDE_EXCHANGE_COUNT)
+      return tide__trainer_fail(tr, TIDE_EINVAL, "a policy chose exchange %d, not a tide_exchange_t", d->exchange);
+    tr->exchange_kind = (tide_exchange_t)d->exchange;
+    tr->stats.exchange = tr->exchange_kind;
+  }
+  return 0;
+}
+
+static tide_decision_t unchanged(void) { return (tide_decision_t){0, 0, 0, -1, 0}; }
+
+int tide_trainer_next(tide_trainer_t *tr, tide_batch_t *batch) {
+  if (tr == NULL || batch == NULL) {
+    TIDE_ERROR("tide_trainer_next: trainer and batch must not be NULL");
+    return TIDE_EINVAL;
+  }
+  if (tr->micro_handed) {
+    return tide__trainer_fail(tr, TIDE_ESTATE,
+                              "tide_trainer_next called twice: call tide_trainer_step after each micro-batch");
+  }
+  if (!tr->in_step) {
+    if (tr->progress >= tr->total_progress) {
+      *batch = (tide_batch_t){.done = 1, .step = tr->step, .epoch = tr->epoch};
+      return 0;
+    }
+    tide_decision_t d = unchanged();
+    TIDE_CHECK(run_hooks(tr, HOOK_BEFORE_STEP, &d));
+    TIDE_CHECK(apply(tr, &d));
+    uint64_t left = tr->config.dataset_size - tr->position, full = (uint64_t)planned_batch(tr);
+    tr->step_first = tr->position;
+    tr->step_count = left < full ? left : full;
+    size_t offset, len;
+    tide_block((size_t)tr->step_count, tr->ranks, tr->rank, &offset, &len);
+    tr->my_first = tr->step_first + offset;
+    tr->my_count = len;
+    tr->micro = 0;
+    tr->micro_count = tr->accum;
+    tr->sq_micro = tr->full_micro = tr->count = tr->loss_sum = tr->compute_s = 0;
+    tr->accumulated = 0;
+    memset(tr->tensor_sq, 0, tr->ntensors * sizeof *tr->tensor_sq);
+    tr->in_step = 1;
+  }
+  size_t offset, len;
+  tide_block((size_t)tr->my_count, tr->micro_count, tr->micro, &offset, &len);
+  const uint64_t *order = tide_sampler_order(tr->sampler, NULL);
+  tr->current_count = len;
+  tr->micro_handed = 1;
+  *batch = (tide_batch_t){.indices = order + tr->my_first + offset, .count = len, .micro = tr->micro,
+                          .micro_count = tr->micro_count, .epoch = tr->epoch, .step = tr->step};
+  tr->micro_start_ns = tide__now_ns();
+  return 0;
+}
+
+/* Adds count * grads to the exchange buffer (or sets it, for the step's
+ * first contribution) and returns |grads|^2; per-tensor squares into
+ * tensor_sq when asked. Partial sums in float over short runs keep the
+ * loop vectorised; they are added up in double. */
+static double accumulate(tide_trainer_t *tr, float count, double *tensor_sq) {
+  const float *restrict g = tr->grads;
+  float *restrict x = tr->exchange;
+  double total = 0;
+  int first = !tr->accumulated;
+  for (size_t t = 0; t < tr->ntensors; t++) {
+    size_t begin = tr->tensors[t].offset, end = begin + tr->tensors[t].count;
+    double sq = 0;
+    for (size_t i = begin; i < end;) {
+      size_t stop = end - i > 4096 ? i + 4096 : end;
+      float part = 0;
+      if (first)
+        for (; i < stop; i++) {
+          x[i] = g[i] * count;
+          part += g[i] * g[i];
+        }
+      else
+        for (; i < stop; i++) {
+          x[i] += g[i] * count;
+          part += g[i] * g[i];
+        }
+      sq += part;
+    }
+    if (tensor_sq != NULL) tensor_sq[t] += sq;
+    total += sq;
+  }
+  tr->accumulated = 1;
+  return total;
+}
+
+/* Divides the summed gradient by the sample count, giving the mean the
+ * optimizer applies, and returns its squared norm (per tensor too). */
+static double average(tide_trainer_t *tr, float inv, double *tensor_sq) {
+  float *restrict x = tr->exchange;
+  double total = 0;
+  for (size_t t = 0; t < tr->ntensors; t++) {
+    size_t begin = tr->tensors[t].offset, end = begin + tr->tensors[t].count;
+    double sq = 0;
+    for (size_t i = begin; i < end;) {
+      size_t stop = end - i > 4096 ? i + 4096 : end;
+      float part = 0;
+      for (; i < stop; i++) {
+        x[i] *= inv;
+        part += x[i] * x[i];
+      }
+      sq += part;
+    }
+    if (tensor_sq != NULL) tensor_sq[t] = sq;
+    total += sq;
+  }
+  return total;
+}
+
+static int exchange_state(tide_trainer_t *tr, void **state) {
+  tide_exchange_t k = tr->exchange_kind;
+  if (tr->exchange_state[k] == NULL) {
+    TIDE_CHECK(tide__exchanges[k].open(tr, &tr->exchange_state[k]));
+    tide_compressor_t *c = tide__exchanges[k].compressor(tr->exchange_state[k]);
+    if (c != NULL && tr->pending_residual != NULL) {
+      int rc = tide_compressor_set_residual(c, tr->pending_residual, tr->pending_len);
+      tide__free(tr->pending_residual);
+      tr->pending_residual = NULL;
+      if (rc != 0) return tide__trainer_fail(tr, rc, "the restored residual does not fit this exchange");
+    }
+  }
+  *state = tr->exchange_state[k];
+  return 0;
+}
+
+int tide_trainer_step(tide_trainer_t *tr, double loss, tide_step_stats_t *stats) {
+  if (tr == NULL) {
+    TIDE_ERROR("tide_trainer_step: trainer must not be NULL");
+    return TIDE_EINVAL;
+  }
+  if (!tr->in_step || !tr->micro_handed)
+    return tide__trainer_fail(tr, TIDE_ESTATE, "tide_trainer_step without a micro-batch: call tide_trainer_next first");
+  int64_t t0 = tide__now_ns();
+  tr->compute_s += (double)(t0 - tr->micro_start_ns) * 1e-9;
+  tr->micro_handed = 0;
+  size_t c = tr->current_count;
+  if (c > 0) {
+    if (!isfinite(loss))
+      return tide__trainer_fail(tr, TIDE_EINVAL, "step %ld: the loss is %g: the model diverged (lower the learning "
+                                "rate)", tr->step, loss);
+    int full = c == (size_t)tr->batch;
+    double sq = accumulate(tr, (float)c, full && tr->config.tensor_stats ? tr->tensor_sq : NULL);
+    if (full) {
+      tr->sq_micro += sq;
+      tr->full_micro += 1;
+    }
+    tr->count += (double)c;
+    tr->loss_sum += loss * (double)c;
+  }
+  tr->micro++;
+  if (tr->micro < tr->micro_count) {
+    tr->stats.stepped = 0;
+    if (stats != NULL) *stats = tr->stats;
+    return 0;
+  }
+
+  /* The exchange: gradient sum and statistics, summed over the ranks. */
+  if (!tr->accumulated) memset(tr->exchange, 0, tr->nparams * sizeof *tr->exchange);
+  float *slots = tr->exchange + tr->nparams;
+  memset(slots, 0, tr->nslots * sizeof *slots);
+  slots[TIDE__SLOT_COUNT] = (float)tr->count;
+  slots[TIDE__SLOT_LOSS] = (float)tr->loss_sum;
+  slots[TIDE__SLOT_SQ_MICRO] = (float)tr->sq_micro;
+  slots[TIDE__SLOT_FULL_MICRO] = (float)tr->full_micro;
+  slots[TIDE__SLOT_EXCHANGE_S] = (float)tr->prev_exchange_s;
+  slots[TIDE__SLOT_STEP_S] = (float)tr->prev_step_s;
+  slots[TIDE__SLOT_TIMES + tr->rank] = (float)tr->compute_s;
+  float *tensor_slots = slots + TIDE__SLOT_TIMES + tr->ranks;
+  if (tr->config.tensor_stats)
+    for (size_t t = 0; t < tr->ntensors; t++) tensor_slots[t] = (float)tr->tensor_sq[t];
+  void *state = NULL;
+  TIDE_CHECK(exchange_state(tr, &state));
+  int64_t t1 = tide__now_ns();
+  TIDE_CHECK(tide__exchanges[tr->exchange_kind].run(tr, state));
+  int64_t t2 = tide__now_ns();
+
+  /* Statistics. */
+  double total = slots[TIDE__SLOT_COUNT];
+  if (!(total > 0))
+    return tide__trainer_fail(tr, TIDE_EPROTO, "step %ld carried %g samples over all ranks", tr->step, total);
+  double sq_big = average(tr, (float)(1.0 / total), tr->config.tensor_stats ? tr->tensor_sq : NULL);
+  tide_step_stats_t *s = &tr->stats;
+  double base = (double)tr->config.base_batch, scale = total / base;
+  double micro_total = slots[TIDE__SLOT_FULL_MICRO], keep = pow(tr->config.gns_decay, scale);
+  if (micro_total >= 2 && micro_total == (double)tr->ranks * tr->accum) {
+    tide__gns_update(&tr->gns, tr->batch, micro_total, slots[TIDE__SLOT_SQ_MICRO] / micro_total, sq_big, keep);
+    if (tr->config.tensor_stats)
+      for (size_t t = 0; t < tr->ntensors; t++)
+        tide__gns_update(&tr->tensor_gns[t], tr->batch, micro_total, tensor_slots[t] / micro_total,
+                         tr->tensor_sq[t], keep);
+  }
+  for (int r = 0; r < tr->ranks; r++) tr->times[r] = slots[TIDE__SLOT_TIMES + r];
+  tide__spread(tr->times, tr->ranks, tr->scratch, &s->compute_min_s, &s->compute_median_s, &s->compute_max_s,
+               &s->slowest_rank);
+  s->comm_share = slots[TIDE__SLOT_STEP_S] > 0 ? slots[TIDE__SLOT_EXCHANGE_S] / slots[TIDE__SLOT_STEP_S] : NAN;
+  s->mean_step_s = slots[TIDE__SLOT_STEP_S] / tr->ranks;
+  s->global_batch = (long)total;
+  s->loss = slots[TIDE__SLOT_LOSS] / total;
+  s->scale = scale;
+  s->grad_sq = tide__gns_grad_sq(&tr->gns);
+  s->trace_sigma = tide__gns_trace_sigma(&tr->gns);
+  s->noise_scale = tide__gns_noise_scale(&tr->gns);
+  s->gain_ratio = isnan(s->grad_sq) ? 1.0 : tide_adascale_gain(s->trace_sigma / base, s->grad_sq, scale < 1 ? 1 : scale);
+  s->epoch = tr->epoch;
+  s->exchange = tr->exchange_kind;
+  s->compute_s = tr->compute_s;
+  s->exchange_s = (double)(t2 - t1) * 1e-9;
+
+  /* Policies, then the update. */
+  tide_decision_t d = unchanged();
+  TIDE_CHECK(run_hooks(tr, HOOK_BEFORE_UPDATE, &d));
+  TIDE_CHECK(apply(tr, &d));
+  s->lr_factor = d.lr_factor > 0 ? d.lr_factor : 1.0;
+  s->gain = d.gain > 0 ? d.gain : scale;
+  s->lr = (double)tide_lr_at(&tr->config.schedule, (long)floor(tr->progress)) * s->lr_factor;
+  int rc = tide_optim_step(tr->optim, tr->params, tr->exchange, (float)s->lr);
+  if (rc != 0) return tide__trainer_fail(tr, rc, "optimizer step %ld failed", tr->step);
+  tr->progress += s->gain;
+  tr->step++;
+  tr->position += tr->step_count;
+  tr->in_step = 0;
+  int64_t t3 = tide__now_ns();
+  s->stepped = 1;
+  s->step = tr->step;
+  s->progress = tr->progress;
+  s->epochs_done = tr->progress * base / (double)tr->config.dataset_size;
+  s->done = tr->progress >= tr->total_progress;
+  s->epoch_end = tr->position >= tr->config.dataset_size;
+  s->optim_s = (double)(t3 - t2) * 1e-9;
+  s->step_s = (double)(t3 - tr->last_step_end_ns) * 1e-9;
+  s->throughput = s->step_s > 0 ? total / s->step_s : NAN;
+  tr->prev_exchange_s = s->exchange_s;
+  tr->prev_step_s = s->step_s;
+  tr->last_step_end_ns = t3;
+  if (s->epoch_end) {
+    d = unchanged();
+    TIDE_CHECK(run_hooks(tr, HOOK_AFTER_EPOCH, &d));
+    TIDE_CHECK(apply(tr, &d));
+    tr->epoch++;
+    tr->position = 0;
+    TIDE_CHECK(tide_sampler_set_epoch(tr->sampler, tr->epoch));
+  }
+  if (stats != NULL) *stats = *s;
+  return 0;
+}
+
+const tide_step_stats_t *tide_trainer_stats(const tide_trainer_t *tr) { return tr != NULL ? &tr->stats : NULL; }
+
+int tide_trainer_tensor_stats(const tide_trainer_t *tr, size_t tensor, double *grad_sq, double *trace_sigma) {
+  if (tr == NULL) {
+    TIDE_ERROR("tide_trainer_tensor_stats: trainer must not be NULL");
+    return TIDE_EINVAL;
+  }
+  if (!tr->config.tensor_stats) {
+    TIDE_ERROR("tide_trainer_tensor_stats: per-tensor statistics are off (set config.tensor_stats = 1)");
+    return TIDE_ESTATE;
+  }
+  if (tensor >= tr->ntensors) {
+    TIDE_ERROR("tide_trainer_tensor_stats: tensor %zu out of range (the trainer has %zu)", tensor, tr->ntensors);
+    return TIDE_EINVAL;
+  }
+  if (grad_sq != NULL) *grad_sq = tide__gns_grad_sq(&tr->tensor_gns[tensor]);
+  if (trace_sigma != NULL) *trace_sigma = tide__gns_trace_sigma(&tr->tensor_gns[tensor]);
+  return 0;
+}
+
+int tide_trainer_add_policy(tide_trainer_t *tr, const tide_policy_ops_t *ops, void *state) {
+  if (tr == NULL || ops == NULL) {
+    TIDE_ERROR("tide_trainer_add_policy: trainer and ops must not be NULL");
+    return TIDE_EINVAL;
+  }
+  if (ops->state_size > 0 && state == NULL) {
+    TIDE_ERROR("tide_trainer_add_policy: policy %s has state_size %zu but no state", ops->name ? ops->name : "?",
+               ops->state_size);
+    return TIDE_EINVAL;
+  }
+  if (ops->decide_every < 0) {
+    TIDE_ERROR("tide_trainer_add_policy: policy %s has decide_every %d; it must be >= 0",
+               ops->name ? ops->name : "?", ops->decide_every);
+    return TIDE_EINVAL;
+  }
+  tide__policy_slot_t *grown = tide__realloc(tr->policies, (tr->npolicies + 1) * sizeof *grown);
+  if (grown == NULL) return TIDE_ENOMEM;
+  tr->policies = grown;
+  tr->policies[tr->npolicies++] = (tide__policy_slot_t){*ops, state};
+  return 0;
+}
+
+int tide_trainer_adapt(tide_trainer_t *tr, const char *list) {
+  if (tr == NULL || list == NULL) {
+    TIDE_ERROR("tide_trainer_adapt: trainer and list must not be NULL");
+    return TIDE_EINVAL;
+  }
+  tide__policy_env_t env = {.base_batch = tr->config.base_batch, .ranks = tr->ranks, .nodes = tr->nodes,
+                            .max_batch = tr->config.max_batch, .max_accum = tr->config.max_accum,
+                            .optim = tr->config.optim.kind, .dataset_size = tr->config.dataset_size,
+                            .batch = tr->config.batch};
+  char spec[256];
+  for (const char *p = list; *p;) {
+    size_t n = strcspn(p, ",");
+    if (n == 0 || n >= sizeof spec) {
+      TIDE_ERROR("tide_trainer_adapt: bad policy list \"%s\": give NAME[:key=value...] separated by commas", list);
+      return TIDE_EINVAL;
+    }
+    memcpy(spec, p, n);
+    spec[n] = 0;
+    tide_policy_ops_t ops;
+    void *state;
+    TIDE_CHECK(tide__policy_builtin(spec, &env, &ops, &state));
+    int rc = tide_trainer_add_policy(tr, &ops, state);
+    if (rc != 0) {
+      if (ops.destroy != NULL) ops.destroy(state);
+      return rc;
+    }
+    p += n;
+    if (*p == ',') p++;
+  }
+  return 0;
+}
+
+/* ---- state ---------------------------------------------------------------- */
+
+enum { STATE_MAGIC = 0x54524e31 /* "TRN1" */ };
+
+typedef struct {
+  uint32_t magic, ntensors;
+  uint64_t nparams, dataset_size, epoch, position;
+  int64_t step, base_batch;
+  double progress, prev_exchange_s, prev_step_s;
+  int32_t batch, accum, exchange, npolicies;
+  tide__gns_t gns;
+  uint64_t optim_bytes, residual_len;
+} state_header_t;
+
+static size_t policy_bytes(const tide_trainer_t *tr) {
+  size_t n = 0;
+  for (size_t i = 0; i < tr->npolicies; i++) n += sizeof(uint64_t) + tr->policies[i].ops.state_size;
+  return n;
+}
+
+static const float *residual_of(const tide_trainer_t *tr, size_t *len) {
+  void *state = tr->exchange_state[tr->exchange_kind];
+  tide_compressor_t *c = state != NULL ? tide__exchanges[tr->exchange_kind].compressor(state) : NULL;
+  if (c != NULL) {
+    *len = tide_compressor_size(c);
+    return tide_compressor_residual(c);
+  }
+  *len = tr->pending_residual != NULL ? tr->pending_len : 0;
+  return tr->pending_residual;
+}
+
+size_t tide_trainer_state_size(const tide_trainer_t *tr) {
+  if (tr == NULL) return 0;
+  size_t residual;
+  residual_of(tr, &residual);
+  return sizeof(state_header_t) + tr->ntensors * sizeof(tide__gns_t) + policy_bytes(tr) +
+         tide_optim_state_size(tr->optim) + residual * sizeof(float);
+}
+
+int tide_trainer_state_get(const tide_trainer_t *tr, void *buf, size_t len) {
+  if (tr == NULL || buf == NULL) {
+    TIDE_ERROR("tide_trainer_state_get: trainer and buf must not be NULL");
+    return TIDE_EINVAL;
+  }
+  if (tr->in_step) {
+    TIDE_ERROR("tide_trainer_state_get: a step is half accumulated; save between steps");
+    return TIDE_ESTATE;
+  }
+  size_t need = tide_trainer_state_size(tr), residual_len;
+  if (len < need) {
+    TIDE_ERROR("tide_trainer_state_get: len %zu is below tide_trainer_state_size's %zu", len, need);
+    return TIDE_EINVAL;
+  }
+  const float *residual = residual_of(tr, &residual_len);
+  state_header_t h = {STATE_MAGIC, (uint32_t)tr->ntensors, tr->nparams, tr->config.dataset_size, tr->epoch,
+                      tr->position, tr->step, tr->config.base_batch, tr->progress, tr->prev_exchange_s,
+                      tr->prev_step_s, tr->batch, tr->accum, tr->exchange_kind, (int32_t)tr->npolicies, tr->gns,
+                      tide_optim_state_size(tr->optim), residual_len};
+  char *p = buf;
+  memcpy(p, &h, sizeof h);
+  p += sizeof h;
+  memcpy(p, tr->tensor_gns, tr->ntensors * sizeof *tr->tensor_gns);
+  p += tr->ntensors * sizeof *tr->tensor_gns;
+  for (size_t i = 0; i < tr->npolicies; i++) {
+    uint64_t n = tr->policies[i].ops.state_size;
+    memcpy(p, &n, sizeof n);
+    p += sizeof n;
+    if (n) memcpy(p, tr->policies[i].state, n);
+    p += n;
+  }
+  TIDE_CHECK(tide_optim_state_get(tr->optim, p, h.optim_bytes));
+  p += h.optim_bytes;
+  if (residual_len) memcpy(p, residual, residual_len * sizeof(float));
+  return 0;
+}
+
+int tide_trainer_state_set(tide_trainer_t *tr, const void *buf, size_t len) {
+  if (tr == NULL || buf == NULL) {
+    TIDE_ERROR("tide_trainer_state_set: trainer and buf must not be NULL");
+    return TIDE_EINVAL;
+  }
+  state_header_t h;
+  if (len < sizeof h) goto bad;
+  memcpy(&h, buf, sizeof h);
+  if (h.magic != STATE_MAGIC || h.nparams != tr->nparams || h.ntensors != tr->ntensors ||
+      h.dataset_size != tr->config.dataset_size || h.base_batch != tr->config.base_batch ||
+      h.npolicies != (int32_t)tr->npolicies || h.exchange < 0 || h.exchange >= TIDE_EXCHANGE_COUNT ||
+      h.batch < 1 || h.accum < 1 || h.position > h.dataset_size)
+    goto bad;
+  const char *p = (const char *)buf + sizeof h;
+  size_t need = sizeof h + tr->ntensors * sizeof(tide__gns_t) + policy_bytes(tr) + h.optim_bytes +
+                h.residual_len * sizeof(float);
+  if (len < need) goto bad;
+  const char *policies = p + tr->ntensors * sizeof(tide__gns_t), *q = policies;
+  for (size_t i = 0; i < tr->npolicies; i++) {
+    uint64_t n;
+    memcpy(&n, q, sizeof n);
+    if (n != tr->policies[i].ops.state_size) goto bad;
+    q += sizeof n + n;
+  }
+  /* The optimizer checks its own part before anything changes. */
+  int rc = tide_optim_state_set(tr->optim, q, h.optim_bytes);
+  if (rc != 0) return rc;
+  float *residual = NULL;
+  if (h.residual_len) {
+    residual = tide__malloc(h.residual_len * sizeof *residual);
+    if (residual == NULL) return TIDE_ENOMEM;
+    memcpy(residual, q + h.optim_bytes, h.residual_len * sizeof *residual);
+  }
+  memcpy(tr->tensor_gns, p, tr->ntensors * sizeof *tr->tensor_gns);
+  q = policies;
+  for (size_t i = 0; i < tr->npolicies; i++) {
+    uint64_t n;
+    memcpy(&n, q, sizeof n);
+    q += sizeof n;
+    if (n) memcpy(tr->policies[i].state, q, n);
+    q += n;
+  }
+  tr->epoch = h.epoch;
+  tr->position = h.position;
+  tr->step = h.step;
+  tr->progress = h.progress;
+  tr->prev_exchange_s = h.prev_exchange_s;
+  tr->prev_step_s = h.prev_step_s;
+  tr->batch = h.batch;
+  tr->accum = h.accum;
+  tr->gns = h.gns;
+  tr->in_step = 0;
+  /* Exchanges are reopened (collectively) at the next step; the residual
+   * waits for it. */
+  for (int k = 0; k < TIDE_EXCHANGE_COUNT; k++)
+    if (tr->exchange_state[k] != NULL) {
+      tide__exchanges[k].close(tr->exchange_state[k]);
+      tr->exchange_state[k] = NULL;
+    }
+  tr->exchange_kind = (tide_exchange_t)h.exchange;
+  tide__free(tr->pending_residual);
+  tr->pending_residual = residual;
+  tr->pending_len = h.residual_len;
+  tr->stats.step = tr->step;
+  tr->stats.progress = tr->progress;
+  tr->stats.batch = tr->batch;
+  tr->stats.accum = tr->accum;
+  tr->stats.planned_batch = planned_batch(tr);
+  tr->stats.exchange = tr->exchange_kind;
+  return tide_sampler_set_epoch(tr->sampler, tr->epoch);
+bad:
+  TIDE_ERROR("tide_trainer_state_set: the state (%zu bytes) is not from a trainer with this config, %zu parameters "
+             "and these %zu policies",
+             len, tr->nparams, tr->npolicies);
+  return TIDE_EINVAL;
+}
