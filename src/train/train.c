@@ -543,6 +543,10 @@ int tide_trainer_adapt(tide_trainer_t *tr, const char *list) {
                             .max_batch = tr->config.max_batch, .max_accum = tr->config.max_accum,
                             .optim = tr->config.optim.kind, .dataset_size = tr->config.dataset_size,
                             .batch = tr->config.batch};
+  if (*list == 0) {
+    TIDE_ERROR("tide_trainer_adapt: the policy list is empty: give NAME[:key=value...] separated by commas");
+    return TIDE_EINVAL;
+  }
   char spec[256];
   for (const char *p = list; *p;) {
     size_t n = strcspn(p, ",");
