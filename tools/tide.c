@@ -566,7 +566,10 @@ static double json_number(const char *line, const char *key) {
   char pattern[64];
   snprintf(pattern, sizeof pattern, "\"%s\":", key);
   const char *at = strstr(line, pattern);
-  return at ? strtod(at + strlen(pattern), NULL) : NAN;
+  if (at == NULL) return NAN;
+  char *end;
+  double v = strtod(at + strlen(pattern), &end);
+  return end == at + strlen(pattern) ? NAN : v; /* null */
 }
 
 /* Draws runs/NAME's metrics with gnuplot: loss and accuracy against time and
@@ -608,14 +611,19 @@ static int cmd_report(int argc, char **argv) {
       double c = json_number(line, "comm_s"), k = json_number(line, "compute_s");
       comm_sum += c;
       compute_sum += k;
-      fprintf(steps, "%g %g %g %g %g %g\n", json_number(line, "step"), json_number(line, "time_s"),
-              json_number(line, "loss"), json_number(line, "images_per_s"), c / (c + k), json_number(line, "lr"));
+      fprintf(steps, "%g %g %g %g %g %g %g %g %g %g %g %g %g\n", json_number(line, "step"),
+              json_number(line, "time_s"), json_number(line, "loss"), json_number(line, "images_per_s"), c / (c + k),
+              json_number(line, "lr"), json_number(line, "noise_scale"), json_number(line, "global_batch"),
+              json_number(line, "lr_factor"), json_number(line, "gain_ratio"),
+              json_number(line, "rank_compute_min_s"), json_number(line, "rank_compute_median_s"),
+              json_number(line, "rank_compute_max_s"));
       nsteps++;
-    } else if (strstr(line, "\"type\":\"epoch\"") != NULL || strstr(line, "\"type\":\"eval\"") != NULL) {
-      /* Test evaluations: at epoch ends ("epoch": its 0-based index) and,
-       * with --eval-every, between them ("epoch": epochs done, fractional). */
-      int end = strstr(line, "\"type\":\"epoch\"") != NULL;
-      fprintf(epochs, "%g %g %g %g %g\n", json_number(line, "epoch") + end, json_number(line, "step"),
+    } else if (strstr(line, "\"type\":\"epoch\"") != NULL || strstr(line, "\"type\":\"eval\"") != NULL ||
+               strstr(line, "\"type\":\"final\"") != NULL) {
+      /* Test evaluations at data-epoch ends, every --eval-every steps and
+       * at the end; "epoch" is the progress in epochs, fractional. */
+      int end = strstr(line, "\"type\":\"eval\"") == NULL;
+      fprintf(epochs, "%g %g %g %g %g\n", json_number(line, "epoch"), json_number(line, "step"),
               json_number(line, "time_s"), json_number(line, "test_loss"),
               100 * json_number(line, "test_accuracy"));
       nepochs += end;
@@ -650,11 +658,21 @@ static int cmd_report(int argc, char **argv) {
           "plot s u 1:4 w l lc rgb '#c0e0c0' t 'per step', s u 1:4 smooth bezier lw 2 lc rgb '#008000' t 'trend'\n"
           "set output '%s/comm_share.png'\nset title sprintf('share of step time communicating (mean %%.1f%%%%)', %g)\n"
           "set ylabel 'communication / (compute + communication)'\nset yrange [0:1]\n"
-          "plot s u 1:5 w l lc rgb '#f0c0c0' t 'per step', s u 1:5 smooth bezier lw 2 lc rgb '#c00000' t 'trend'\n",
+          "plot s u 1:5 w l lc rgb '#f0c0c0' t 'per step', s u 1:5 smooth bezier lw 2 lc rgb '#c00000' t 'trend'\n"
+          "set output '%s/adaptation.png'\nset terminal pngcairo size 900,1100 noenhanced\nset yrange [*:*]\n"
+          "set multiplot layout 3,1\n"
+          "set title 'noise scale (B_simple) and global batch'\nset xlabel 'step'\nset ylabel 'samples'\n"
+          "set logscale y\n"
+          "plot s u 1:7 w l lw 2 lc rgb '#0000c0' t 'noise scale', s u 1:8 w l lw 2 lc rgb '#c00000' t 'global batch'\n"
+          "unset logscale y\nset title 'learning-rate factor and AdaScale gain ratio'\nset ylabel 'factor'\n"
+          "plot s u 1:9 w l lw 2 lc rgb '#008000' t 'lr factor', s u 1:10 w l lc rgb '#806000' t 'gain ratio'\n"
+          "set title 'per-rank compute time of each step (fastest, median, slowest rank)'\nset ylabel 'seconds'\n"
+          "plot s u 1:11 w l lc rgb '#80c080' t 'fastest', s u 1:12 w l lc rgb '#0000c0' t 'median', "
+          "s u 1:13 w l lc rgb '#c00000' t 'slowest'\nunset multiplot\n",
           steps_path, epochs_path, dir,
           nepochs > 0 ? ", e u 3:4 w lp pt 7 lw 2 lc rgb '#c00000' t 'test loss'" : "", dir,
           nepochs > 0 ? ", e u 2:4 w lp pt 7 lw 2 lc rgb '#c00000' t 'test loss'" : "", dir, dir, dir,
-          100 * comm_sum / (comm_sum + compute_sum));
+          100 * comm_sum / (comm_sum + compute_sum), dir);
   fclose(gp);
   char cmd[8300];
   snprintf(cmd, sizeof cmd, "gnuplot '%s'", script_path);
@@ -665,7 +683,7 @@ static int cmd_report(int argc, char **argv) {
   remove(script_path);
   remove(steps_path);
   remove(epochs_path);
-  printf("tide report: %s/{loss_time,loss_steps,accuracy,throughput,comm_share}.png (%ld steps, %ld epochs)\n", dir,
+  printf("tide report: %s/{loss_time,loss_steps,accuracy,throughput,comm_share,adaptation}.png (%ld steps, %ld epochs)\n", dir,
          nsteps, nepochs);
   return 0;
 }
