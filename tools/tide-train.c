@@ -19,7 +19,7 @@
 
 typedef struct {
   const char *model, *optim, *schedule, *grad, *name, *data, *runs, *adapt, *selector;
-  int epochs, batch, max_batch, threads, subset, warmup_epochs, sparse_warmup_epochs, eval_every;
+  int epochs, batch, max_batch, threads, subset, warmup_epochs, sparse_warmup_epochs, eval_every, save_params;
   long base_batch;        /* 0: workers x batch */
   double lr, momentum, weight_decay, final_lr; /* momentum < 0: the optimizer's default */
   double target_accuracy; /* 0 = none */
@@ -63,6 +63,8 @@ static void usage(FILE *out) {
           "                           metrics.jsonl, its time_s counted from the start of training\n"
           "  --target-accuracy X      record in summary.json the time at which test accuracy first\n"
           "                           reached X (a fraction, e.g. 0.85), at any evaluation\n"
+          "  --save-params            at each data-epoch end write the parameters (float32) to\n"
+          "                           runs/NAME/params-epochE.bin, their tensors to tensors.json\n"
           "  --seed N                 seed for initialisation and shuffling (default 1)\n"
           "  --name NAME              run name: writes runs/NAME/ (default: model-np-time)\n"
           "  --runs DIR               where runs go (default runs)\n"
@@ -119,7 +121,7 @@ static int parse_options(int argc, char **argv, options_t *o) {
       {"data", 1, 0, 'd'},     {"subset", 1, 0, 'u'},   {"threads", 1, 0, 't'},      {"warmup-epochs", 1, 0, 'W'},
       {"selector", 1, 0, 'K'}, {"sparse-warmup-epochs", 1, 0, 'P'}, {"eval-every", 1, 0, 'E'},
       {"target-accuracy", 1, 0, 'A'}, {"adapt", 1, 0, 'a'}, {"max-batch", 1, 0, 'B'}, {"base-batch", 1, 0, 'Z'},
-      {"gns-decay", 1, 0, 'G'}, {"help", 0, 0, 'h'},    {0, 0, 0, 0}};
+      {"gns-decay", 1, 0, 'G'}, {"save-params", 0, 0, 'V'}, {"help", 0, 0, 'h'},    {0, 0, 0, 0}};
   int c, seed, base = 0;
   opterr = 0;
   while ((c = getopt_long(argc, argv, "h", longs, NULL)) != -1) {
@@ -147,6 +149,7 @@ static int parse_options(int argc, char **argv, options_t *o) {
       case 'E': if (parse_int("--eval-every", optarg, 0, &o->eval_every)) return -1; break;
       case 'A': if (parse_fraction("--target-accuracy", optarg, &o->target_accuracy)) return -1; break;
       case 'a': o->adapt = optarg; break;
+      case 'V': o->save_params = 1; break;
       case 'G': if (parse_fraction("--gns-decay", optarg, &o->gns_decay) || o->gns_decay >= 1) {
                   fprintf(stderr, "tide-train: --gns-decay must be in (0, 1)\n");
                   return -1;
@@ -483,6 +486,36 @@ static void log_step(job_t *job, const tide_step_stats_t *s) {
           eta, job->tty ? " " : "\n");
 }
 
+/* --save-params: the parameters after data epoch `epoch` (rank 0), and
+ * once the tensors they hold, for reference scripts
+ * (test/gns_torch_ref.py). */
+static int save_params(job_t *job, uint64_t epoch) {
+  if (job->rank != 0) return 0;
+  char path[1100];
+  size_t ntensors, nparams = nn_param_count(job->model);
+  const tide_tensor_t *t = nn_tensors(job->model, &ntensors);
+  snprintf(path, sizeof path, "%s/tensors.json", job->dir);
+  FILE *f = fopen(path, "w");
+  if (f == NULL) goto fail;
+  fprintf(f, "{\"arch\":\"%s\",\"tensors\":[", nn_model_arch(job->model));
+  for (size_t i = 0; i < ntensors; i++) {
+    fprintf(f, "%s{\"name\":\"%s\",\"offset\":%zu,\"count\":%zu,\"shape\":[", i ? "," : "", t[i].name,
+            t[i].offset, t[i].count);
+    for (int d = 0; d < t[i].ndim; d++) fprintf(f, "%s%d", d ? "," : "", t[i].shape[d]);
+    fprintf(f, "]}");
+  }
+  fprintf(f, "]}\n");
+  if (fclose(f) != 0) goto fail;
+  snprintf(path, sizeof path, "%s/params-epoch%llu.bin", job->dir, (unsigned long long)epoch + 1);
+  if ((f = fopen(path, "wb")) == NULL) goto fail;
+  size_t wrote = fwrite(nn_params(job->model), sizeof(float), nparams, f);
+  if (fclose(f) != 0 || wrote != nparams) goto fail;
+  return 0;
+fail:
+  fprintf(stderr, "tide-train: cannot write %s: %s\n", path, strerror(errno));
+  return 1;
+}
+
 /* The training loop: the trainer says which samples, this program runs the
  * model on them. */
 static int train(job_t *job) {
@@ -505,6 +538,7 @@ static int train(job_t *job) {
     if ((rc = tide_trainer_step(job->trainer, loss, &s)) != 0) return fail(job, rc, "training step");
     if (!s.stepped) continue;
     log_step(job, &s);
+    if (s.epoch_end && job->o.save_params && save_params(job, s.epoch) != 0) return 1;
     if (s.epoch_end || s.done) {
       if (evaluate(job, s.epoch_end ? "epoch" : "final", &s) != 0) return 1;
     } else if (job->o.eval_every > 0 && s.step % job->o.eval_every == 0 && evaluate(job, "eval", &s) != 0) {

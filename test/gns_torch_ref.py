@@ -1,0 +1,85 @@
+#!/usr/bin/python3
+"""Brute-force gradient noise scale of tide-train's MLP, for the bar in
+docs/adaptation.md and test/gns_reference.sh.
+
+    gns_torch_ref.py RUN_DIR EPOCH [DATA_DIR]
+
+Loads RUN_DIR/params-epochEPOCH.bin (tide-train --save-params) into the same
+MLP in float64, computes every training example's gradient of its
+cross-entropy at those parameters, and prints one JSON line:
+  trace_sigma = sum over parameters of the per-example variance (unbiased),
+  grad_sq     = |mean gradient|^2 - trace_sigma / N (unbiased),
+  noise_scale = trace_sigma / grad_sq,
+and tide's noise_scale from RUN_DIR/metrics.jsonl at the last step of that
+epoch. Per-example squared norms come from the dense layers' factorisation
+|delta a^T|^2 = |delta|^2 |a|^2, so no per-example gradient is stored.
+Exit 3 when torch cannot be imported.
+"""
+import gzip
+import json
+import os
+import sys
+
+try:
+    import numpy as np
+    import torch
+except ImportError as e:
+    print("gns_torch_ref.py: %s" % e, file=sys.stderr)
+    sys.exit(3)
+
+
+def idx(path):
+    with gzip.open(path, "rb") as f:
+        data = f.read()
+    dims = data[3]
+    shape = [int.from_bytes(data[4 + 4 * i:8 + 4 * i], "big") for i in range(dims)]
+    return np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * dims).reshape(shape)
+
+
+def main():
+    run, epoch = sys.argv[1], int(sys.argv[2])
+    data = sys.argv[3] if len(sys.argv) > 3 else "/usr/share/datasets/fashion-mnist"
+    meta = json.load(open(os.path.join(run, "tensors.json")))
+    if meta["arch"] != "flatten,dense:256,relu,dense:128,relu,dense:10":
+        sys.exit("gns_torch_ref.py: only tide-train's mlp is supported, got %s" % meta["arch"])
+    flat = np.fromfile(os.path.join(run, "params-epoch%d.bin" % epoch), dtype=np.float32).astype(np.float64)
+    p = {t["name"]: torch.from_numpy(flat[t["offset"]:t["offset"] + t["count"]].reshape(t["shape"]).copy())
+         for t in meta["tensors"]}
+    summary = json.load(open(os.path.join(run, "summary.json")))
+    n = summary["train_images"]
+    x = idx(os.path.join(data, "train-images-idx3-ubyte.gz"))[:n].reshape(n, 784).astype(np.float64)
+    x = torch.from_numpy((x / 255.0 - 0.2860) / 0.3530)
+    y = torch.from_numpy(idx(os.path.join(data, "train-labels-idx1-ubyte.gz"))[:n].astype(np.int64))
+
+    # forward and per-example backward by hand (dense + relu)
+    a0 = x
+    z1 = a0 @ p["fc1.weight"].T + p["fc1.bias"]
+    a1 = z1.clamp(min=0)
+    z2 = a1 @ p["fc2.weight"].T + p["fc2.bias"]
+    a2 = z2.clamp(min=0)
+    z3 = a2 @ p["fc3.weight"].T + p["fc3.bias"]
+    d3 = torch.softmax(z3, dim=1)
+    d3[torch.arange(n), y] -= 1.0                 # d loss_i / d z3 for each example
+    d2 = (d3 @ p["fc3.weight"]) * (z2 > 0)
+    d1 = (d2 @ p["fc2.weight"]) * (z1 > 0)
+    sq = torch.zeros(n, dtype=torch.float64)      # |g_i|^2
+    mean_sq = 0.0                                 # |mean g|^2
+    for d, a in ((d1, a0), (d2, a1), (d3, a2)):
+        sq += (d * d).sum(1) * ((a * a).sum(1) + 1.0)   # weight |d|^2|a|^2 plus bias |d|^2
+        mean_w = d.T @ a / n
+        mean_b = d.mean(0)
+        mean_sq += float((mean_w * mean_w).sum() + (mean_b * mean_b).sum())
+    trace = n / (n - 1) * (float(sq.mean()) - mean_sq)
+    grad_sq = mean_sq - trace / n
+    tide_ns = None
+    steps = [json.loads(l) for l in open(os.path.join(run, "metrics.jsonl")) if '"type":"step"' in l]
+    ends = [s for s in steps if s["epoch"] == epoch - 1]
+    if ends:
+        tide_ns = ends[-1]["noise_scale"]
+    print(json.dumps({"epoch": epoch, "examples": n, "trace_sigma": trace, "grad_sq": grad_sq,
+                      "noise_scale": trace / grad_sq, "tide_noise_scale": tide_ns,
+                      "tide_over_reference": None if tide_ns is None else tide_ns / (trace / grad_sq)}))
+
+
+if __name__ == "__main__":
+    main()
