@@ -428,8 +428,8 @@ static int evaluate(job_t *job, const char *type, const tide_step_stats_t *s) {
   if (strcmp(type, "eval") != 0) {
     if (job->tty) fprintf(stderr, "\n");
     printf("%s %llu (progress %.2f epochs): test loss %.4f, test accuracy %.2f%% (%.1f s)\n",
-           type, (unsigned long long)s->epoch + 1, s->epochs_done, job->test_loss, 100 * job->test_acc,
-           t1 - job->start);
+           strcmp(type, "final") == 0 ? "end, in data epoch" : "epoch", (unsigned long long)s->epoch + 1,
+           s->epochs_done, job->test_loss, 100 * job->test_acc, t1 - job->start);
     fflush(stdout);
   }
   if (reached) {
