@@ -100,6 +100,9 @@ static int sparse_run(tide_trainer_t *tr, void *state) {
   if ((rc = tide_allreduce(tr->comm, tr->exchange + tr->nparams, tr->exchange + tr->nparams, tr->nslots, TIDE_F32,
                            TIDE_SUM)) != 0)
     return tide__trainer_fail(tr, rc, "statistics allreduce: %s", tide_comm_last_error(tr->comm));
+  /* A diverged rank's gradient would fail its selection alone; every rank
+   * sees the loss first and stops together (tide_trainer_step says why). */
+  if (!isfinite(tr->exchange[tr->nparams + TIDE__SLOT_LOSS])) return 0;
   if (s->hierarchical) {
     rc = tide_hitopk_allreduce(tr->comm, tr->exchange, tr->exchange, tr->nparams, s->compressor, TIDE_SUM);
     if (rc != 0) return tide__trainer_fail(tr, rc, "HiTopKComm allreduce: %s", tide_comm_last_error(tr->comm));

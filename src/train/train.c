@@ -383,9 +383,8 @@ int tide_trainer_step(tide_trainer_t *tr, double loss, tide_step_stats_t *stats)
   tr->micro_handed = 0;
   size_t c = tr->current_count;
   if (c > 0) {
-    if (!isfinite(loss))
-      return tide__trainer_fail(tr, TIDE_EINVAL, "step %ld: the loss is %g: the model diverged (lower the learning "
-                                "rate)", tr->step, loss);
+    /* A non-finite loss is not fatal here: it travels in the loss slot, so
+     * every rank sees it after the exchange and fails the same way. */
     int full = c == (size_t)tr->batch;
     double sq = accumulate(tr, (float)c, full && tr->config.tensor_stats ? tr->tensor_sq : NULL);
     if (full) {
@@ -426,6 +425,9 @@ int tide_trainer_step(tide_trainer_t *tr, double loss, tide_step_stats_t *stats)
   double total = slots[TIDE__SLOT_COUNT];
   if (!(total > 0))
     return tide__trainer_fail(tr, TIDE_EPROTO, "step %ld carried %g samples over all ranks", tr->step, total);
+  if (!isfinite(slots[TIDE__SLOT_LOSS]))
+    return tide__trainer_fail(tr, TIDE_EINVAL, "step %ld: the loss is %g on some rank: the model diverged (lower the "
+                              "learning rate)", tr->step, (double)slots[TIDE__SLOT_LOSS]);
   double sq_big = average(tr, (float)(1.0 / total), tr->config.tensor_stats ? tr->tensor_sq : NULL);
   tide_step_stats_t *s = &tr->stats;
   double base = (double)tr->config.base_batch, scale = total / base;
