@@ -298,33 +298,65 @@ int tide_trainer_next(tide_trainer_t *tr, tide_batch_t *batch) {
   return 0;
 }
 
-/* Adds count * grads to the exchange buffer (or sets it, for the step's
- * first contribution) and returns |grads|^2; per-tensor squares into
- * tensor_sq when asked. Partial sums in float over short runs keep the
- * loop vectorised; they are added up in double. */
-static double accumulate(tide_trainer_t *tr, float count, double *tensor_sq) {
-  const float *restrict g = tr->grads;
-  float *restrict x = tr->exchange;
+/* x[i] = c*g[i] (or x[i] += c*g[i] when add) over [0, n), returning
+ * sum g[i]^2. Eight float lanes, added up in double per run of 4096, keep
+ * the loop vectorised (a single float accumulator would not be reordered)
+ * and the sum accurate. */
+static double scale_into(float *restrict x, const float *restrict g, size_t n, float c, int add) {
   double total = 0;
-  int first = !tr->accumulated;
-  for (size_t t = 0; t < tr->ntensors; t++) {
-    size_t begin = tr->tensors[t].offset, end = begin + tr->tensors[t].count;
-    double sq = 0;
-    for (size_t i = begin; i < end;) {
-      size_t stop = end - i > 4096 ? i + 4096 : end;
-      float part = 0;
-      if (first)
-        for (; i < stop; i++) {
-          x[i] = g[i] * count;
-          part += g[i] * g[i];
+  for (size_t i = 0; i < n;) {
+    size_t stop = n - i > 4096 ? i + 4096 : n;
+    float lane[8] = {0};
+    if (add)
+      for (; i + 8 <= stop; i += 8)
+        for (int l = 0; l < 8; l++) {
+          x[i + l] += g[i + l] * c;
+          lane[l] += g[i + l] * g[i + l];
         }
-      else
-        for (; i < stop; i++) {
-          x[i] += g[i] * count;
-          part += g[i] * g[i];
+    else
+      for (; i + 8 <= stop; i += 8)
+        for (int l = 0; l < 8; l++) {
+          x[i + l] = g[i + l] * c;
+          lane[l] += g[i + l] * g[i + l];
         }
-      sq += part;
+    for (; i < stop; i++) {
+      x[i] = add ? x[i] + g[i] * c : g[i] * c;
+      lane[0] += g[i] * g[i];
     }
+    for (int l = 0; l < 8; l++) total += lane[l];
+  }
+  return total;
+}
+
+/* x[i] *= c over [0, n), returning sum x[i]^2 after scaling. */
+static double scale_in_place(float *restrict x, size_t n, float c) {
+  double total = 0;
+  for (size_t i = 0; i < n;) {
+    size_t stop = n - i > 4096 ? i + 4096 : n;
+    float lane[8] = {0};
+    for (; i + 8 <= stop; i += 8)
+      for (int l = 0; l < 8; l++) {
+        x[i + l] *= c;
+        lane[l] += x[i + l] * x[i + l];
+      }
+    for (; i < stop; i++) {
+      x[i] *= c;
+      lane[0] += x[i] * x[i];
+    }
+    for (int l = 0; l < 8; l++) total += lane[l];
+  }
+  return total;
+}
+
+/* Adds count * grads to the exchange buffer (or sets it, for the step's
+ * first contribution) and returns |grads|^2; per-tensor squares added to
+ * tensor_sq when asked. */
+static double accumulate(tide_trainer_t *tr, float count, double *tensor_sq) {
+  double total = 0;
+  int add = tr->accumulated;
+  for (size_t t = 0; t < tr->ntensors; t++) {
+    size_t begin = tr->tensors[t].offset;
+    double sq = scale_into(tr->exchange + begin, tr->grads + begin, tr->tensors[t].count, count, add);
     if (tensor_sq != NULL) tensor_sq[t] += sq;
     total += sq;
   }
@@ -335,20 +367,9 @@ static double accumulate(tide_trainer_t *tr, float count, double *tensor_sq) {
 /* Divides the summed gradient by the sample count, giving the mean the
  * optimizer applies, and returns its squared norm (per tensor too). */
 static double average(tide_trainer_t *tr, float inv, double *tensor_sq) {
-  float *restrict x = tr->exchange;
   double total = 0;
   for (size_t t = 0; t < tr->ntensors; t++) {
-    size_t begin = tr->tensors[t].offset, end = begin + tr->tensors[t].count;
-    double sq = 0;
-    for (size_t i = begin; i < end;) {
-      size_t stop = end - i > 4096 ? i + 4096 : end;
-      float part = 0;
-      for (; i < stop; i++) {
-        x[i] *= inv;
-        part += x[i] * x[i];
-      }
-      sq += part;
-    }
+    double sq = scale_in_place(tr->exchange + tr->tensors[t].offset, tr->tensors[t].count, inv);
     if (tensor_sq != NULL) tensor_sq[t] = sq;
     total += sq;
   }
