@@ -106,12 +106,6 @@ static int check_headers(tide_comm_t *comm, const header_t *mine) {
   return 0;
 }
 
-static uint64_t hash_counts(const size_t *counts, int n) {
-  uint64_t h = 1469598103934665603ull;
-  for (int i = 0; i < n; i++) h = (h ^ counts[i]) * 1099511628211ull;
-  return h;
-}
-
 /* MPI's own collective for the dense calls other than allreduce, on an MPI
  * communicator under TIDE_ALGO=auto or mpi; total: the elements of the
  * whole call (allgather(v): the output). */
@@ -130,7 +124,7 @@ static int execute(tide_comm_t *comm, void *raw) {
   if (rc) goto out;
   header_t h = {HEADER_MAGIC, a->kind, comm->seq, a->count, 0, a->dtype, a->op, a->root, 0};
   if (a->kind == ALLGATHERV) {
-    h.counts_hash = hash_counts(a->counts, comm->size);
+    h.counts_hash = tide__fnv1a(a->counts, (size_t)comm->size * sizeof *a->counts);
     h.count = 0;
     for (int r = 0; r < comm->size; r++) h.count += a->counts[r];
   }

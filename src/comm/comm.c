@@ -31,12 +31,6 @@ typedef struct {
   char host[200];
 } peer_info_t;
 
-static uint64_t hash64(const char *s) {
-  uint64_t h = 1469598103934665603ull;
-  for (; *s; s++) h = (h ^ (uint8_t)*s) * 1099511628211ull;
-  return h;
-}
-
 /* ---- failure state ---------------------------------------------------- */
 
 static void wake_waiters(tide_comm_t *comm) {
@@ -326,7 +320,7 @@ static int connect_shm(tide_comm_t *comm, const int *local_ranks) {
 
 static int connect_tcp(tide_comm_t *comm, int listen_fd, const peer_info_t *peers, const int *use_tcp) {
   int64_t deadline = tide__deadline_after_ms(comm->timeout_ms);
-  uint64_t ns_hash = hash64(comm->ns);
+  uint64_t ns_hash = tide__fnv1a_str(comm->ns);
   /* Connect to lower ranks, then accept the higher ones: rank 0 only
    * accepts, so nobody waits in a cycle. */
   for (int peer = 0; peer < comm->rank; peer++) {

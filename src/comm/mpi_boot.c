@@ -47,12 +47,6 @@ static int started_mpi;       /* tide called MPI_Init_thread (init_lock) */
 static _Atomic int open_comms; /* MPI communicators alive in this process */
 static _Atomic int generation;
 
-static uint64_t hash64(const char *s) {
-  uint64_t h = 1469598103934665603ull;
-  for (; *s; s++) h = (h ^ (uint8_t)*s) * 1099511628211ull;
-  return h;
-}
-
 static int mpi_error(const char *what, int err) {
   char text[MPI_MAX_ERROR_STRING] = "";
   int len = 0;
@@ -130,7 +124,7 @@ static int topology(tide_comm_t *comm) {
   }
   const char *forced = tide__param_str(TIDE__PARAM_HOST_ID);
   if (forced[0] != '\0') {
-    key = hash64(forced) | 1ull << 63;
+    key = tide__fnv1a_str(forced) | 1ull << 63;
   } else {
     MPI_Comm shared = MPI_COMM_NULL;
     int leader = comm->rank;

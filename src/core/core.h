@@ -123,6 +123,16 @@ void tide__sha256(const void *data, size_t len, uint8_t out[32]);
 void tide__hmac_sha256(const void *key, size_t key_len, const void *msg, size_t msg_len,
                        uint8_t out[32]);
 
+/* ---- FNV-1a (src/core/hash.c) -------------------------------------------------- */
+
+#define TIDE__FNV1A_BASIS 1469598103934665603ull
+#define TIDE__FNV1A_PRIME 1099511628211ull
+/* 64-bit FNV-1a of len bytes at data. Not keyed: keep it to tables and
+ * checks whose inputs come from the job itself. */
+uint64_t tide__fnv1a(const void *data, size_t len);
+/* 64-bit FNV-1a of the bytes of s before its NUL. */
+uint64_t tide__fnv1a_str(const char *s);
+
 /* ---- sockets (src/core/net.c) ---------------------------------------------- */
 
 /* Listens on host:port (host NULL or "" = any, port 0 = pick one); writes the
