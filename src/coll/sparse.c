@@ -13,7 +13,7 @@
 #include <string.h>
 
 #include "coll/coll.h"
-#include "compress/compress.h"
+#include "compress/fused.h"
 
 /* The packed form of k pairs: k floats then k uint32 indices. */
 static size_t pair_words(size_t k) { return 2 * k; }

@@ -374,11 +374,9 @@ static int comm_connect(tide_comm_t *comm) {
   peer_info_t *peers = tide__calloc((size_t)comm->size, sizeof *peers);
   int *use_tcp = tide__calloc((size_t)comm->size, sizeof *use_tcp);
   int *local_ranks = tide__calloc((size_t)comm->size, sizeof *local_ranks);
-  char **hosts = tide__calloc((size_t)comm->size, sizeof *hosts);
+  const char **hosts = tide__calloc((size_t)comm->size, sizeof *hosts);
   comm->chans = tide__calloc((size_t)comm->size, sizeof *comm->chans);
-  comm->node_of = tide__calloc((size_t)comm->size, sizeof *comm->node_of);
-  comm->local_rank_of = tide__calloc((size_t)comm->size, sizeof *comm->local_rank_of);
-  if (!peers || !use_tcp || !local_ranks || !hosts || !comm->chans || !comm->node_of || !comm->local_rank_of) {
+  if (!peers || !use_tcp || !local_ranks || !hosts || !comm->chans) {
     rc = TIDE_ENOMEM;
     goto out;
   }
@@ -404,32 +402,8 @@ static int comm_connect(tide_comm_t *comm) {
       goto out;
     }
   }
-  /* Nodes are numbered in order of their lowest rank. */
-  int nodes = 0;
-  int *local_count = tide__calloc((size_t)comm->size, sizeof *local_count);
-  if (local_count == NULL) {
-    rc = TIDE_ENOMEM;
-    goto out;
-  }
-  for (int r = 0; r < comm->size; r++) {
-    int node = -1;
-    for (int n = 0; n < nodes && node < 0; n++)
-      if (strcmp(hosts[n], peers[r].host) == 0) node = n;
-    if (node < 0) {
-      node = nodes++;
-      hosts[node] = peers[r].host;
-    }
-    comm->node_of[r] = node;
-    comm->local_rank_of[r] = local_count[node]++;
-  }
-  comm->node = comm->node_of[comm->rank];
-  comm->node_count = nodes;
-  comm->local_rank = comm->local_rank_of[comm->rank];
-  comm->local_size = local_count[comm->node];
-  comm->uniform_nodes = 1;
-  for (int n = 0; n < nodes; n++)
-    if (local_count[n] != comm->local_size) comm->uniform_nodes = 0;
-  tide__free(local_count);
+  for (int r = 0; r < comm->size; r++) hosts[r] = peers[r].host;
+  TIDE_CHECK_GOTO(tide__comm_set_hosts(comm, hosts), rc, out);
   int shm = tide__param_int(TIDE__PARAM_SHM) != 0 && comm->local_size > 1;
   for (int r = 0; r < comm->size; r++) {
     if (comm->node_of[r] == comm->node) local_ranks[comm->local_rank_of[r]] = r;

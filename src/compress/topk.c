@@ -12,7 +12,7 @@
  * histogram of its low bits over x replaces the collection.
  *
  * The sampled selector replaces the first histogram pass by one over a
- * stratified sample (runs of 16 elements evenly spread, at most 2^17
+ * stratified sample (runs of 16 elements evenly spread, at most 2^14
  * elements): it cuts at the lower edge of the bucket holding the sample's
  * r-th largest key, r four binomial standard deviations above the expected
  * count, so that the collection pass finds k or more with near certainty.

@@ -123,6 +123,16 @@ void tide__sha256(const void *data, size_t len, uint8_t out[32]);
 void tide__hmac_sha256(const void *key, size_t key_len, const void *msg, size_t msg_len,
                        uint8_t out[32]);
 
+/* ---- tensor layouts (src/core/tensor.c) ------------------------------------------ */
+
+/* Checks tensors[0..n) as the tensors of one flat buffer of nparams
+ * elements: each by tide_tensor_t's rules (ndim 0 to 4, a shape that
+ * multiplies to count > 0, inside the buffer), and together: sorted by
+ * offset they tile [0, nparams) without gap or overlap. Writes the indices
+ * in offset order to order[0..n) (when not NULL). fn names the caller in
+ * the message; TIDE_EINVAL names the tensor. n == 0 passes. */
+int tide__tensors_check(const char *fn, const tide_tensor_t *tensors, size_t n, size_t nparams, size_t *order);
+
 /* ---- FNV-1a (src/core/hash.c) -------------------------------------------------- */
 
 #define TIDE__FNV1A_BASIS 1469598103934665603ull
