@@ -6,6 +6,21 @@
 
 #include "comm/comm.h"
 
+/* The one builder of a collective step's point-to-point op: src is what a
+ * SEND sends and a RECV_REDUCE's local operand, dst where a RECV or
+ * RECV_REDUCE lands; dtype and op matter to RECV_REDUCE only. */
+static inline void tide__p2p_set(tide__p2p_t *p2p, tide__p2p_kind_t kind, int peer, const void *src, void *dst,
+                                 size_t bytes, tide_dtype_t dtype, tide_op_t op) {
+  *p2p = (tide__p2p_t){.kind = kind, .peer = peer, .src = src, .dst = dst, .bytes = bytes, .dtype = dtype, .op = op};
+}
+
+/* Hands a sub-communicator's failure (rc != 0) to its parent, so that the
+ * parent's later calls fail too; 0 stays 0. */
+static inline int tide__lift(tide_comm_t *comm, tide_comm_t *sub, int rc) {
+  if (rc == 0) return 0;
+  return tide__comm_fail(comm, rc, 1, "%s", tide_comm_last_error(sub));
+}
+
 /* TIDE__ALGO_MPI: MPI's own collective, on a communicator joined through
  * MPI (comm->mpi), for any dense call it supports (src/coll/mpi.c). */
 typedef enum { TIDE__ALGO_NONE = 0, TIDE__ALGO_RD, TIDE__ALGO_RING, TIDE__ALGO_HIER, TIDE__ALGO_MPI } tide__algo_t;

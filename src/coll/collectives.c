@@ -72,15 +72,8 @@ static int check_headers(tide_comm_t *comm, const header_t *mine) {
   header_t theirs;
   int left = (comm->rank + comm->size - 1) % comm->size;
   tide__p2p_t ops[2];
-  memset(ops, 0, sizeof ops);
-  ops[0].kind = TIDE__P2P_SEND;
-  ops[0].peer = (comm->rank + 1) % comm->size;
-  ops[0].src = mine;
-  ops[0].bytes = sizeof *mine;
-  ops[1].kind = TIDE__P2P_RECV;
-  ops[1].peer = left;
-  ops[1].dst = &theirs;
-  ops[1].bytes = sizeof theirs;
+  tide__p2p_set(&ops[0], TIDE__P2P_SEND, (comm->rank + 1) % comm->size, mine, NULL, sizeof *mine, TIDE_I32, TIDE_SUM);
+  tide__p2p_set(&ops[1], TIDE__P2P_RECV, left, NULL, &theirs, sizeof theirs, TIDE_I32, TIDE_SUM);
   char what[160];
   describe(mine, what, sizeof what);
   TIDE_CHECK(tide__comm_run(comm, ops, 2, what));

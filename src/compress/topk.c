@@ -38,18 +38,10 @@ const char *tide_topk_name(tide_topk_kind_t kind) {
 }
 
 int tide_topk_parse(const char *name, tide_topk_kind_t *out) {
-  if (name == NULL || out == NULL) {
-    TIDE_ERROR("tide_topk_parse: name and out must not be NULL");
-    return TIDE_EINVAL;
-  }
-  for (int k = 0; k < TIDE_TOPK_KIND_COUNT; k++) {
-    if (strcasecmp(name, kind_names[k]) == 0) {
-      *out = (tide_topk_kind_t)k;
-      return 0;
-    }
-  }
-  TIDE_ERROR("unknown top-k selector '%s': use exact, mstopk, randomk or sampled", name);
-  return TIDE_EINVAL;
+  int k = tide__parse_name("tide_topk_parse", "top-k selector", kind_names, TIDE_TOPK_KIND_COUNT, name, out);
+  if (k < 0) return k;
+  *out = (tide_topk_kind_t)k;
+  return 0;
 }
 
 size_t tide_topk_count(double density, size_t count) {

@@ -123,6 +123,15 @@ void tide__sha256(const void *data, size_t len, uint8_t out[32]);
 void tide__hmac_sha256(const void *key, size_t key_len, const void *msg, size_t msg_len,
                        uint8_t out[32]);
 
+/* ---- names (src/core/names.c) ---------------------------------------------------- */
+
+/* The index k of name among names[0..count) (case-insensitive), or
+ * TIDE_EINVAL with a message: "unknown <what> '<name>': use a, b or c", or
+ * "<fn>: name and out must not be NULL" (out: the caller's out-parameter,
+ * only checked). For the tide_*_parse functions. */
+int tide__parse_name(const char *fn, const char *what, const char *const *names, int count, const char *name,
+                     const void *out);
+
 /* ---- tensor layouts (src/core/tensor.c) ------------------------------------------ */
 
 /* Checks tensors[0..n) as the tensors of one flat buffer of nparams

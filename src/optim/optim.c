@@ -50,19 +50,10 @@ const char *tide_optim_name(tide_optim_kind_t kind) {
 }
 
 int tide_optim_parse(const char *name, tide_optim_kind_t *out) {
-  if (name == NULL || out == NULL) {
-    TIDE_ERROR("tide_optim_parse: name and out must not be NULL");
-    return TIDE_EINVAL;
-  }
-  for (int k = 0; k < TIDE_OPTIM_KIND_COUNT; k++) {
-    if (strcasecmp(name, kind_names[k]) == 0) {
-      *out = (tide_optim_kind_t)k;
-      return 0;
-    }
-  }
-  TIDE_ERROR("unknown optimizer '%s': use sgd, momentum, nesterov, adam, adamw, lars or lamb",
-             name);
-  return TIDE_EINVAL;
+  int k = tide__parse_name("tide_optim_parse", "optimizer", kind_names, TIDE_OPTIM_KIND_COUNT, name, out);
+  if (k < 0) return k;
+  *out = (tide_optim_kind_t)k;
+  return 0;
 }
 
 void tide_optim_config_default(tide_optim_kind_t kind, tide_optim_config_t *out) {

@@ -16,18 +16,10 @@ const char *tide_lr_name(tide_lr_kind_t kind) {
 }
 
 int tide_lr_parse(const char *name, tide_lr_kind_t *out) {
-  if (name == NULL || out == NULL) {
-    TIDE_ERROR("tide_lr_parse: name and out must not be NULL");
-    return TIDE_EINVAL;
-  }
-  for (int k = 0; k < TIDE_LR_KIND_COUNT; k++) {
-    if (strcasecmp(name, lr_names[k]) == 0) {
-      *out = (tide_lr_kind_t)k;
-      return 0;
-    }
-  }
-  TIDE_ERROR("unknown learning-rate schedule '%s': use constant, step, cosine or poly", name);
-  return TIDE_EINVAL;
+  int k = tide__parse_name("tide_lr_parse", "learning-rate schedule", lr_names, TIDE_LR_KIND_COUNT, name, out);
+  if (k < 0) return k;
+  *out = (tide_lr_kind_t)k;
+  return 0;
 }
 
 /* The first field of s that is out of range, with its allowed range in
