@@ -2,6 +2,7 @@
  * same call (a small header passed around the ring before any data moves),
  * pick the algorithm, and run it now (blocking) or on the progress thread
  * (nonblocking). */
+#include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -187,9 +188,12 @@ out:
 
 /* An invalid call fails the communicator for everyone: the other ranks
  * would otherwise wait for a call that never comes. */
-static int invalid(tide_comm_t *comm, const char *fmt, const char *kind, const char *detail) {
+__attribute__((format(printf, 2, 3))) static int invalid(tide_comm_t *comm, const char *fmt, ...) {
   char msg[300];
-  snprintf(msg, sizeof msg, fmt, kind, detail);
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
   tide__task_drain(comm);
   pthread_mutex_lock(&comm->exec_lock);
   comm->seq++; /* the failed call takes the number the others see */
@@ -200,15 +204,15 @@ static int invalid(tide_comm_t *comm, const char *fmt, const char *kind, const c
 
 static int validate(tide_comm_t *comm, const args_t *a, const size_t *counts, size_t sendcount) {
   const char *kind = kind_names[a->kind];
-  if ((unsigned)a->dtype >= TIDE_DTYPE_COUNT) return invalid(comm, "%s with an unknown dtype%s", kind, "");
-  if ((unsigned)a->op >= TIDE_OP_COUNT) return invalid(comm, "%s with an unknown reduction op%s", kind, "");
+  if ((unsigned)a->dtype >= TIDE_DTYPE_COUNT) return invalid(comm, "%s with an unknown dtype", kind);
+  if ((unsigned)a->op >= TIDE_OP_COUNT) return invalid(comm, "%s with an unknown reduction op", kind);
   if (a->kind == BROADCAST && (a->root < 0 || a->root >= comm->size))
-    return invalid(comm, "%s with root outside [0, size)%s", kind, "");
+    return invalid(comm, "%s with root outside [0, size)", kind);
   size_t total = a->count;
   if (a->kind == ALLGATHERV) {
-    if (counts == NULL) return invalid(comm, "%s with counts == NULL%s", kind, "");
+    if (counts == NULL) return invalid(comm, "%s with counts == NULL", kind);
     if (sendcount != counts[comm->rank])
-      return invalid(comm, "%s with sendcount != counts[rank]%s", kind, "");
+      return invalid(comm, "%s with sendcount != counts[rank]", kind);
     total = 1;
   }
   if (a->kind == ALLGATHER) total = a->count;
@@ -218,13 +222,13 @@ static int validate(tide_comm_t *comm, const args_t *a, const size_t *counts, si
       return invalid(comm, "%s with a NULL %s", kind, "sendbuf");
   }
   if (a->kind >= SPARSE_ALLGATHER && a->op != TIDE_SUM && a->op != TIDE_AVG)
-    return invalid(comm, "%s supports only sum and avg%s", kind, "");
+    return invalid(comm, "%s supports only sum and avg", kind);
   if (a->kind == SPARSE_ALLGATHER && a->k > 0 && (a->sendbuf == NULL || a->indices == NULL))
-    return invalid(comm, "%s with NULL values or indices%s", kind, "");
-  if (a->kind == HITOPK && a->compressor == NULL) return invalid(comm, "%s with a NULL compressor%s", kind, "");
+    return invalid(comm, "%s with NULL values or indices", kind);
+  if (a->kind == HITOPK && a->compressor == NULL) return invalid(comm, "%s with a NULL compressor", kind);
   if ((a->dtype == TIDE_F16 || a->dtype == TIDE_BF16) && (a->kind == ALLREDUCE || a->kind == REDUCE_SCATTER) &&
       a->op != TIDE_SUM && a->op != TIDE_AVG)
-    return invalid(comm, "%s: f16/bf16 support only sum and avg%s", kind, "");
+    return invalid(comm, "%s: f16/bf16 support only sum and avg", kind);
   return 0;
 }
 

@@ -32,17 +32,7 @@
 static const char *const kind_names[TIDE_TOPK_KIND_COUNT] = {"exact", "mstopk", "randomk",
                                                                "sampled"};
 
-const char *tide_topk_name(tide_topk_kind_t kind) {
-  if ((unsigned)kind >= TIDE_TOPK_KIND_COUNT) return "?";
-  return kind_names[kind];
-}
-
-int tide_topk_parse(const char *name, tide_topk_kind_t *out) {
-  int k = tide__parse_name("tide_topk_parse", "top-k selector", kind_names, TIDE_TOPK_KIND_COUNT, name, out);
-  if (k < 0) return k;
-  *out = (tide_topk_kind_t)k;
-  return 0;
-}
+TIDE__NAMED_ENUM(topk, tide_topk_kind_t, "top-k selector", kind_names, TIDE_TOPK_KIND_COUNT)
 
 size_t tide_topk_count(double density, size_t count) {
   if (!(density >= 0.0 && density <= 1.0)) return 0;

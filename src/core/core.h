@@ -132,6 +132,19 @@ void tide__hmac_sha256(const void *key, size_t key_len, const void *msg, size_t 
 int tide__parse_name(const char *fn, const char *what, const char *const *names, int count, const char *name,
                      const void *out);
 
+/* Defines the public pair tide_<obj>_name (names[kind], "?" out of range)
+ * and tide_<obj>_parse (tide__parse_name) of an enum with count names. */
+#define TIDE__NAMED_ENUM(obj, type, what, names, count)                                  \
+  const char *tide_##obj##_name(type kind) {                                             \
+    return (unsigned)kind < (unsigned)(count) ? (names)[kind] : "?";                     \
+  }                                                                                      \
+  int tide_##obj##_parse(const char *name, type *out) {                                  \
+    int k = tide__parse_name("tide_" #obj "_parse", what, names, count, name, out);      \
+    if (k < 0) return k;                                                                 \
+    *out = (type)k;                                                                      \
+    return 0;                                                                            \
+  }
+
 /* ---- tensor layouts (src/core/tensor.c) ------------------------------------------ */
 
 /* Checks tensors[0..n) as the tensors of one flat buffer of nparams

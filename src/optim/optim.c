@@ -44,17 +44,7 @@ struct tide_optim {
 static const char *const kind_names[TIDE_OPTIM_KIND_COUNT] = {
     "sgd", "momentum", "nesterov", "adam", "adamw", "lars", "lamb"};
 
-const char *tide_optim_name(tide_optim_kind_t kind) {
-  if ((unsigned)kind >= TIDE_OPTIM_KIND_COUNT) return "?";
-  return kind_names[kind];
-}
-
-int tide_optim_parse(const char *name, tide_optim_kind_t *out) {
-  int k = tide__parse_name("tide_optim_parse", "optimizer", kind_names, TIDE_OPTIM_KIND_COUNT, name, out);
-  if (k < 0) return k;
-  *out = (tide_optim_kind_t)k;
-  return 0;
-}
+TIDE__NAMED_ENUM(optim, tide_optim_kind_t, "optimizer", kind_names, TIDE_OPTIM_KIND_COUNT)
 
 void tide_optim_config_default(tide_optim_kind_t kind, tide_optim_config_t *out) {
   if (out == NULL) return;

@@ -10,17 +10,7 @@ static const double pi = 3.14159265358979323846;
 
 static const char *const lr_names[TIDE_LR_KIND_COUNT] = {"constant", "step", "cosine", "poly"};
 
-const char *tide_lr_name(tide_lr_kind_t kind) {
-  if ((unsigned)kind >= TIDE_LR_KIND_COUNT) return "?";
-  return lr_names[kind];
-}
-
-int tide_lr_parse(const char *name, tide_lr_kind_t *out) {
-  int k = tide__parse_name("tide_lr_parse", "learning-rate schedule", lr_names, TIDE_LR_KIND_COUNT, name, out);
-  if (k < 0) return k;
-  *out = (tide_lr_kind_t)k;
-  return 0;
-}
+TIDE__NAMED_ENUM(lr, tide_lr_kind_t, "learning-rate schedule", lr_names, TIDE_LR_KIND_COUNT)
 
 /* The first field of s that is out of range, with its allowed range in
  * *why; NULL when s is valid. Logs nothing, so tide_lr_at can use it. */
