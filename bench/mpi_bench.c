@@ -5,7 +5,9 @@
  *   mpirun --oversubscribe -np 2 build/bench/mpi_bench --op allreduce --check
  *
  * Keep the option parsing, sizes and check values in step with tools/tide.c
- * so the two sets of lines compare like for like. */
+ * so the two sets of lines compare like for like. That code is copied here
+ * on purpose (duplicates lists the pair): the baseline is a standalone MPI
+ * program that must not link libtide, so that it measures MPI alone. */
 #include <errno.h>
 #include <limits.h>
 #include <math.h>
