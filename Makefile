@@ -39,7 +39,7 @@ test-tsan: deps
 	cmake -S . -B $(TSAN_BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTIDE_TSAN=ON \
 	  -DTIDE_BUILD_BENCH_PEERS=OFF >/dev/null
 	cmake --build $(TSAN_BUILD) -j $(JOBS) --target $(TSAN_TESTS)
-	cd $(TSAN_BUILD) && TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" \
+	cd $(TSAN_BUILD) && TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" TIDE_TEST_MAX_COUNT=16411 \
 	  ctest --output-on-failure -j 1 -R '^(test_store|test_coll|test_fault|test_sparse|test_compress)$$'
 
 demo: build
