@@ -2,9 +2,10 @@
 # missing Debian packages first (scripts/install-deps.sh, as root).
 BUILD ?= build
 ASAN_BUILD ?= build-asan
+TSAN_BUILD ?= build-tsan
 JOBS ?= 2
 
-.PHONY: all deps build test test-asan demo bench install clean
+.PHONY: all deps build test test-asan test-tsan demo bench install clean
 
 all: build
 
@@ -18,6 +19,7 @@ build: deps
 test: build
 	cd $(BUILD) && ctest --output-on-failure -j 1
 	$(MAKE) test-asan
+	$(MAKE) test-tsan
 
 # The same suite built with AddressSanitizer + UndefinedBehaviorSanitizer.
 test-asan: deps
@@ -25,6 +27,20 @@ test-asan: deps
 	  -DTIDE_BUILD_BENCH_PEERS=OFF >/dev/null
 	cmake --build $(ASAN_BUILD) -j $(JOBS)
 	cd $(ASAN_BUILD) && TIDE_SANITIZED=1 ctest --output-on-failure -j 1
+
+# ThreadSanitizer on the suites where threads meet: the store's server
+# thread and its clients (test_store), a communicator's watcher and progress
+# threads (test_coll, test_fault), HiTopKComm and the compressor's worker
+# threads (test_sparse, test_compress). Optimised (-O2): the kernels are
+# slow enough instrumented. Any report fails the test (halt_on_error); no
+# suppressions.
+TSAN_TESTS = test_store test_coll test_fault test_sparse test_compress
+test-tsan: deps
+	cmake -S . -B $(TSAN_BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTIDE_TSAN=ON \
+	  -DTIDE_BUILD_BENCH_PEERS=OFF >/dev/null
+	cmake --build $(TSAN_BUILD) -j $(JOBS) --target $(TSAN_TESTS)
+	cd $(TSAN_BUILD) && TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" TIDE_TEST_MAX_COUNT=16411 \
+	  ctest --output-on-failure -j 1 -R '^(test_store|test_coll|test_fault|test_sparse|test_compress)$$'
 
 demo: build
 	bash scripts/demo.sh $(BUILD)
@@ -36,4 +52,4 @@ install: build
 	cmake --install $(BUILD)
 
 clean:
-	rm -rf $(BUILD) $(ASAN_BUILD)
+	rm -rf $(BUILD) $(ASAN_BUILD) $(TSAN_BUILD)

@@ -1,6 +1,9 @@
 // Gloo baseline for `tide bench`: ring allreduce and allgather over Gloo's
 // TCP transport on loopback, rendezvous through a FileStore directory. The
 // same sizes, iteration counts, median and JSON lines as tools/tide.c.
+// Like bench/mpi_bench.c it repeats tide's option parsing and usage text on
+// purpose (duplicates lists the pair): each baseline stands alone, linked
+// against its own library only.
 //
 // Start one process per rank, e.g. for two ranks:
 //   d=$(mktemp -d)

@@ -405,7 +405,7 @@ typedef enum {
   TIDE_TOPK_MSTOPK,
   /* k distinct indices drawn uniformly from the seed (no scaling). */
   TIDE_TOPK_RANDOMK,
-  /* The fast one, and exact: a threshold from a stratified sample of <= 2^17
+  /* The fast one, and exact: a threshold from a stratified sample of <= 2^14
    * elements, one pass collecting every |x| above it (its count corrects the
    * sample), then exact selection among those few. Falls back to
    * TIDE_TOPK_EXACT when the sample's cut leaves fewer than k (the result is

@@ -7,6 +7,7 @@
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "harness.h"
 
@@ -90,6 +91,48 @@ static void verify(const void *buf, tide_dtype_t t, tide_op_t op, int size, size
   }
 }
 
+/* Floats whose sum depends on the order of the additions (magnitudes from
+ * 2^-20 to 2^20, both signs): allreduce must give every rank the same bits,
+ * whatever the algorithm, and be close to the sum in double. */
+static void bitwise_identical(tide_comm_t *comm, size_t count, tide_dtype_t t, tide_op_t op) {
+  int rank = tide_comm_rank(comm), size = tide_comm_size(comm);
+  size_t es = tide_dtype_size(t);
+  uint8_t *mine = malloc(count * es), *all = malloc(count * es * (size_t)size);
+  double *want = calloc(count, sizeof *want);
+  CHECK(mine && all && want);
+  for (int r = 0; r < size; r++) {
+    unsigned seed = 12345u + (unsigned)r * 7919u;
+    for (size_t i = 0; i < count; i++) {
+      unsigned u = harness_rand(&seed);
+      double v = ldexp((double)(u & 0xffff) / 65536.0 + 0.5, (int)((u >> 16) % 41) - 20) * ((u & 1) ? -1 : 1);
+      v = t == TIDE_F32 ? (double)(float)v : v;
+      want[i] += v;
+      if (r == rank) store(mine, t, i, v);
+    }
+  }
+  CHECK_OK(tide_allreduce(comm, mine, mine, count, t, op));
+  CHECK_OK(tide_allgather(comm, mine, all, count * es / 4, TIDE_I32));
+  for (int r = 0; r < size; r++)
+    if (memcmp(all + (size_t)r * count * es, mine, count * es) != 0) {
+      fprintf(stderr, "rank %d: allreduce %s %s of %zu floats: rank %d's result differs in its bits from ours\n",
+              rank, tide_dtype_name(t), tide_op_name(op), count, r);
+      exit(1);
+    }
+  double tol = t == TIDE_F32 ? 1e-5 : 1e-12;
+  for (size_t i = 0; i < count; i++) {
+    double w = op == TIDE_AVG ? want[i] / size : want[i], got = load(mine, t, i);
+    /* order-dependent rounding, relative to the largest operand (2^20 * size) */
+    if (fabs(got - w) > tol * 2.1e6 * size) {
+      fprintf(stderr, "rank %d: allreduce %s of floats: element %zu is %.17g, want %.17g\n", rank,
+              tide_dtype_name(t), i, got, w);
+      exit(1);
+    }
+  }
+  free(mine);
+  free(all);
+  free(want);
+}
+
 void coll_suite_run(tide_comm_t *comm, size_t max_count) {
   int rank = tide_comm_rank(comm), size = tide_comm_size(comm);
   size_t max = counts_list[NCOUNTS - 1] * (size_t)size + 64;
@@ -109,7 +152,6 @@ void coll_suite_run(tide_comm_t *comm, size_t max_count) {
         verify(recv, (tide_dtype_t)t, (tide_op_t)op, size, 0, count, "allreduce", rank);
         CHECK_OK(tide_allreduce(comm, send, send, count, (tide_dtype_t)t, (tide_op_t)op));
         verify(send, (tide_dtype_t)t, (tide_op_t)op, size, 0, count, "allreduce in place", rank);
-        if (op == TIDE_MIN) continue;
         /* reduce-scatter */
         for (size_t i = 0; i < count; i++) store(send, (tide_dtype_t)t, i, value(rank, i));
         size_t off, len;
@@ -152,6 +194,15 @@ void coll_suite_run(tide_comm_t *comm, size_t max_count) {
     }
   }
   CHECK_OK(tide_barrier(comm));
+  /* real floats: both allreduce paths (small: recursive doubling or MPI's;
+   * large: ring or hierarchical) */
+  static const size_t float_counts[] = {1000, 300007};
+  for (size_t c = 0; c < 2; c++) {
+    if (max_count > 0 && float_counts[c] > max_count) continue;
+    bitwise_identical(comm, float_counts[c], TIDE_F32, TIDE_SUM);
+    bitwise_identical(comm, float_counts[c], TIDE_F64, TIDE_SUM);
+    bitwise_identical(comm, float_counts[c], TIDE_F32, TIDE_AVG);
+  }
   /* nonblocking: several in flight, then a blocking call after them */
   size_t count = 100003;
   float *a = malloc(count * 4), *b = malloc(count * 4), *c = malloc(count * 4);
@@ -160,10 +211,16 @@ void coll_suite_run(tide_comm_t *comm, size_t max_count) {
   CHECK_OK(tide_iallreduce(comm, a, a, count, TIDE_F32, TIDE_SUM, &r1));
   CHECK_OK(tide_iallgather(comm, b, c, 5, TIDE_F32, &r2));
   CHECK_OK(tide_ibarrier(comm, &r3));
-  int done = 0;
+  int done = -1;
   CHECK_OK(tide_test(r3, &done));
+  CHECK(done == 0 || done == 1);
   CHECK_OK(tide_wait(r1));
   CHECK_OK(tide_wait(r2));
+  /* Every rank's progress thread runs the barrier after those two: tide_test
+   * must come to say so without a wait (60 s at most). */
+  for (int tries = 0; tries < 60000 && (done = -1, tide_test(r3, &done) == 0) && done == 0; tries++)
+    usleep(1000);
+  CHECK(done == 1);
   CHECK_OK(tide_wait(r3));
   verify(a, TIDE_F32, TIDE_SUM, size, 0, count, "iallreduce", rank);
   for (int r = 0; r < size; r++)

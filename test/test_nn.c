@@ -616,10 +616,11 @@ static void torch_cleanup(torch_case_t *tc) {
   nn_model_destroy(tc->m);
 }
 
-static void test_torch(void) {
+/* 0 when skipped (no torch), 1 when run. */
+static int test_torch(void) {
   if (!torch_available()) {
     printf("skipped: torch not available (/usr/bin/python3 cannot import torch and numpy)\n");
-    return;
+    return 0;
   }
   torch_case_t cases[] = {
       {.arch = "mlp", .batch = 8},
@@ -645,6 +646,7 @@ static void test_torch(void) {
     if (rc == 0) torch_compare(&cases[i]);
     torch_cleanup(&cases[i]);
   }
+  return 1;
 }
 
 /* ---- 3. Fashion-MNIST ---------------------------------------------------------------- */
@@ -678,10 +680,11 @@ static void check_split(const nn_dataset_t *ds, size_t count, const int32_t *fir
   for (int c = 0; c < NN_CLASSES; c++) CHECK(counts[c] == (int)count / NN_CLASSES); /* balanced */
 }
 
-static void test_fashion_real(void) {
+/* 0 when skipped (no dataset), 1 when run. */
+static int test_fashion_real(void) {
   if (!fashion_installed()) {
     printf("skipped: Fashion-MNIST not installed at " FASHION_DIR " (apt-get install dataset-fashion-mnist)\n");
-    return;
+    return 0;
   }
   nn_dataset_t *train, *test;
   CHECK_OK(nn_fashion_load(NULL, "train", &train)); /* NULL: the default dir */
@@ -692,6 +695,7 @@ static void test_fashion_real(void) {
   nn_dataset_free(train);
   nn_dataset_free(test);
   printf("  loaded 60000 + 10000 images\n");
+  return 1;
 }
 
 /* idx files are written uncompressed (gzread reads those as they are) or,
@@ -839,10 +843,10 @@ static void test_api(void) {
     const char *names[8];
     int shape0[8], shape1[8];
   } known[] = {
-      {"mlp", 784 * 256 + 256 + 256 * 128 + 128 + 128 * 10 + 10,
+      {"mlp", NN_IMAGE_SIZE * 256 + 256 + 256 * 128 + 128 + 128 * 10 + 10,
        {"fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias", "fc3.weight", "fc3.bias"},
        {256, 256, 128, 128, 10, 10},
-       {784, 0, 256, 0, 128, 0}},
+       {NN_IMAGE_SIZE, 0, 256, 0, 128, 0}},
       {"cnn", 32 * 9 + 32 + 64 * 32 * 9 + 64 + 3136 * 128 + 128 + 128 * 10 + 10,
        {"conv1.weight", "conv1.bias", "conv2.weight", "conv2.bias", "fc1.weight", "fc1.bias", "fc2.weight",
         "fc2.bias"},
@@ -1003,8 +1007,12 @@ static double elapsed_s(void) {
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec - start_s;
 }
-static void section(const char *name) {
-  printf("%s: %s (%.1f s)\n", name, failures ? "FAILED" : "ok", elapsed_s());
+/* skipped: what of the section did not run (NULL: all of it ran). */
+static void section(const char *name, const char *skipped) {
+  if (skipped != NULL && failures == 0)
+    printf("%s: SKIPPED %s (%.1f s)\n", name, skipped, elapsed_s());
+  else
+    printf("%s: %s (%.1f s)\n", name, failures ? "FAILED" : "ok", elapsed_s());
 }
 
 int main(void) {
@@ -1018,20 +1026,18 @@ int main(void) {
   test_pool();
   test_flatten();
   test_softmax_xent();
-  section("layers against references and finite differences");
+  section("layers against references and finite differences", NULL);
   for (size_t i = 0; i < sizeof model_archs / sizeof model_archs[0]; i++) test_model_fd(model_archs[i]);
-  section("models against finite differences");
-  test_torch();
-  section("models against PyTorch");
+  section("models against finite differences", NULL);
+  section("models against PyTorch", test_torch() ? NULL : "(no torch)");
   test_api();
   test_batching("mlp");
   test_batching("cnn");
-  section("api, seeding and batching");
+  section("api, seeding and batching", NULL);
   test_fashion_broken();
-  test_fashion_real();
-  section("fashion-mnist loader");
+  section("fashion-mnist loader", test_fashion_real() ? NULL : "on the real files (not installed; broken files ok)");
   test_training();
-  section("training");
+  section("training", NULL);
   if (failures) {
     fprintf(stderr, "test_nn: %d checks failed\n", failures);
     return 1;

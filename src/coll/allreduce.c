@@ -8,19 +8,6 @@
 
 #include "coll/coll.h"
 
-static int op_pair(tide__p2p_t *ops, tide__p2p_kind_t kind, int peer, const void *src, void *dst,
-                   size_t bytes, tide_dtype_t dtype, tide_op_t op) {
-  memset(ops, 0, sizeof *ops);
-  ops->kind = kind;
-  ops->peer = peer;
-  ops->src = src;
-  ops->dst = dst;
-  ops->bytes = bytes;
-  ops->dtype = dtype;
-  ops->op = op;
-  return 1;
-}
-
 tide__algo_t tide__allreduce_algo(const tide_comm_t *comm, size_t count, tide_dtype_t dtype) {
   if (comm->size == 1) return TIDE__ALGO_NONE;
   size_t bytes = count * tide_dtype_size(dtype);
@@ -51,12 +38,12 @@ int tide__allreduce_rd(tide_comm_t *comm, const void *sendbuf, void *recvbuf, si
   tide__p2p_t ops[2];
   if (r < 2 * extra) {
     if (r % 2 == 0) { /* hand our data to r+1, get the result back at the end */
-      op_pair(&ops[0], TIDE__P2P_SEND, r + 1, recvbuf, NULL, bytes, dtype, op);
+      tide__p2p_set(&ops[0], TIDE__P2P_SEND, r + 1, recvbuf, NULL, bytes, dtype, op);
       TIDE_CHECK(tide__comm_run(comm, ops, 1, "allreduce (recursive doubling)"));
-      op_pair(&ops[0], TIDE__P2P_RECV, r + 1, NULL, recvbuf, bytes, dtype, op);
+      tide__p2p_set(&ops[0], TIDE__P2P_RECV, r + 1, NULL, recvbuf, bytes, dtype, op);
       return tide__comm_run(comm, ops, 1, "allreduce (recursive doubling)");
     }
-    op_pair(&ops[0], TIDE__P2P_RECV_REDUCE, r - 1, recvbuf, recvbuf, bytes, dtype, op);
+    tide__p2p_set(&ops[0], TIDE__P2P_RECV_REDUCE, r - 1, recvbuf, recvbuf, bytes, dtype, op);
     TIDE_CHECK(tide__comm_run(comm, ops, 1, "allreduce (recursive doubling)"));
     vrank = r / 2;
   } else {
@@ -65,13 +52,13 @@ int tide__allreduce_rd(tide_comm_t *comm, const void *sendbuf, void *recvbuf, si
   for (int mask = 1; mask < pof2; mask <<= 1) {
     int vpeer = vrank ^ mask;
     int peer = vpeer < extra ? vpeer * 2 + 1 : vpeer + extra;
-    op_pair(&ops[0], TIDE__P2P_SEND, peer, recvbuf, NULL, bytes, dtype, op);
-    op_pair(&ops[1], TIDE__P2P_RECV, peer, NULL, incoming, bytes, dtype, op);
+    tide__p2p_set(&ops[0], TIDE__P2P_SEND, peer, recvbuf, NULL, bytes, dtype, op);
+    tide__p2p_set(&ops[1], TIDE__P2P_RECV, peer, NULL, incoming, bytes, dtype, op);
     TIDE_CHECK(tide__comm_run(comm, ops, 2, "allreduce (recursive doubling)"));
     tide__reduce(recvbuf, recvbuf, incoming, count, dtype, op);
   }
   if (r < 2 * extra) {
-    op_pair(&ops[0], TIDE__P2P_SEND, r - 1, recvbuf, NULL, bytes, dtype, op);
+    tide__p2p_set(&ops[0], TIDE__P2P_SEND, r - 1, recvbuf, NULL, bytes, dtype, op);
     TIDE_CHECK(tide__comm_run(comm, ops, 1, "allreduce (recursive doubling)"));
   }
   return 0;
@@ -104,14 +91,14 @@ int tide__reduce_scatterv_ring(tide_comm_t *comm, const void *sendbuf, void *out
     tide__p2p_t ops[2];
     const uint8_t *sent = s == 0 ? in + displs[send_block] * esize : work + woff[send_block] * esize;
     size_t sent_bytes = counts[send_block] * esize, len = counts[recv_block];
-    op_pair(&ops[0], TIDE__P2P_SEND, right, sent, NULL, sent_bytes, dtype, op);
+    tide__p2p_set(&ops[0], TIDE__P2P_SEND, right, sent, NULL, sent_bytes, dtype, op);
     uint8_t *dst = s == n - 2 ? (uint8_t *)out : work + woff[recv_block] * esize;
     /* With two ranks in place, out may overlap the block still being sent
      * (a zero-copy transport reads it until the send completes): land the
      * result in work and copy it over afterwards. */
     int bounce = dst == (uint8_t *)out && dst < sent + sent_bytes && sent < dst + len * esize;
     if (bounce) dst = work + woff[recv_block] * esize;
-    op_pair(&ops[1], TIDE__P2P_RECV_REDUCE, left, in + displs[recv_block] * esize, dst, len * esize, dtype, op);
+    tide__p2p_set(&ops[1], TIDE__P2P_RECV_REDUCE, left, in + displs[recv_block] * esize, dst, len * esize, dtype, op);
     rc = tide__comm_run(comm, ops, 2, "reduce-scatter (ring)");
     if (rc == 0 && bounce) memcpy(out, dst, len * esize);
   }
@@ -148,9 +135,9 @@ int tide__allgatherv_ring(tide_comm_t *comm, const void *sendbuf, void *buf, con
   for (int s = 0; s < n - 1; s++) {
     int send_block = ((r - s) % n + n) % n, recv_block = ((r - s - 1) % n + n) % n;
     tide__p2p_t ops[2];
-    op_pair(&ops[0], TIDE__P2P_SEND, right, base + displs[send_block] * esize, NULL,
+    tide__p2p_set(&ops[0], TIDE__P2P_SEND, right, base + displs[send_block] * esize, NULL,
             counts[send_block] * esize, dtype, TIDE_SUM);
-    op_pair(&ops[1], TIDE__P2P_RECV, left, NULL, base + displs[recv_block] * esize,
+    tide__p2p_set(&ops[1], TIDE__P2P_RECV, left, NULL, base + displs[recv_block] * esize,
             counts[recv_block] * esize, dtype, TIDE_SUM);
     TIDE_CHECK(tide__comm_run(comm, ops, 2, "allgather (ring)"));
   }
@@ -170,13 +157,6 @@ int tide__allreduce_ring(tide_comm_t *comm, const void *sendbuf, void *recvbuf, 
   return rc;
 }
 
-/* Hands a sub-communicator's failure to the parent, so the parent's later
- * calls fail too. */
-static int lift(tide_comm_t *comm, tide_comm_t *sub, int rc) {
-  if (rc == 0) return 0;
-  return tide__comm_fail(comm, rc, 1, "%s", tide_comm_last_error(sub));
-}
-
 int tide__allreduce_hier(tide_comm_t *comm, const void *sendbuf, void *recvbuf, size_t count,
                          tide_dtype_t dtype, tide_op_t op) {
   tide_comm_t *local, *cross;
@@ -188,13 +168,13 @@ int tide__allreduce_hier(tide_comm_t *comm, const void *sendbuf, void *recvbuf, 
   size_t mine_count = counts[local->rank];
   uint8_t *mine = (uint8_t *)recvbuf + displs[local->rank] * esize;
   tide_op_t sum_op = op == TIDE_AVG ? TIDE_SUM : op;
-  int rc = lift(comm, local, tide__reduce_scatter_ring(local, sendbuf, mine, count, dtype, sum_op));
+  int rc = tide__lift(comm, local, tide__reduce_scatter_ring(local, sendbuf, mine, count, dtype, sum_op));
   if (rc == 0)
-    rc = lift(comm, cross,
+    rc = tide__lift(comm, cross,
               tide__allreduce(cross, mine, mine, mine_count, dtype, sum_op,
                               tide__allreduce_algo(cross, mine_count, dtype)));
   if (rc == 0 && op == TIDE_AVG) tide__scale(mine, mine_count, dtype, comm->size);
-  if (rc == 0) rc = lift(comm, local, tide__allgatherv_ring(local, NULL, recvbuf, counts, displs, dtype));
+  if (rc == 0) rc = tide__lift(comm, local, tide__allgatherv_ring(local, NULL, recvbuf, counts, displs, dtype));
   tide__free(counts);
   return rc;
 }

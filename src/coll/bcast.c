@@ -7,23 +7,13 @@
 #define CHAIN_MIN_BYTES (256 * 1024)
 #define CHAIN_SEGMENT (512 * 1024)
 
-static void p2p(tide__p2p_t *op, tide__p2p_kind_t kind, int peer, void *buf, size_t bytes) {
-  memset(op, 0, sizeof *op);
-  op->kind = kind;
-  op->peer = peer;
-  op->src = buf;
-  op->dst = buf;
-  op->bytes = bytes;
-  op->dtype = TIDE_I32;
-}
-
 static int binomial(tide_comm_t *comm, void *buf, size_t bytes, int root) {
   int n = comm->size, vr = (comm->rank - root + n) % n;
   int mask = 1;
   while (mask < n) {
     if (vr & mask) {
       tide__p2p_t op;
-      p2p(&op, TIDE__P2P_RECV, (vr - mask + root) % n, buf, bytes);
+      tide__p2p_set(&op, TIDE__P2P_RECV, (vr - mask + root) % n, NULL, buf, bytes, TIDE_I32, TIDE_SUM);
       TIDE_CHECK(tide__comm_run(comm, &op, 1, "broadcast (tree)"));
       break;
     }
@@ -32,7 +22,8 @@ static int binomial(tide_comm_t *comm, void *buf, size_t bytes, int root) {
   tide__p2p_t ops[32];
   int k = 0;
   for (mask >>= 1; mask > 0; mask >>= 1)
-    if (vr + mask < n) p2p(&ops[k++], TIDE__P2P_SEND, (vr + mask + root) % n, buf, bytes);
+    if (vr + mask < n)
+      tide__p2p_set(&ops[k++], TIDE__P2P_SEND, (vr + mask + root) % n, buf, NULL, bytes, TIDE_I32, TIDE_SUM);
   return tide__comm_run(comm, ops, k, "broadcast (tree)");
 }
 
@@ -48,11 +39,12 @@ static int chain(tide_comm_t *comm, void *buf, size_t bytes, int root) {
     int m = 0;
     if (vr > 0 && k < segments) {
       size_t len = bytes - k * CHAIN_SEGMENT < CHAIN_SEGMENT ? bytes - k * CHAIN_SEGMENT : CHAIN_SEGMENT;
-      p2p(&ops[m++], TIDE__P2P_RECV, prev, base + k * CHAIN_SEGMENT, len);
+      tide__p2p_set(&ops[m++], TIDE__P2P_RECV, prev, NULL, base + k * CHAIN_SEGMENT, len, TIDE_I32, TIDE_SUM);
     }
     if (vr < n - 1 && k > 0) {
       size_t at = (k - 1) * CHAIN_SEGMENT;
-      p2p(&ops[m++], TIDE__P2P_SEND, next, base + at, bytes - at < CHAIN_SEGMENT ? bytes - at : CHAIN_SEGMENT);
+      size_t len = bytes - at < CHAIN_SEGMENT ? bytes - at : CHAIN_SEGMENT;
+      tide__p2p_set(&ops[m++], TIDE__P2P_SEND, next, base + at, NULL, len, TIDE_I32, TIDE_SUM);
     }
     TIDE_CHECK(tide__comm_run(comm, ops, m, "broadcast (chain)"));
   }
@@ -70,8 +62,8 @@ int tide__barrier(tide_comm_t *comm) {
   uint8_t out = 1, in[32];
   for (int k = 1, i = 0; k < n; k <<= 1, i++) {
     tide__p2p_t ops[2];
-    p2p(&ops[0], TIDE__P2P_SEND, (comm->rank + k) % n, &out, 1);
-    p2p(&ops[1], TIDE__P2P_RECV, (comm->rank - k + n) % n, &in[i], 1);
+    tide__p2p_set(&ops[0], TIDE__P2P_SEND, (comm->rank + k) % n, &out, NULL, 1, TIDE_I32, TIDE_SUM);
+    tide__p2p_set(&ops[1], TIDE__P2P_RECV, (comm->rank - k + n) % n, NULL, &in[i], 1, TIDE_I32, TIDE_SUM);
     TIDE_CHECK(tide__comm_run(comm, ops, 2, "barrier"));
   }
   return 0;

@@ -6,8 +6,23 @@
 
 #include "comm/comm.h"
 
+/* The one builder of a collective step's point-to-point op: src is what a
+ * SEND sends and a RECV_REDUCE's local operand, dst where a RECV or
+ * RECV_REDUCE lands; dtype and op matter to RECV_REDUCE only. */
+static inline void tide__p2p_set(tide__p2p_t *p2p, tide__p2p_kind_t kind, int peer, const void *src, void *dst,
+                                 size_t bytes, tide_dtype_t dtype, tide_op_t op) {
+  *p2p = (tide__p2p_t){.kind = kind, .peer = peer, .src = src, .dst = dst, .bytes = bytes, .dtype = dtype, .op = op};
+}
+
+/* Hands a sub-communicator's failure (rc != 0) to its parent, so that the
+ * parent's later calls fail too; 0 stays 0. */
+static inline int tide__lift(tide_comm_t *comm, tide_comm_t *sub, int rc) {
+  if (rc == 0) return 0;
+  return tide__comm_fail(comm, rc, 1, "%s", tide_comm_last_error(sub));
+}
+
 /* TIDE__ALGO_MPI: MPI's own collective, on a communicator joined through
- * MPI (comm->mpi), for any dense call it supports (src/comm/mpi_boot.c). */
+ * MPI (comm->mpi), for any dense call it supports (src/coll/mpi.c). */
 typedef enum { TIDE__ALGO_NONE = 0, TIDE__ALGO_RD, TIDE__ALGO_RING, TIDE__ALGO_HIER, TIDE__ALGO_MPI } tide__algo_t;
 
 /* The allreduce algorithm for this call: the same on every rank given the
@@ -48,5 +63,23 @@ int tide__sparse_allgather(tide_comm_t *comm, const float *values, const uint32_
 int tide__hitopk_shard(tide_comm_t *comm, size_t d, size_t *offset, size_t *len);
 int tide__hitopk_allreduce(tide_comm_t *comm, const float *grad, float *out, size_t d, tide_compressor_t *compressor,
                            tide_op_t op);
+
+/* ---- MPI's own collectives (src/coll/mpi.c) ------------------------------ */
+
+/* MPI's own collective on an MPI communicator: allreduce, reduce-scatter
+ * (tide_block partition), allgatherv, broadcast. */
+typedef enum { TIDE__MPI_ALLREDUCE, TIDE__MPI_REDUCE_SCATTER, TIDE__MPI_ALLGATHERV, TIDE__MPI_BROADCAST } tide__mpi_coll_kind_t;
+/* 1 when this call runs as MPI's own collective: an MPI communicator,
+ * TIDE_ALGO=mpi, or auto when MPI provides MPI_THREAD_MULTIPLE and the call
+ * moves at most TIDE_MPI_REDUCE_MAX_BYTES (auto then takes MPI's blocking
+ * collectives; otherwise tide's algorithms over the MPI transport), a dtype
+ * MPI reduces (not f16/bf16) and every count within an int. count: the elements of the whole call (allgather(v):
+ * the output). The same answer on every rank for the same call. */
+int tide__mpi_coll_choose(const tide_comm_t *comm, tide__mpi_coll_kind_t kind, size_t count, tide_dtype_t dtype);
+/* Runs it (AVG: sum, then scale). counts: allgatherv's counts per rank (NULL:
+ * count each). Every rank must have passed the header check; returns 0 or
+ * the communicator's failure. */
+int tide__mpi_collective(tide_comm_t *comm, tide__mpi_coll_kind_t kind, const void *sendbuf, void *recvbuf,
+                         size_t count, const size_t *counts, tide_dtype_t dtype, tide_op_t op, int root);
 
 #endif

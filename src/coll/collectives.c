@@ -2,6 +2,7 @@
  * same call (a small header passed around the ring before any data moves),
  * pick the algorithm, and run it now (blocking) or on the progress thread
  * (nonblocking). */
+#include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -72,15 +73,8 @@ static int check_headers(tide_comm_t *comm, const header_t *mine) {
   header_t theirs;
   int left = (comm->rank + comm->size - 1) % comm->size;
   tide__p2p_t ops[2];
-  memset(ops, 0, sizeof ops);
-  ops[0].kind = TIDE__P2P_SEND;
-  ops[0].peer = (comm->rank + 1) % comm->size;
-  ops[0].src = mine;
-  ops[0].bytes = sizeof *mine;
-  ops[1].kind = TIDE__P2P_RECV;
-  ops[1].peer = left;
-  ops[1].dst = &theirs;
-  ops[1].bytes = sizeof theirs;
+  tide__p2p_set(&ops[0], TIDE__P2P_SEND, (comm->rank + 1) % comm->size, mine, NULL, sizeof *mine, TIDE_I32, TIDE_SUM);
+  tide__p2p_set(&ops[1], TIDE__P2P_RECV, left, NULL, &theirs, sizeof theirs, TIDE_I32, TIDE_SUM);
   char what[160];
   describe(mine, what, sizeof what);
   TIDE_CHECK(tide__comm_run(comm, ops, 2, what));
@@ -106,12 +100,6 @@ static int check_headers(tide_comm_t *comm, const header_t *mine) {
   return 0;
 }
 
-static uint64_t hash_counts(const size_t *counts, int n) {
-  uint64_t h = 1469598103934665603ull;
-  for (int i = 0; i < n; i++) h = (h ^ counts[i]) * 1099511628211ull;
-  return h;
-}
-
 /* MPI's own collective for the dense calls other than allreduce, on an MPI
  * communicator under TIDE_ALGO=auto or mpi; total: the elements of the
  * whole call (allgather(v): the output). */
@@ -130,7 +118,7 @@ static int execute(tide_comm_t *comm, void *raw) {
   if (rc) goto out;
   header_t h = {HEADER_MAGIC, a->kind, comm->seq, a->count, 0, a->dtype, a->op, a->root, 0};
   if (a->kind == ALLGATHERV) {
-    h.counts_hash = hash_counts(a->counts, comm->size);
+    h.counts_hash = tide__fnv1a(a->counts, (size_t)comm->size * sizeof *a->counts);
     h.count = 0;
     for (int r = 0; r < comm->size; r++) h.count += a->counts[r];
   }
@@ -200,9 +188,12 @@ out:
 
 /* An invalid call fails the communicator for everyone: the other ranks
  * would otherwise wait for a call that never comes. */
-static int invalid(tide_comm_t *comm, const char *fmt, const char *kind, const char *detail) {
+__attribute__((format(printf, 2, 3))) static int invalid(tide_comm_t *comm, const char *fmt, ...) {
   char msg[300];
-  snprintf(msg, sizeof msg, fmt, kind, detail);
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
   tide__task_drain(comm);
   pthread_mutex_lock(&comm->exec_lock);
   comm->seq++; /* the failed call takes the number the others see */
@@ -213,15 +204,15 @@ static int invalid(tide_comm_t *comm, const char *fmt, const char *kind, const c
 
 static int validate(tide_comm_t *comm, const args_t *a, const size_t *counts, size_t sendcount) {
   const char *kind = kind_names[a->kind];
-  if ((unsigned)a->dtype >= TIDE_DTYPE_COUNT) return invalid(comm, "%s with an unknown dtype%s", kind, "");
-  if ((unsigned)a->op >= TIDE_OP_COUNT) return invalid(comm, "%s with an unknown reduction op%s", kind, "");
+  if ((unsigned)a->dtype >= TIDE_DTYPE_COUNT) return invalid(comm, "%s with an unknown dtype", kind);
+  if ((unsigned)a->op >= TIDE_OP_COUNT) return invalid(comm, "%s with an unknown reduction op", kind);
   if (a->kind == BROADCAST && (a->root < 0 || a->root >= comm->size))
-    return invalid(comm, "%s with root outside [0, size)%s", kind, "");
+    return invalid(comm, "%s with root outside [0, size)", kind);
   size_t total = a->count;
   if (a->kind == ALLGATHERV) {
-    if (counts == NULL) return invalid(comm, "%s with counts == NULL%s", kind, "");
+    if (counts == NULL) return invalid(comm, "%s with counts == NULL", kind);
     if (sendcount != counts[comm->rank])
-      return invalid(comm, "%s with sendcount != counts[rank]%s", kind, "");
+      return invalid(comm, "%s with sendcount != counts[rank]", kind);
     total = 1;
   }
   if (a->kind == ALLGATHER) total = a->count;
@@ -231,13 +222,13 @@ static int validate(tide_comm_t *comm, const args_t *a, const size_t *counts, si
       return invalid(comm, "%s with a NULL %s", kind, "sendbuf");
   }
   if (a->kind >= SPARSE_ALLGATHER && a->op != TIDE_SUM && a->op != TIDE_AVG)
-    return invalid(comm, "%s supports only sum and avg%s", kind, "");
+    return invalid(comm, "%s supports only sum and avg", kind);
   if (a->kind == SPARSE_ALLGATHER && a->k > 0 && (a->sendbuf == NULL || a->indices == NULL))
-    return invalid(comm, "%s with NULL values or indices%s", kind, "");
-  if (a->kind == HITOPK && a->compressor == NULL) return invalid(comm, "%s with a NULL compressor%s", kind, "");
+    return invalid(comm, "%s with NULL values or indices", kind);
+  if (a->kind == HITOPK && a->compressor == NULL) return invalid(comm, "%s with a NULL compressor", kind);
   if ((a->dtype == TIDE_F16 || a->dtype == TIDE_BF16) && (a->kind == ALLREDUCE || a->kind == REDUCE_SCATTER) &&
       a->op != TIDE_SUM && a->op != TIDE_AVG)
-    return invalid(comm, "%s: f16/bf16 support only sum and avg%s", kind, "");
+    return invalid(comm, "%s: f16/bf16 support only sum and avg", kind);
   return 0;
 }
 

@@ -13,7 +13,7 @@
 #include <string.h>
 
 #include "coll/coll.h"
-#include "compress/compress.h"
+#include "compress/fused.h"
 
 /* The packed form of k pairs: k floats then k uint32 indices. */
 static size_t pair_words(size_t k) { return 2 * k; }
@@ -117,12 +117,6 @@ int tide__hitopk_shard(tide_comm_t *comm, size_t d, size_t *offset, size_t *len)
   return 0;
 }
 
-/* Hands a sub-communicator's failure to the parent. */
-static int lift(tide_comm_t *comm, tide_comm_t *sub, int rc) {
-  if (rc == 0) return 0;
-  return tide__comm_fail(comm, rc, 1, "%s", tide_comm_last_error(sub));
-}
-
 /* Fails the communicator, so that the other ranks stop waiting for this one. */
 static int out_of_memory(tide_comm_t *comm, const char *what) {
   return tide__comm_fail(comm, TIDE_ENOMEM, 0, "rank %d: out of memory for %s in hitopk_allreduce", comm->rank, what);
@@ -163,7 +157,7 @@ static int reduce_select_pipelined(tide_comm_t *comm, tide_comm_t *local, const 
       tide__sample_gather(&plan, grad + shard[j], samples + displs[j] + 1);
   }
   if (rc == 0)
-    rc = lift(comm, local, tide__reduce_scatterv_ring(local, samples, mine, counts, displs, TIDE_F32, TIDE_SUM));
+    rc = tide__lift(comm, local, tide__reduce_scatterv_ring(local, samples, mine, counts, displs, TIDE_F32, TIDE_SUM));
   if (rc == 0 && mine[0] != (float)m) rc = 1;
   if (rc == 0 && (rc = tide__ef_begin(compressor, mine + 1)) != 0)
     rc = tide__comm_fail(comm, rc, 0, "rank %d: top-k selection failed: %s", comm->rank, tide_strerror(rc));
@@ -174,7 +168,7 @@ static int reduce_select_pipelined(tide_comm_t *comm, tide_comm_t *local, const 
       tide_block(len[j], steps, q, &cdispls[j], &ccounts[j]);
       cdispls[j] += shard[j];
     }
-    rc = lift(comm, local, tide__reduce_scatterv_ring(local, grad, chunk, ccounts, cdispls, TIDE_F32, TIDE_SUM));
+    rc = tide__lift(comm, local, tide__reduce_scatterv_ring(local, grad, chunk, ccounts, cdispls, TIDE_F32, TIDE_SUM));
     if (rc == 0 && (rc = tide__ef_feed(compressor, cdispls[me] - shard[me], chunk, ccounts[me])) != 0)
       rc = tide__comm_fail(comm, rc, 0, "rank %d: top-k selection failed: %s", comm->rank, tide_strerror(rc));
   }
@@ -196,7 +190,7 @@ static int reduce_select(tide_comm_t *comm, tide_comm_t *local, const float *gra
   size_t offset, len;
   tide_block(d, local->size, local->rank, &offset, &len);
   float *shard = out + offset;
-  TIDE_CHECK(lift(comm, local, tide__reduce_scatter_ring(local, grad, shard, d, TIDE_F32, TIDE_SUM)));
+  TIDE_CHECK(tide__lift(comm, local, tide__reduce_scatter_ring(local, grad, shard, d, TIDE_F32, TIDE_SUM)));
   int rc = tide_compressor_compress(compressor, shard, len, values, indices, got);
   if (rc != 0)
     rc = tide__comm_fail(comm, rc, 0, "rank %d: top-k selection failed: %s", comm->rank,
@@ -236,7 +230,7 @@ int tide__hitopk_allreduce(tide_comm_t *comm, const float *grad, float *out, siz
   /* 3. Across hosts: every host's pairs for this shard. */
   size_t *node_counts = NULL;
   uint32_t *node_pairs = NULL, *all = NULL;
-  if (rc == 0) rc = lift(comm, cross, gather_pairs(cross, values, indices, got, &node_counts, &node_pairs));
+  if (rc == 0) rc = tide__lift(comm, cross, gather_pairs(cross, values, indices, got, &node_counts, &node_pairs));
   int64_t t2 = tide__now_ns();
   tide__free(values);
   tide__free(indices);
@@ -247,7 +241,7 @@ int tide__hitopk_allreduce(tide_comm_t *comm, const float *grad, float *out, siz
   for (int h = 0; rc == 0 && h < n; h++) mine_words += pair_words(node_counts[h]);
   size_t *words = rc == 0 ? tide__calloc(2 * (size_t)m, sizeof *words) : NULL;
   if (rc == 0 && words == NULL) rc = TIDE_ENOMEM;
-  if (rc == 0) rc = lift(comm, local, allgather_size(local, mine_words, words));
+  if (rc == 0) rc = tide__lift(comm, local, allgather_size(local, mine_words, words));
   size_t total = 0;
   for (int r = 0; rc == 0 && r < m; r++) {
     words[m + r] = total;
@@ -258,7 +252,7 @@ int tide__hitopk_allreduce(tide_comm_t *comm, const float *grad, float *out, siz
     uint32_t *block = all + words[m + local->rank];
     for (int h = 0; h < n; h++) block[h] = (uint32_t)node_counts[h];
     memcpy(block + n, node_pairs, (mine_words - (size_t)n) * sizeof *block);
-    rc = lift(comm, local, tide__allgatherv_ring(local, NULL, all, words, words + m, TIDE_I32));
+    rc = tide__lift(comm, local, tide__allgatherv_ring(local, NULL, all, words, words + m, TIDE_I32));
   }
   /* 5. Sum every shard's pairs into the dense result, shard by shard and
    * host by host: one order on every rank. */

@@ -31,19 +31,13 @@ typedef struct {
   char host[200];
 } peer_info_t;
 
-static uint64_t hash64(const char *s) {
-  uint64_t h = 1469598103934665603ull;
-  for (; *s; s++) h = (h ^ (uint8_t)*s) * 1099511628211ull;
-  return h;
-}
-
 /* ---- failure state ---------------------------------------------------- */
 
 static void wake_waiters(tide_comm_t *comm) {
   if (comm->seg != NULL) tide__shm_ring_bell(tide__shm_bell(comm->seg), tide__shm_sleepers(comm->seg));
   uint64_t one = 1;
-  if (comm->wake_fd >= 0 && write(comm->wake_fd, &one, sizeof one) < 0) {
-  }
+  /* Only fails when the counter is saturated: then a wake-up is pending anyway. */
+  if (comm->wake_fd >= 0) (void)!write(comm->wake_fd, &one, sizeof one);
 }
 
 static int set_failed(tide_comm_t *comm, int rc, const char *msg) {
@@ -326,7 +320,7 @@ static int connect_shm(tide_comm_t *comm, const int *local_ranks) {
 
 static int connect_tcp(tide_comm_t *comm, int listen_fd, const peer_info_t *peers, const int *use_tcp) {
   int64_t deadline = tide__deadline_after_ms(comm->timeout_ms);
-  uint64_t ns_hash = hash64(comm->ns);
+  uint64_t ns_hash = tide__fnv1a_str(comm->ns);
   /* Connect to lower ranks, then accept the higher ones: rank 0 only
    * accepts, so nobody waits in a cycle. */
   for (int peer = 0; peer < comm->rank; peer++) {
@@ -380,11 +374,9 @@ static int comm_connect(tide_comm_t *comm) {
   peer_info_t *peers = tide__calloc((size_t)comm->size, sizeof *peers);
   int *use_tcp = tide__calloc((size_t)comm->size, sizeof *use_tcp);
   int *local_ranks = tide__calloc((size_t)comm->size, sizeof *local_ranks);
-  char **hosts = tide__calloc((size_t)comm->size, sizeof *hosts);
+  const char **hosts = tide__calloc((size_t)comm->size, sizeof *hosts);
   comm->chans = tide__calloc((size_t)comm->size, sizeof *comm->chans);
-  comm->node_of = tide__calloc((size_t)comm->size, sizeof *comm->node_of);
-  comm->local_rank_of = tide__calloc((size_t)comm->size, sizeof *comm->local_rank_of);
-  if (!peers || !use_tcp || !local_ranks || !hosts || !comm->chans || !comm->node_of || !comm->local_rank_of) {
+  if (!peers || !use_tcp || !local_ranks || !hosts || !comm->chans) {
     rc = TIDE_ENOMEM;
     goto out;
   }
@@ -410,32 +402,8 @@ static int comm_connect(tide_comm_t *comm) {
       goto out;
     }
   }
-  /* Nodes are numbered in order of their lowest rank. */
-  int nodes = 0;
-  int *local_count = tide__calloc((size_t)comm->size, sizeof *local_count);
-  if (local_count == NULL) {
-    rc = TIDE_ENOMEM;
-    goto out;
-  }
-  for (int r = 0; r < comm->size; r++) {
-    int node = -1;
-    for (int n = 0; n < nodes && node < 0; n++)
-      if (strcmp(hosts[n], peers[r].host) == 0) node = n;
-    if (node < 0) {
-      node = nodes++;
-      hosts[node] = peers[r].host;
-    }
-    comm->node_of[r] = node;
-    comm->local_rank_of[r] = local_count[node]++;
-  }
-  comm->node = comm->node_of[comm->rank];
-  comm->node_count = nodes;
-  comm->local_rank = comm->local_rank_of[comm->rank];
-  comm->local_size = local_count[comm->node];
-  comm->uniform_nodes = 1;
-  for (int n = 0; n < nodes; n++)
-    if (local_count[n] != comm->local_size) comm->uniform_nodes = 0;
-  tide__free(local_count);
+  for (int r = 0; r < comm->size; r++) hosts[r] = peers[r].host;
+  TIDE_CHECK_GOTO(tide__comm_set_hosts(comm, hosts), rc, out);
   int shm = tide__param_int(TIDE__PARAM_SHM) != 0 && comm->local_size > 1;
   for (int r = 0; r < comm->size; r++) {
     if (comm->node_of[r] == comm->node) local_ranks[comm->local_rank_of[r]] = r;
@@ -589,8 +557,7 @@ void tide_comm_destroy(tide_comm_t *comm) {
   }
   if (comm->watcher_running) {
     uint64_t one = 1;
-    if (write(comm->stop_fd, &one, sizeof one) < 0) {
-    }
+    (void)!write(comm->stop_fd, &one, sizeof one); /* fails only when already signalled */
     pthread_join(comm->watcher, NULL);
   }
   tide__store_watch_close(comm->watch);

@@ -96,6 +96,12 @@ void *tide__comm_scratch(tide_comm_t *comm, size_t bytes);
  * store's event/abort value, or the same record sent over MPI). */
 void tide__comm_apply_report(tide_comm_t *comm, const char *value);
 
+/* Groups the ranks into nodes: host_of[r] names rank r's host (equal names,
+ * one node; nodes numbered in order of their lowest rank). Sets node_of,
+ * local_rank_of, node, node_count, local_rank, local_size and
+ * uniform_nodes (src/comm/topology.c). */
+int tide__comm_set_hosts(tide_comm_t *comm, const char *const *host_of);
+
 /* A communicator with no members yet (comm.c's constructor). */
 tide_comm_t *tide__comm_alloc(void);
 
@@ -114,22 +120,6 @@ void tide__mpi_comm_poll(tide_comm_t *comm);
 void tide__mpi_comm_idle(tide_comm_t *comm, int64_t idle_since_ns, int left_ms);
 /* Frees the MPI side of comm after its channels are closed (destroy). */
 void tide__mpi_comm_fini(tide_comm_t *comm);
-
-/* MPI's own collective on an MPI communicator: allreduce, reduce-scatter
- * (tide_block partition), allgatherv, broadcast. */
-typedef enum { TIDE__MPI_ALLREDUCE, TIDE__MPI_REDUCE_SCATTER, TIDE__MPI_ALLGATHERV, TIDE__MPI_BROADCAST } tide__mpi_coll_kind_t;
-/* 1 when this call runs as MPI's own collective: an MPI communicator,
- * TIDE_ALGO=mpi, or auto when MPI provides MPI_THREAD_MULTIPLE and the call
- * moves at most TIDE_MPI_REDUCE_MAX_BYTES (auto then takes MPI's blocking
- * collectives; otherwise tide's algorithms over the MPI transport), a dtype
- * MPI reduces (not f16/bf16) and every count within an int. count: the elements of the whole call (allgather(v):
- * the output). The same answer on every rank for the same call. */
-int tide__mpi_coll_choose(const tide_comm_t *comm, tide__mpi_coll_kind_t kind, size_t count, tide_dtype_t dtype);
-/* Runs it (AVG: sum, then scale). counts: allgatherv's counts per rank (NULL:
- * count each). Every rank must have passed the header check; returns 0 or
- * the communicator's failure. */
-int tide__mpi_collective(tide_comm_t *comm, tide__mpi_coll_kind_t kind, const void *sendbuf, void *recvbuf,
-                         size_t count, const size_t *counts, tide_dtype_t dtype, tide_op_t op, int root);
 
 /* ---- nonblocking tasks (src/comm/request.c) ------------------------------ */
 

@@ -20,7 +20,7 @@
 #include "comm/comm.h"
 
 #ifdef TIDE_HAVE_MPI
-#include <mpi.h>
+#include "comm/mpi.h"
 
 #define REPORT_BYTES 1024
 #define ZOMBIES 8
@@ -46,12 +46,6 @@ static pthread_mutex_t init_lock = PTHREAD_MUTEX_INITIALIZER;
 static int started_mpi;       /* tide called MPI_Init_thread (init_lock) */
 static _Atomic int open_comms; /* MPI communicators alive in this process */
 static _Atomic int generation;
-
-static uint64_t hash64(const char *s) {
-  uint64_t h = 1469598103934665603ull;
-  for (; *s; s++) h = (h ^ (uint8_t)*s) * 1099511628211ull;
-  return h;
-}
 
 static int mpi_error(const char *what, int err) {
   char text[MPI_MAX_ERROR_STRING] = "";
@@ -114,23 +108,20 @@ static int settle(MPI_Request *reqs, int n, int ms) {
 /* ---- topology ------------------------------------------------------------ */
 
 /* Hosts: the ranks MPI_COMM_TYPE_SHARED puts together, named by their lowest
- * rank (or TIDE_HOST_ID when set, to emulate hosts), numbered in order of
- * their lowest rank as the TCP path does. */
+ * rank (or TIDE_HOST_ID when set, to emulate hosts), grouped as the TCP path
+ * groups them (tide__comm_set_hosts). */
 static int topology(tide_comm_t *comm) {
   tide__mpi_comm_t *m = comm->mpi;
   int rc = 0, n = comm->size;
-  uint64_t key, *keys = tide__calloc((size_t)n, sizeof *keys);
-  int *count = tide__calloc((size_t)n, sizeof *count);
-  uint64_t *names = tide__calloc((size_t)n, sizeof *names);
-  comm->node_of = tide__calloc((size_t)n, sizeof *comm->node_of);
-  comm->local_rank_of = tide__calloc((size_t)n, sizeof *comm->local_rank_of);
-  if (!keys || !count || !names || !comm->node_of || !comm->local_rank_of) {
+  char mine[24], (*names)[24] = tide__calloc((size_t)n, sizeof *names);
+  const char **host_of = tide__calloc((size_t)n, sizeof *host_of);
+  if (names == NULL || host_of == NULL) {
     rc = TIDE_ENOMEM;
     goto out;
   }
   const char *forced = tide__param_str(TIDE__PARAM_HOST_ID);
   if (forced[0] != '\0') {
-    key = hash64(forced) | 1ull << 63;
+    snprintf(mine, sizeof mine, "h%016llx", (unsigned long long)tide__fnv1a_str(forced));
   } else {
     MPI_Comm shared = MPI_COMM_NULL;
     int leader = comm->rank;
@@ -143,32 +134,17 @@ static int topology(tide_comm_t *comm) {
       rc = mpi_error("MPI_Allreduce (host leaders)", err);
       goto out;
     }
-    key = (uint64_t)leader;
+    snprintf(mine, sizeof mine, "r%d", leader);
   }
-  MPI_CHECK_GOTO(MPI_Allgather(&key, 1, MPI_UINT64_T, keys, 1, MPI_UINT64_T, m->comm), rc, out);
-  int nodes = 0;
+  MPI_CHECK_GOTO(MPI_Allgather(mine, sizeof mine, MPI_CHAR, names, sizeof mine, MPI_CHAR, m->comm), rc, out);
   for (int r = 0; r < n; r++) {
-    int node = -1;
-    for (int k = 0; k < nodes && node < 0; k++)
-      if (names[k] == keys[r]) node = k;
-    if (node < 0) {
-      node = nodes++;
-      names[node] = keys[r];
-    }
-    comm->node_of[r] = node;
-    comm->local_rank_of[r] = count[node]++;
+    names[r][sizeof mine - 1] = '\0';
+    host_of[r] = names[r];
   }
-  comm->node = comm->node_of[comm->rank];
-  comm->node_count = nodes;
-  comm->local_rank = comm->local_rank_of[comm->rank];
-  comm->local_size = count[comm->node];
-  comm->uniform_nodes = 1;
-  for (int k = 0; k < nodes; k++)
-    if (count[k] != comm->local_size) comm->uniform_nodes = 0;
+  rc = tide__comm_set_hosts(comm, host_of);
 out:
-  tide__free(keys);
-  tide__free(count);
   tide__free(names);
+  tide__free(host_of);
   return rc;
 }
 
@@ -367,10 +343,26 @@ static void abandon(tide__mpi_comm_t *m, MPI_Request *reqs, int n) {
   tide__mpi_unlock();
 }
 
-/* Waits for reqs with the communicator's deadline, testing for failure
- * reports; what names the call in messages. On failure the requests are
- * left to the caller (still active where they did not complete). */
-static int wait_requests(tide_comm_t *comm, MPI_Request *reqs, int n, const char *what) {
+MPI_Comm tide__mpi_comm_handle(const tide_comm_t *comm) { return comm->mpi->comm; }
+
+int tide__mpi_comm_fail_mpi(tide_comm_t *comm, int err, const char *what) {
+  char text[MPI_MAX_ERROR_STRING] = "";
+  int len = 0;
+  MPI_Error_string(err, text, &len);
+  return tide__comm_fail(comm, TIDE_EIO, 0, "rank %d: MPI failed in %s: %s", comm->rank, what, text);
+}
+
+void tide__mpi_comm_keep(tide_comm_t *comm, MPI_Request req, void *arrays) {
+  tide__mpi_comm_t *m = comm->mpi;
+  if (m->nzombies < ZOMBIES) {
+    m->zombies[m->nzombies].req = req;
+    m->zombies[m->nzombies++].arrays = arrays;
+  } else {
+    m->lent = 1; /* more than we track: keep m (and the arrays) for good */
+  }
+}
+
+int tide__mpi_comm_wait(tide_comm_t *comm, MPI_Request *reqs, int n, const char *what) {
   int64_t deadline = tide__deadline_after_ms(comm->timeout_ms);
   int64_t idle_since = 0;
   int idle = 0;
@@ -382,12 +374,7 @@ static int wait_requests(tide_comm_t *comm, MPI_Request *reqs, int n, const char
     tide__mpi_lock();
     int err = test_all(reqs, n, &done);
     tide__mpi_unlock();
-    if (err != MPI_SUCCESS) {
-      char text[MPI_MAX_ERROR_STRING] = "";
-      int len = 0;
-      MPI_Error_string(err, text, &len);
-      return tide__comm_fail(comm, TIDE_EIO, 0, "rank %d: MPI failed in %s: %s", comm->rank, what, text);
-    }
+    if (err != MPI_SUCCESS) return tide__mpi_comm_fail_mpi(comm, err, what);
     if (done) return 0;
     int left = tide__ms_left(deadline);
     if (left == 0)
@@ -405,9 +392,7 @@ static int wait_requests(tide_comm_t *comm, MPI_Request *reqs, int n, const char
   }
 }
 
-/* A dissemination barrier on its own tag: when it returns 0 on any rank,
- * every rank has entered it. Deadline and failure reports as everywhere. */
-static int agree(tide_comm_t *comm, int tag, const char *what) {
+int tide__mpi_comm_agree(tide_comm_t *comm, int tag, const char *what) {
   tide__mpi_comm_t *m = comm->mpi;
   int n = comm->size, round = 0;
   m->sync_out = 1;
@@ -417,9 +402,8 @@ static int agree(tide_comm_t *comm, int tag, const char *what) {
     int err = MPI_Irecv(&m->sync_in[round], 1, MPI_BYTE, (comm->rank - k + n) % n, tag, m->comm, &reqs[0]);
     if (err == MPI_SUCCESS) err = MPI_Isend(&m->sync_out, 1, MPI_BYTE, (comm->rank + k) % n, tag, m->comm, &reqs[1]);
     tide__mpi_unlock();
-    int rc = err == MPI_SUCCESS ? wait_requests(comm, reqs, 2, what)
-                                : tide__comm_fail(comm, mpi_error("MPI_Isend/MPI_Irecv", err), 0,
-                                                  "rank %d: MPI failed in %s", comm->rank, what);
+    int rc = err == MPI_SUCCESS ? tide__mpi_comm_wait(comm, reqs, 2, what)
+                                : tide__mpi_comm_fail_mpi(comm, err, what);
     if (rc != 0) {
       abandon(m, reqs, 2);
       return rc;
@@ -433,7 +417,7 @@ static int agree(tide_comm_t *comm, int tag, const char *what) {
 int tide__mpi_comm_split(tide_comm_t *comm, int color, int key, tide_comm_t **out) {
   int split = ++comm->splits;
   /* MPI_Comm_split has no deadline: enter it only once every rank is here. */
-  TIDE_CHECK(agree(comm, TIDE__MPI_TAG_SPLIT, "tide_comm_split"));
+  TIDE_CHECK(tide__mpi_comm_agree(comm, TIDE__MPI_TAG_SPLIT, "tide_comm_split"));
   MPI_Comm sub_comm = MPI_COMM_NULL;
   int rc = 0;
   MPI_CHECK_GOTO(MPI_Comm_split(comm->mpi->comm, color < 0 ? MPI_UNDEFINED : color, key, &sub_comm), rc, fail);
@@ -504,154 +488,6 @@ void tide__mpi_comm_fini(tide_comm_t *comm) {
   }
 }
 
-/* ---- MPI's own collectives ----------------------------------------------- */
-
-static MPI_Datatype mpi_type(tide_dtype_t dtype) {
-  switch (dtype) {
-    case TIDE_F32: return MPI_FLOAT;
-    case TIDE_F64: return MPI_DOUBLE;
-    case TIDE_I32: return MPI_INT32_T;
-    case TIDE_I64: return MPI_INT64_T;
-    default: return MPI_UINT16_T; /* f16, bf16: moved, never reduced by MPI */
-  }
-}
-
-static MPI_Op mpi_op(tide_op_t op) { return op == TIDE_MIN ? MPI_MIN : op == TIDE_MAX ? MPI_MAX : MPI_SUM; }
-
-int tide__mpi_coll_choose(const tide_comm_t *comm, tide__mpi_coll_kind_t kind, size_t count, tide_dtype_t dtype) {
-  if (comm->mpi == NULL || comm->size == 1 || count > INT_MAX) return 0;
-  const char *algo = tide__param_str(TIDE__PARAM_ALGO);
-  int reduction = kind == TIDE__MPI_ALLREDUCE || kind == TIDE__MPI_REDUCE_SCATTER;
-  if (strcmp(algo, "auto") == 0) {
-    /* MPI's blocking collectives only (see tide__mpi_collective); for
-     * reductions only while they are latency-bound: above, tide's ring over
-     * MPI point-to-point is ahead (docs/mpi.md: measured, and MPI's
-     * reductions malloc fresh temporary buffers per call, which costs page
-     * faults every time once they are large). */
-    if (!tide__mpi_multiple()) return 0;
-    if (reduction && count * tide_dtype_size(dtype) > (uint64_t)tide__param_int(TIDE__PARAM_MPI_REDUCE_MAX_BYTES))
-      return 0;
-  } else if (strcmp(algo, "mpi") != 0) {
-    return 0;
-  }
-  /* sum, min, max are MPI's; avg is a sum, then scaled; MPI has no halves */
-  return !(reduction && (dtype == TIDE_F16 || dtype == TIDE_BF16));
-}
-
-static const char *coll_name(tide__mpi_coll_kind_t kind) {
-  static const char *names[] = {"MPI_Allreduce", "MPI_Reduce_scatter", "MPI_Allgatherv", "MPI_Bcast"};
-  return names[kind];
-}
-
-int tide__mpi_collective(tide_comm_t *comm, tide__mpi_coll_kind_t kind, const void *sendbuf, void *recvbuf,
-                         size_t count, const size_t *counts, tide_dtype_t dtype, tide_op_t op, int root) {
-  tide__mpi_comm_t *m = comm->mpi;
-  int n = comm->size;
-  size_t esize = tide_dtype_size(dtype);
-  MPI_Datatype type = mpi_type(dtype);
-  int *ints = NULL; /* counts and displacements, for MPI */
-  if (kind == TIDE__MPI_REDUCE_SCATTER || (kind == TIDE__MPI_ALLGATHERV && counts != NULL)) {
-    ints = tide__malloc(2 * (size_t)n * sizeof *ints);
-    if (ints == NULL) return tide__comm_fail(comm, TIDE_ENOMEM, 0, "rank %d: out of memory", comm->rank);
-    size_t at = 0;
-    for (int r = 0; r < n; r++) {
-      size_t off, len;
-      if (kind == TIDE__MPI_REDUCE_SCATTER)
-        tide_block(count, n, r, &off, &len);
-      else
-        len = counts[r];
-      ints[r] = (int)len;
-      ints[n + r] = (int)at;
-      at += len;
-    }
-  }
-  const void *in = sendbuf == recvbuf ? MPI_IN_PLACE : sendbuf;
-  int send_count = 0; /* allgather(v) when not in place */
-  /* Allgather(v): in place when our block is already in its place, or
-   * overlaps it (then it moves there first). */
-  if (kind == TIDE__MPI_ALLGATHERV) {
-    size_t mine = (counts ? (size_t)ints[comm->rank] : count) * esize, total = 0;
-    for (int r = 0; r < n; r++) total += counts ? (size_t)ints[r] : count;
-    uint8_t *at = (uint8_t *)recvbuf + (counts ? (size_t)ints[n + comm->rank] : count * (size_t)comm->rank) * esize;
-    const uint8_t *from = sendbuf, *out = recvbuf;
-    in = sendbuf;
-    send_count = (int)(mine / esize);
-    if (mine == 0 || from == at || (from < out + total * esize && out < from + mine)) {
-      if (mine > 0 && from != at) memmove(at, from, mine);
-      in = MPI_IN_PLACE;
-    }
-  }
-  /* With MPI_THREAD_MULTIPLE, MPI's blocking collective (Open MPI's tuned
-   * ones are far faster than the nonblocking ones), entered only once every
-   * rank agrees it is in this call, since it cannot be left half way.
-   * Otherwise the nonblocking one, tested with the deadline, so tide never
-   * holds its MPI lock across a wait. */
-  int blocking = tide__mpi_multiple();
-  int rc = 0, err = MPI_SUCCESS;
-  MPI_Request req = MPI_REQUEST_NULL;
-  if (blocking) {
-    rc = agree(comm, TIDE__MPI_TAG_SYNC, coll_name(kind));
-    if (rc == 0) {
-      switch (kind) {
-        case TIDE__MPI_ALLREDUCE:
-          err = MPI_Allreduce(in, recvbuf, (int)count, type, mpi_op(op), m->comm);
-          break;
-        case TIDE__MPI_REDUCE_SCATTER:
-          err = MPI_Reduce_scatter(in, recvbuf, ints, type, mpi_op(op), m->comm);
-          break;
-        case TIDE__MPI_ALLGATHERV:
-          err = counts ? MPI_Allgatherv(in, send_count, type, recvbuf, ints, ints + n, type, m->comm)
-                       : MPI_Allgather(in, send_count, type, recvbuf, (int)count, type, m->comm);
-          break;
-        case TIDE__MPI_BROADCAST:
-          err = MPI_Bcast(recvbuf, (int)count, type, root, m->comm);
-          break;
-      }
-    }
-  } else {
-    tide__mpi_lock();
-    switch (kind) {
-      case TIDE__MPI_ALLREDUCE:
-        err = MPI_Iallreduce(in, recvbuf, (int)count, type, mpi_op(op), m->comm, &req);
-        break;
-      case TIDE__MPI_REDUCE_SCATTER:
-        err = MPI_Ireduce_scatter(in, recvbuf, ints, type, mpi_op(op), m->comm, &req);
-        break;
-      case TIDE__MPI_ALLGATHERV:
-        err = counts ? MPI_Iallgatherv(in, send_count, type, recvbuf, ints, ints + n, type, m->comm, &req)
-                     : MPI_Iallgather(in, send_count, type, recvbuf, (int)count, type, m->comm, &req);
-        break;
-      case TIDE__MPI_BROADCAST:
-        err = MPI_Ibcast(recvbuf, (int)count, type, root, m->comm, &req);
-        break;
-    }
-    tide__mpi_unlock();
-    if (err == MPI_SUCCESS) {
-      rc = wait_requests(comm, &req, 1, coll_name(kind));
-      if (rc != 0 && req != MPI_REQUEST_NULL) {
-        /* A collective cannot be cancelled: keep what it reads until destroy. */
-        if (m->nzombies < ZOMBIES) {
-          m->zombies[m->nzombies].req = req;
-          m->zombies[m->nzombies++].arrays = ints;
-        }
-        return rc;
-      }
-    }
-  }
-  if (rc == 0 && err != MPI_SUCCESS) {
-    char text[MPI_MAX_ERROR_STRING] = "";
-    int len = 0;
-    MPI_Error_string(err, text, &len);
-    rc = tide__comm_fail(comm, TIDE_EIO, 0, "rank %d: %s failed: %s", comm->rank, coll_name(kind), text);
-  }
-  if (rc == 0 && op == TIDE_AVG) {
-    if (kind == TIDE__MPI_ALLREDUCE) tide__scale(recvbuf, count, dtype, n);
-    if (kind == TIDE__MPI_REDUCE_SCATTER) tide__scale(recvbuf, (size_t)ints[comm->rank], dtype, n);
-  }
-  tide__free(ints);
-  return rc;
-}
-
 #else /* built without MPI */
 
 int tide_comm_init_from_mpi(const void *mpi_comm, tide_comm_t **out) {
@@ -693,27 +529,5 @@ void tide__mpi_comm_idle(tide_comm_t *comm, int64_t idle_since_ns, int left_ms) 
 }
 
 void tide__mpi_comm_fini(tide_comm_t *comm) { (void)comm; }
-
-int tide__mpi_coll_choose(const tide_comm_t *comm, tide__mpi_coll_kind_t kind, size_t count, tide_dtype_t dtype) {
-  (void)comm;
-  (void)kind;
-  (void)count;
-  (void)dtype;
-  return 0;
-}
-
-int tide__mpi_collective(tide_comm_t *comm, tide__mpi_coll_kind_t kind, const void *sendbuf, void *recvbuf,
-                         size_t count, const size_t *counts, tide_dtype_t dtype, tide_op_t op, int root) {
-  (void)comm;
-  (void)kind;
-  (void)sendbuf;
-  (void)recvbuf;
-  (void)count;
-  (void)counts;
-  (void)dtype;
-  (void)op;
-  (void)root;
-  return TIDE_ENOSYS;
-}
 
 #endif

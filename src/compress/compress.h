@@ -13,6 +13,7 @@
 #include <stdatomic.h>
 #include <string.h>
 
+#include "compress/fused.h"
 #include "core/core.h"
 
 /* Loads the bits of floats without breaking strict aliasing. */
@@ -161,23 +162,7 @@ void tide__scratch_release(tide__scratch_t *s);
 int tide__cand_finish(tide__cand_t *cands, int ncands, uint32_t cut, size_t k, int nthreads,
                       float *values, uint32_t *indices, uint32_t *kth_key);
 
-/* ---- the sampled selector's sample and cut -------------------------------------------- */
-
-/* A stratified sample of d elements: runs of TIDE__SAMPLE_RUN contiguous
- * elements (one cache line) evenly spread, at most 2^17 elements. */
-#define TIDE__SAMPLE_RUN 16
-typedef struct {
-  size_t runs, stride;
-} tide__sample_plan_t;
-
-/* 1 and the plan when d is large enough for sampling to pay, else 0. */
-int tide__sample_plan(size_t d, tide__sample_plan_t *plan);
-/* Where run r starts: a multiple of TIDE__SAMPLE_RUN. */
-static inline size_t tide__sample_start(const tide__sample_plan_t *plan, size_t r) {
-  return r * plan->stride / TIDE__SAMPLE_RUN * TIDE__SAMPLE_RUN;
-}
-/* Copies the plan's runs of x, back to back, to sample (runs * RUN floats). */
-void tide__sample_gather(const tide__sample_plan_t *plan, const float *x, float *sample);
+/* ---- the sampled selector's cut (its sample: compress/fused.h) ------------------------ */
 
 /* A collection cut from a sample: every key >= cut is collected. It sits at
  * the lower edge of the bucket (key >> 16) holding the sample's r-th largest
@@ -226,35 +211,6 @@ int tide__topk_run(tide_topk_kind_t kind, const tide_topk_opts_t *opts, const fl
                    tide_topk_stats_t *stats_or_null, size_t *bad_index);
 /* "NaN", "+Inf" or "-Inf" for a non-finite v. */
 const char *tide__nonfinite_name(float v);
-
-/* ---- error feedback over a gradient that arrives in pieces ----------------------------- */
-
-/* One pass instead of three: for a compressor of kind SAMPLED with scope
- * GLOBAL and 0 < k < d, acc = grad + residual is computed, stored (streaming
- * stores: acc is not read back) and tested against a cut in one pass, and
- * the exact top k is taken from what the pass collected. The gradient may
- * arrive in pieces, in index order: HiTopKComm feeds each chunk of the
- * host's sum of its shard as the reduce-scatter delivers it, while it is
- * still in the cache. tide_compressor_compress runs the same steps on a
- * whole gradient.
- *
- *   plan    tide__ef_plan: the sample positions (0: not this compressor, use
- *           tide_compressor_compress);
- *   begin   the gradient at the sample positions (tide__sample_gather
- *           layout); the residual is added here;
- *   feed    pieces, offsets increasing from 0 with no gap, until d;
- *   finish  exactly k pairs in index order, the residual updated; or an
- *           error with the residual unchanged (a NaN or Inf is named);
- *   abort   after a failed feed or begin, or to give up: residual unchanged.
- * The same thread calls all of them. */
-int tide__ef_plan(const tide_compressor_t *c, tide__sample_plan_t *plan);
-/* The gradient size the compressor was created for. */
-size_t tide__compressor_size(const tide_compressor_t *c);
-int tide__ef_begin(tide_compressor_t *c, const float *grad_sample);
-int tide__ef_feed(tide_compressor_t *c, size_t offset, const float *piece, size_t len);
-int tide__ef_finish(tide_compressor_t *c, const float *grad_or_null, float *values, uint32_t *indices,
-                    size_t *k_out);
-void tide__ef_abort(tide_compressor_t *c);
 
 /* ---- shared definitions the fast paths and the references must agree on ------------- */
 

@@ -59,11 +59,6 @@ static void huge_pages(void *p, size_t bytes) {
 #endif
 }
 
-static int by_offset(const void *pa, const void *pb) {
-  const ctensor_t *a = pa, *b = pb;
-  return a->offset < b->offset ? -1 : a->offset > b->offset;
-}
-
 static int density_ok(double density) { return density > 0.0 && density <= 1.0; }
 
 static void set_k(tide_compressor_t *c) {
@@ -111,10 +106,6 @@ int tide_compressor_create(tide_topk_kind_t kind, double density, tide_topk_scop
                "uint32: use one compressor per shard)", d);
     return TIDE_EINVAL;
   }
-  if (ntensors > 0 && tensors == NULL) {
-    TIDE_ERROR("tide_compressor_create: tensors is NULL with ntensors = %zu", ntensors);
-    return TIDE_EINVAL;
-  }
   if (opts != NULL && (opts->mstopk_rounds < 0 || opts->mstopk_rounds > 64)) {
     TIDE_ERROR("tide_compressor_create: mstopk_rounds = %d; use 1..64, or 0 for 20",
                opts->mstopk_rounds);
@@ -138,32 +129,20 @@ int tide_compressor_create(tide_topk_kind_t kind, double density, tide_topk_scop
     c->tensors[0] = (ctensor_t){tide__strdup("tensor"), 0, d, 0};
     if (c->tensors[0].name == NULL) rc = TIDE_ENOMEM;
   }
-  for (size_t t = 0; t < ntensors && rc == 0; t++) {
+  /* order: the tensors' indices by offset (they tile [0, d)) */
+  size_t *order = ntensors > 0 ? tide__calloc(ntensors, sizeof *order) : NULL;
+  if (ntensors > 0 && order == NULL) rc = TIDE_ENOMEM;
+  if (rc == 0) rc = tide__tensors_check("tide_compressor_create", tensors, ntensors, d, order);
+  for (size_t j = 0; j < ntensors && rc == 0; j++) {
+    size_t t = order[j];
     char fallback[32];
     snprintf(fallback, sizeof fallback, "tensor %zu", t);
     const char *name = tensors[t].name != NULL ? tensors[t].name : fallback;
-    c->tensors[t] = (ctensor_t){tide__strdup(name), tensors[t].offset, tensors[t].count, 0};
-    if (c->tensors[t].name == NULL) rc = TIDE_ENOMEM;
+    c->tensors[j] = (ctensor_t){tide__strdup(name), tensors[t].offset, tensors[t].count, 0};
+    if (c->tensors[j].name == NULL) rc = TIDE_ENOMEM;
   }
+  tide__free(order);
   if (rc < 0) goto fail;
-  qsort(c->tensors, c->ntensors, sizeof *c->tensors, by_offset);
-  size_t end = 0;
-  for (size_t t = 0; t < c->ntensors; t++) {
-    const ctensor_t *ct = &c->tensors[t];
-    if (ct->offset != end || ct->count > d - ct->offset) {
-      TIDE_ERROR("tide_compressor_create: tensor \"%s\" covers [%zu, %zu) but the tensors must "
-                 "tile [0, %zu) without gap or overlap (the previous one ends at %zu)",
-                 ct->name, ct->offset, ct->offset + ct->count, d, end);
-      rc = TIDE_EINVAL;
-      goto fail;
-    }
-    end = ct->offset + ct->count;
-  }
-  if (end != d) {
-    TIDE_ERROR("tide_compressor_create: the tensors cover [0, %zu) but d = %zu", end, d);
-    rc = TIDE_EINVAL;
-    goto fail;
-  }
   set_k(c);
   c->residual = tide__calloc(d, sizeof(float));
   c->acc = tide__malloc(d * sizeof(float));

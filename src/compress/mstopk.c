@@ -36,15 +36,25 @@ double tide__abs_block_sum(const float *x, size_t begin, size_t end) {
   return acc[0];
 }
 
+/* The passes the worker threads run, in order (ms_work). */
+typedef enum {
+  PHASE_MEAN,          /* block sums and max */
+  PHASE_PROBE,         /* count key >= probe over x, collecting up to budget */
+  PHASE_COUNT_KEPT,    /* count over the collection */
+  PHASE_DROP_BELOW,    /* drop collected keys < probe */
+  PHASE_COUNT_FINAL,   /* sure and band counts per stream */
+  PHASE_EMIT           /* write the selection */
+} phase_t;
+
 typedef struct {
   const float *x;
   size_t d;
-  int phase;
-  /* phase 0: block sums and max */
+  phase_t phase;
+  /* PHASE_MEAN: block sums and max */
   double *block_sum;
   size_t nblocks;
   uint32_t max_key[256];
-  /* phase 1: count key >= probe over x, collecting those up to budget */
+  /* PHASE_PROBE: count key >= probe over x, collecting those up to budget */
   uint32_t probe;
   size_t cap;    /* most elements kept in the collection */
   size_t budget; /* most collected while counting (stores to fresh memory cost) */
@@ -53,10 +63,10 @@ typedef struct {
   atomic_size_t collected; /* elements the threads of a probe pass hold */
   atomic_int give_up;      /* set when that passed budget */
   tide__cand_t *cands;
-  /* phase 2: count over the collection; phase 3: drop collected keys < probe */
-  /* phase 4/5: sure and band counts, then emission */
+  /* PHASE_COUNT_KEPT, PHASE_DROP_BELOW: over the collection */
+  /* PHASE_COUNT_FINAL, PHASE_EMIT: sure and band counts, then emission */
   uint32_t key1, key2;
-  int from_x;  /* phases 4/5 stream over x, not the collection */
+  int from_x;  /* the final phases stream over x, not the collection */
   int nlists;  /* lists in cands (= threads of the probe passes) */
   size_t sure[256], band[256];
   size_t off[256], band_start[256];
@@ -131,7 +141,7 @@ static void collected_work(ms_t *m, int tid, int nw) {
   const uint32_t probe = m->probe;
   for (int l = tid; l < m->nlists; l += nw) {
     tide__cand_t *c = &m->cands[l];
-    if (m->phase == 2) {
+    if (m->phase == PHASE_COUNT_KEPT) {
       size_t count = 0;
       for (size_t i = 0; i < c->len; i++) count += (c->bits[i] & 0x7fffffffu) >= probe;
       m->count[l] = count;
@@ -167,7 +177,7 @@ static inline void take(ms_t *m, uint32_t bits, size_t i, size_t *band_pos, size
   }
 }
 
-/* Phase 4 counts sure and band elements per stream, phase 5 emits them.
+/* PHASE_COUNT_FINAL counts sure and band elements per stream, PHASE_EMIT emits them.
  * The streams (nlists of them) are the chunks of x, or the collection's
  * lists; worker tid takes streams tid, tid + nw, ... */
 static void final_work(ms_t *m, int tid, int nw) {
@@ -179,7 +189,7 @@ static void final_work(ms_t *m, int tid, int nw) {
       tide__chunk(m->d, s, m->nlists, &b, &e);
     else
       e = c->len;
-    if (m->phase == 4) {
+    if (m->phase == PHASE_COUNT_FINAL) {
       size_t sure = 0, band = 0;
       for (size_t i = b; i < e; i++) {
         uint32_t key = (m->from_x ? u[i] : c->bits[i]) & 0x7fffffffu;
@@ -203,17 +213,18 @@ static void final_work(ms_t *m, int tid, int nw) {
 static void ms_work(void *arg, int tid, int nw) {
   ms_t *m = arg;
   switch (m->phase) {
-    case 0:
+    case PHASE_MEAN:
       mean_work(m, tid, nw);
       break;
-    case 1:
+    case PHASE_PROBE:
       probe_work(m, tid, nw);
       break;
-    case 2:
-    case 3:
+    case PHASE_COUNT_KEPT:
+    case PHASE_DROP_BELOW:
       collected_work(m, tid, nw);
       break;
-    default:
+    case PHASE_COUNT_FINAL:
+    case PHASE_EMIT:
       final_work(m, tid, nw);
       break;
   }
@@ -245,7 +256,7 @@ int tide__topk_mstopk(const float *x, size_t d, size_t k, int rounds, uint64_t s
     goto out;
   }
   int nmean = nt < (int)m->nblocks ? nt : (int)m->nblocks;
-  m->phase = 0;
+  m->phase = PHASE_MEAN;
   tide__parallel_run(nmean, ms_work, m);
   uint32_t max_key = 0;
   for (int t = 0; t < nmean; t++) max_key = m->max_key[t] > max_key ? m->max_key[t] : max_key;
@@ -282,7 +293,7 @@ int tide__topk_mstopk(const float *x, size_t d, size_t k, int rounds, uint64_t s
     if (!collected) {
       atomic_init(&m->collected, 0);
       atomic_init(&m->give_up, 0);
-      m->phase = 1;
+      m->phase = PHASE_PROBE;
       tide__parallel_run(nt, ms_work, m);
       stats->full_passes++;
       int overflow = 0;
@@ -307,11 +318,11 @@ int tide__topk_mstopk(const float *x, size_t d, size_t k, int rounds, uint64_t s
       size_t have = 0;
       for (int i = 0; i < nt; i++) have += cands[i].len;
       int nw = have >= TIDE__CAND_GRAIN ? nt : 1;
-      m->phase = 2;
+      m->phase = PHASE_COUNT_KEPT;
       tide__parallel_run(nw, ms_work, m);
       for (int i = 0; i < nt; i++) c += m->count[i];
       if (c > k && c * 4 < have) { /* later probes lie above: keep less */
-        m->phase = 3;
+        m->phase = PHASE_DROP_BELOW;
         tide__parallel_run(nw, ms_work, m);
       }
     }
@@ -344,7 +355,7 @@ int tide__topk_mstopk(const float *x, size_t d, size_t k, int rounds, uint64_t s
   size_t have = 0;
   for (int i = 0; i < nt; i++) have += cands[i].len;
   int nw = m->from_x || have >= TIDE__CAND_GRAIN ? nt : 1;
-  m->phase = 4;
+  m->phase = PHASE_COUNT_FINAL;
   tide__parallel_run(nw, ms_work, m);
   size_t n = 0, pos = 0;
   for (int t = 0; t < nt; t++) {
@@ -355,7 +366,7 @@ int tide__topk_mstopk(const float *x, size_t d, size_t k, int rounds, uint64_t s
     n += m->sure[t] + (hi > lo ? hi - lo : 0);
     pos += m->band[t];
   }
-  m->phase = 5;
+  m->phase = PHASE_EMIT;
   tide__parallel_run(nw, ms_work, m);
   if (!collected) stats->full_passes += 2;
   stats->t1 = k1 > 0 ? t1 : INFINITY;

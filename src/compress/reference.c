@@ -1,6 +1,9 @@
 /* Scalar references for the selectors: the plainest code that computes each
  * definition, single-threaded, for the tests to compare the fast paths with.
- * Not used by the library's own paths. */
+ * Not used by the library's own paths. Their loops repeat the fast paths'
+ * shape on purpose (duplicates lists src/compress/mstopk.c's probe loop
+ * against this file's): a reference that shared code with what it checks
+ * could not catch a bug in that code. */
 #include <math.h>
 #include <stdlib.h>
 

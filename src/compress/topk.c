@@ -12,7 +12,7 @@
  * histogram of its low bits over x replaces the collection.
  *
  * The sampled selector replaces the first histogram pass by one over a
- * stratified sample (runs of 16 elements evenly spread, at most 2^17
+ * stratified sample (runs of 16 elements evenly spread, at most 2^14
  * elements): it cuts at the lower edge of the bucket holding the sample's
  * r-th largest key, r four binomial standard deviations above the expected
  * count, so that the collection pass finds k or more with near certainty.
@@ -32,25 +32,7 @@
 static const char *const kind_names[TIDE_TOPK_KIND_COUNT] = {"exact", "mstopk", "randomk",
                                                                "sampled"};
 
-const char *tide_topk_name(tide_topk_kind_t kind) {
-  if ((unsigned)kind >= TIDE_TOPK_KIND_COUNT) return "?";
-  return kind_names[kind];
-}
-
-int tide_topk_parse(const char *name, tide_topk_kind_t *out) {
-  if (name == NULL || out == NULL) {
-    TIDE_ERROR("tide_topk_parse: name and out must not be NULL");
-    return TIDE_EINVAL;
-  }
-  for (int k = 0; k < TIDE_TOPK_KIND_COUNT; k++) {
-    if (strcasecmp(name, kind_names[k]) == 0) {
-      *out = (tide_topk_kind_t)k;
-      return 0;
-    }
-  }
-  TIDE_ERROR("unknown top-k selector '%s': use exact, mstopk, randomk or sampled", name);
-  return TIDE_EINVAL;
-}
+TIDE__NAMED_ENUM(topk, tide_topk_kind_t, "top-k selector", kind_names, TIDE_TOPK_KIND_COUNT)
 
 size_t tide_topk_count(double density, size_t count) {
   if (!(density >= 0.0 && density <= 1.0)) return 0;

@@ -123,6 +123,48 @@ void tide__sha256(const void *data, size_t len, uint8_t out[32]);
 void tide__hmac_sha256(const void *key, size_t key_len, const void *msg, size_t msg_len,
                        uint8_t out[32]);
 
+/* ---- names (src/core/names.c) ---------------------------------------------------- */
+
+/* The index k of name among names[0..count) (case-insensitive), or
+ * TIDE_EINVAL with a message: "unknown <what> '<name>': use a, b or c", or
+ * "<fn>: name and out must not be NULL" (out: the caller's out-parameter,
+ * only checked). For the tide_*_parse functions. */
+int tide__parse_name(const char *fn, const char *what, const char *const *names, int count, const char *name,
+                     const void *out);
+
+/* Defines the public pair tide_<obj>_name (names[kind], "?" out of range)
+ * and tide_<obj>_parse (tide__parse_name) of an enum with count names. */
+#define TIDE__NAMED_ENUM(obj, type, what, names, count)                                  \
+  const char *tide_##obj##_name(type kind) {                                             \
+    return (unsigned)kind < (unsigned)(count) ? (names)[kind] : "?";                     \
+  }                                                                                      \
+  int tide_##obj##_parse(const char *name, type *out) {                                  \
+    int k = tide__parse_name("tide_" #obj "_parse", what, names, count, name, out);      \
+    if (k < 0) return k;                                                                 \
+    *out = (type)k;                                                                      \
+    return 0;                                                                            \
+  }
+
+/* ---- tensor layouts (src/core/tensor.c) ------------------------------------------ */
+
+/* Checks tensors[0..n) as the tensors of one flat buffer of nparams
+ * elements: each by tide_tensor_t's rules (ndim 0 to 4, a shape that
+ * multiplies to count > 0, inside the buffer), and together: sorted by
+ * offset they tile [0, nparams) without gap or overlap. Writes the indices
+ * in offset order to order[0..n) (when not NULL). fn names the caller in
+ * the message; TIDE_EINVAL names the tensor. n == 0 passes. */
+int tide__tensors_check(const char *fn, const tide_tensor_t *tensors, size_t n, size_t nparams, size_t *order);
+
+/* ---- FNV-1a (src/core/hash.c) -------------------------------------------------- */
+
+#define TIDE__FNV1A_BASIS 1469598103934665603ull
+#define TIDE__FNV1A_PRIME 1099511628211ull
+/* 64-bit FNV-1a of len bytes at data. Not keyed: keep it to tables and
+ * checks whose inputs come from the job itself. */
+uint64_t tide__fnv1a(const void *data, size_t len);
+/* 64-bit FNV-1a of the bytes of s before its NUL. */
+uint64_t tide__fnv1a_str(const char *s);
+
 /* ---- sockets (src/core/net.c) ---------------------------------------------- */
 
 /* Listens on host:port (host NULL or "" = any, port 0 = pick one); writes the

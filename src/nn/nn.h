@@ -58,11 +58,10 @@ int nn_model_max_batch(const nn_model_t *m);
 size_t nn_param_count(const nn_model_t *m);
 float *nn_params(nn_model_t *m);
 float *nn_grads(nn_model_t *m);
-/* The per-tensor views of those buffers, in buffer order; *count gets their
- * number. Owned by the model. */
 /* The parameter tensors inside the flat parameter (and gradient) buffer,
- * params[offset .. offset+count) each, in order: the views the optimizers
- * and compressors take. Weights are in PyTorch's layout: dense [out, in],
+ * params[offset .. offset+count) each, in buffer order (*count gets their
+ * number; owned by the model): the views the optimizers and compressors
+ * take. Weights are in PyTorch's layout: dense [out, in],
  * conv [out, in, kh, kw]; biases [out] (ndim 1). Names follow PyTorch's
  * ("conv1.weight", "fc2.bias"). */
 const tide_tensor_t *nn_tensors(const nn_model_t *m, size_t *count);

@@ -44,26 +44,7 @@ struct tide_optim {
 static const char *const kind_names[TIDE_OPTIM_KIND_COUNT] = {
     "sgd", "momentum", "nesterov", "adam", "adamw", "lars", "lamb"};
 
-const char *tide_optim_name(tide_optim_kind_t kind) {
-  if ((unsigned)kind >= TIDE_OPTIM_KIND_COUNT) return "?";
-  return kind_names[kind];
-}
-
-int tide_optim_parse(const char *name, tide_optim_kind_t *out) {
-  if (name == NULL || out == NULL) {
-    TIDE_ERROR("tide_optim_parse: name and out must not be NULL");
-    return TIDE_EINVAL;
-  }
-  for (int k = 0; k < TIDE_OPTIM_KIND_COUNT; k++) {
-    if (strcasecmp(name, kind_names[k]) == 0) {
-      *out = (tide_optim_kind_t)k;
-      return 0;
-    }
-  }
-  TIDE_ERROR("unknown optimizer '%s': use sgd, momentum, nesterov, adam, adamw, lars or lamb",
-             name);
-  return TIDE_EINVAL;
-}
+TIDE__NAMED_ENUM(optim, tide_optim_kind_t, "optimizer", kind_names, TIDE_OPTIM_KIND_COUNT)
 
 void tide_optim_config_default(tide_optim_kind_t kind, tide_optim_config_t *out) {
   if (out == NULL) return;
@@ -184,117 +165,51 @@ static int is_bias_or_1d(const tide_tensor_t *t) {
   return len >= 4 && strcmp(t->name + len - 4, "bias") == 0;
 }
 
-static int compare_offset(const void *a, const void *b) {
-  const tensor_t *x = a, *y = b;
-  return (x->offset > y->offset) - (x->offset < y->offset);
-}
-
-static const char *tensor_label(const tensor_t *t, char *buf, size_t cap) {
-  if (t->name != NULL) snprintf(buf, cap, "'%s' (tensors[%zu])", t->name, t->index);
-  else snprintf(buf, cap, "tensors[%zu]", t->index);
-  return buf;
-}
-
 static void free_tensors(tensor_t *tensors, size_t n) {
   if (tensors == NULL) return;
   for (size_t i = 0; i < n; i++) tide__free(tensors[i].name);
   tide__free(tensors);
 }
 
-/* Checks each tensor on its own; the tiling is checked after sorting. */
-static int check_tensor(const tide_tensor_t *t, size_t index, size_t nparams) {
-  char label[160];
-  if (t->name != NULL) snprintf(label, sizeof label, "'%s' (tensors[%zu])", t->name, index);
-  else snprintf(label, sizeof label, "tensors[%zu]", index);
-  if (t->ndim < 0 || t->ndim > 4) {
-    TIDE_ERROR("tensor %s: ndim=%d must be 0 to 4", label, t->ndim);
-    return TIDE_EINVAL;
-  }
-  if (t->count == 0) {
-    TIDE_ERROR("tensor %s: count is 0: leave empty tensors out", label);
-    return TIDE_EINVAL;
-  }
-  size_t product = 1;
-  for (int d = 0; d < t->ndim; d++) {
-    if (t->shape[d] <= 0) {
-      TIDE_ERROR("tensor %s: shape[%d]=%d must be > 0", label, d, t->shape[d]);
-      return TIDE_EINVAL;
-    }
-    product *= (size_t)t->shape[d];
-  }
-  if (product != t->count) {
-    TIDE_ERROR("tensor %s: count=%zu but its shape holds %zu elements", label, t->count, product);
-    return TIDE_EINVAL;
-  }
-  if (t->offset > nparams || t->count > nparams - t->offset) {
-    TIDE_ERROR("tensor %s: offset=%zu count=%zu runs past nparams=%zu", label, t->offset,
-               t->count, nparams);
-    return TIDE_EINVAL;
-  }
-  return 0;
-}
-
-/* Copies and sorts the tensors and checks that they tile [0, nparams). */
+/* Checks the tensors (tide__tensors_check) and copies them in offset order. */
 static int copy_tensors(const tide_optim_config_t *config, const tide_tensor_t *tensors,
                         size_t ntensors, size_t nparams, tensor_t **out, size_t *count_out) {
   static const tide_tensor_t whole = {"params", 0, 0, 2, {0, 0, 0, 0}};
   size_t n = ntensors > 0 ? ntensors : 1;
   tensor_t *copy = tide__calloc(n, sizeof *copy);
-  if (copy == NULL) {
+  size_t *order = tide__calloc(n, sizeof *order);
+  if (copy == NULL || order == NULL) {
     TIDE_ERROR("tide_optim_create: out of memory copying %zu tensors", n);
+    tide__free(copy);
+    tide__free(order);
     return TIDE_ENOMEM;
   }
   int rc = 0;
-  for (size_t i = 0; i < n; i++) {
+  TIDE_CHECK_GOTO(tide__tensors_check("tide_optim_create", tensors, ntensors, nparams, order), rc, fail);
+  for (size_t j = 0; j < n; j++) {
+    size_t i = order[j];
     const tide_tensor_t *t = ntensors > 0 ? &tensors[i] : &whole;
-    if (ntensors > 0) TIDE_CHECK_GOTO(check_tensor(t, i, nparams), rc, fail);
-    copy[i].offset = t->offset;
-    copy[i].count = ntensors > 0 ? t->count : nparams;
-    copy[i].index = i;
-    copy[i].ndim = t->ndim;
-    memcpy(copy[i].shape, t->shape, sizeof copy[i].shape);
-    copy[i].plain = config->exclude_1d && is_bias_or_1d(t);
+    copy[j].offset = t->offset;
+    copy[j].count = ntensors > 0 ? t->count : nparams;
+    copy[j].index = i;
+    copy[j].ndim = t->ndim;
+    memcpy(copy[j].shape, t->shape, sizeof copy[j].shape);
+    copy[j].plain = config->exclude_1d && is_bias_or_1d(t);
     if (t->name != NULL) {
-      copy[i].name = tide__strdup(t->name);
-      if (copy[i].name == NULL) {
+      copy[j].name = tide__strdup(t->name);
+      if (copy[j].name == NULL) {
         TIDE_ERROR("tide_optim_create: out of memory copying tensor names");
         rc = TIDE_ENOMEM;
         goto fail;
       }
     }
   }
-  qsort(copy, n, sizeof *copy, compare_offset);
-  size_t end = 0;
-  char a[160], b[160];
-  for (size_t i = 0; i < n; i++) {
-    if (copy[i].offset < end) {
-      TIDE_ERROR("tensor %s [%zu, %zu) overlaps tensor %s [%zu, %zu)",
-                 tensor_label(&copy[i], a, sizeof a), copy[i].offset,
-                 copy[i].offset + copy[i].count, tensor_label(&copy[i - 1], b, sizeof b),
-                 copy[i - 1].offset, copy[i - 1].offset + copy[i - 1].count);
-      rc = TIDE_EINVAL;
-      goto fail;
-    }
-    if (copy[i].offset > end) {
-      TIDE_ERROR("elements [%zu, %zu) belong to no tensor (the next is tensor %s): the tensors "
-                 "must tile [0, nparams)",
-                 end, copy[i].offset, tensor_label(&copy[i], a, sizeof a));
-      rc = TIDE_EINVAL;
-      goto fail;
-    }
-    end = copy[i].offset + copy[i].count;
-  }
-  if (end != nparams) {
-    TIDE_ERROR("the tensors cover [0, %zu) but nparams=%zu: elements [%zu, %zu) belong to no "
-               "tensor",
-               end, nparams, end, nparams);
-    rc = TIDE_EINVAL;
-    goto fail;
-  }
+  tide__free(order);
   *out = copy;
   *count_out = n;
   return 0;
 fail:
+  tide__free(order);
   free_tensors(copy, n);
   return rc;
 }

@@ -10,25 +10,7 @@ static const double pi = 3.14159265358979323846;
 
 static const char *const lr_names[TIDE_LR_KIND_COUNT] = {"constant", "step", "cosine", "poly"};
 
-const char *tide_lr_name(tide_lr_kind_t kind) {
-  if ((unsigned)kind >= TIDE_LR_KIND_COUNT) return "?";
-  return lr_names[kind];
-}
-
-int tide_lr_parse(const char *name, tide_lr_kind_t *out) {
-  if (name == NULL || out == NULL) {
-    TIDE_ERROR("tide_lr_parse: name and out must not be NULL");
-    return TIDE_EINVAL;
-  }
-  for (int k = 0; k < TIDE_LR_KIND_COUNT; k++) {
-    if (strcasecmp(name, lr_names[k]) == 0) {
-      *out = (tide_lr_kind_t)k;
-      return 0;
-    }
-  }
-  TIDE_ERROR("unknown learning-rate schedule '%s': use constant, step, cosine or poly", name);
-  return TIDE_EINVAL;
-}
+TIDE__NAMED_ENUM(lr, tide_lr_kind_t, "learning-rate schedule", lr_names, TIDE_LR_KIND_COUNT)
 
 /* The first field of s that is out of range, with its allowed range in
  * *why; NULL when s is valid. Logs nothing, so tide_lr_at can use it. */

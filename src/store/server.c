@@ -143,12 +143,6 @@ static void buf_consume(buf_t *b, size_t n) {
 
 /* ---- key table: chained hash, doubled when it averages one key a bucket ---- */
 
-static uint64_t hash_key(const char *key, size_t len) {
-  uint64_t h = 1469598103934665603ull; /* FNV-1a */
-  for (size_t i = 0; i < len; i++) h = (h ^ (uint8_t)key[i]) * 1099511628211ull;
-  return h;
-}
-
 /* The link that points at key's entry, or at the NULL ending its chain. */
 static entry_t **table_link(tide_store_server_t *s, const char *key, size_t len, uint64_t h) {
   entry_t **link = &s->buckets[h & (s->bucket_count - 1)];
@@ -161,7 +155,7 @@ static entry_t **table_link(tide_store_server_t *s, const char *key, size_t len,
 }
 
 static entry_t *table_find(tide_store_server_t *s, const char *key, size_t len) {
-  return *table_link(s, key, len, hash_key(key, len));
+  return *table_link(s, key, len, tide__fnv1a(key, len));
 }
 
 static void table_grow(tide_store_server_t *s) {
@@ -189,7 +183,7 @@ static entry_t *table_put(tide_store_server_t *s, const char *key, size_t key_le
   uint8_t *copy = tide__malloc(value_len);
   if (copy == NULL) return NULL;
   if (value_len > 0) memcpy(copy, value, value_len);
-  uint64_t h = hash_key(key, key_len);
+  uint64_t h = tide__fnv1a(key, key_len);
   entry_t **link = table_link(s, key, key_len, h);
   entry_t *e = *link;
   if (e == NULL) {
@@ -214,7 +208,7 @@ static entry_t *table_put(tide_store_server_t *s, const char *key, size_t key_le
 }
 
 static int table_delete(tide_store_server_t *s, const char *key, size_t len) {
-  entry_t **link = table_link(s, key, len, hash_key(key, len));
+  entry_t **link = table_link(s, key, len, tide__fnv1a(key, len));
   entry_t *e = *link;
   if (e == NULL) return TIDE_ENOENT;
   *link = e->next;
