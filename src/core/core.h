@@ -167,7 +167,7 @@ int tide__bind_parse(const char *text, int auto_mode, int *mode_out);
 const char *tide__bind_name(int mode);
 /* The CPUs of each of nranks local ranks under mode, into shares[0..nranks):
  * core gives each a contiguous share of the allowed cores (cores / nranks,
- * the remainder to the first ranks; one core each, wrapping, when ranks
+ * shares differing by one core at most; one core each, wrapping, when ranks
  * outnumber cores), never straddling NUMA nodes unless it holds them whole;
  * numa widens each share to its NUMA nodes; none gives every rank all the
  * allowed CPUs. allowed NULL: the calling thread's affinity. synthetic: an
