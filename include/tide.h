@@ -145,6 +145,15 @@ int tide_comm_size(const tide_comm_t *comm);
 /* Rank among the ranks on this host, and how many share this host. */
 int tide_comm_local_rank(const tide_comm_t *comm);
 int tide_comm_local_size(const tide_comm_t *comm);
+/* The default number of compute threads (BLAS, top-k selectors) for this
+ * rank, into *threads_out: TIDE_NUM_THREADS when set; otherwise the CPUs
+ * this process may run on (sched_getaffinity) when it runs on a share of its
+ * own (tiderun --bind core|numa, or TIDE_BIND under mpirun/srun), or those
+ * CPUs divided among the local ranks (comm's local size; comm NULL: the size
+ * tide_comm_init recorded, else TIDE_LOCAL_SIZE) when unbound. At least 1.
+ * TIDE_EINVAL for a NULL threads_out or a bad TIDE_* variable (logged). Any
+ * thread. */
+int tide_compute_threads(const tide_comm_t *comm, int *threads_out);
 /* Index of this host among the job's hosts (in order of lowest rank), and
  * how many hosts there are. */
 int tide_comm_node(const tide_comm_t *comm);
@@ -418,7 +427,8 @@ typedef enum {
 typedef struct {
   uint64_t seed;     /* random-k's draw, MSTopK's padding offset (default 0) */
   int mstopk_rounds; /* MSTopK's N, 1..64; 0 = 20 */
-  int num_threads;   /* > 0 overrides TIDE_NUM_THREADS (default: online CPUs) */
+  int num_threads;   /* > 0 overrides TIDE_NUM_THREADS (default: the rank's CPUs,
+                        as tide_compute_threads(NULL, ...)) */
 } tide_topk_opts_t;
 
 /* What one selection did; written only on success. */

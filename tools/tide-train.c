@@ -14,6 +14,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "core/core.h"
 #include "nn/nn.h"
 #include "tide.h"
 
@@ -70,7 +71,8 @@ static void usage(FILE *out) {
           "  --runs DIR               where runs go (default runs)\n"
           "  --data DIR               Fashion-MNIST directory (default /usr/share/datasets/fashion-mnist)\n"
           "  --subset N               train on the first N training images only (tests)\n"
-          "  --threads T              compute threads per worker (default: cores / local workers)\n");
+          "  --threads T              compute threads per worker (default: the worker's share of the\n"
+          "                           cores, tide_compute_threads)\n");
 }
 
 static int parse_int(const char *opt, const char *text, int min, int *out) {
@@ -215,15 +217,6 @@ static double now_s(void) {
   return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-/* 64-bit FNV-1a of the parameters' bytes: equal on every rank or the
- * replicas have drifted. */
-static uint64_t checksum(const float *p, size_t n) {
-  const unsigned char *b = (const unsigned char *)p;
-  uint64_t h = 1469598103934665603ull;
-  for (size_t i = 0; i < n * sizeof *p; i++) h = (h ^ b[i]) * 1099511628211ull;
-  return h;
-}
-
 /* Everything one run holds; cleaned up by job_close whatever was made. */
 typedef struct {
   options_t o;
@@ -275,10 +268,9 @@ static int join(job_t *job) {
   job->rank = tide_comm_rank(job->comm);
   job->size = tide_comm_size(job->comm);
   int threads = job->o.threads;
-  if (threads == 0) {
-    long cores = sysconf(_SC_NPROCESSORS_ONLN);
-    threads = (int)(cores / tide_comm_local_size(job->comm));
-    if (threads < 1) threads = 1;
+  if (threads == 0 && (rc = tide_compute_threads(job->comm, &threads)) != 0) {
+    fprintf(stderr, "tide-train: rank %d: %s\n", job->rank, tide_strerror(rc));
+    return 1;
   }
   nn_set_threads(threads);
   if ((rc = nn_fashion_load(job->o.data, "train", &job->train)) != 0 ||
@@ -555,7 +547,8 @@ static int finish(job_t *job) {
   const tide_step_stats_t *s = tide_trainer_stats(job->trainer);
   double wall = now_s() - job->start;
   size_t nparams = nn_param_count(job->model);
-  uint64_t mine = checksum(nn_params(job->model), nparams);
+  /* FNV-1a of the bytes: equal on every rank or the replicas have drifted. */
+  uint64_t mine = tide__fnv1a(nn_params(job->model), nparams * sizeof(float));
   uint64_t *sums = malloc((size_t)job->size * sizeof *sums);
   if (sums == NULL) {
     fprintf(stderr, "tide-train: rank %d: out of memory\n", job->rank);

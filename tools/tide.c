@@ -1,6 +1,6 @@
 /* tide: the command-line tool.
  *
- *   tide info [--params [--markdown]]     version, or the TIDE_* parameter table
+ *   tide info [--params [--markdown]]     version and this rank's binding, or the TIDE_* parameter table
  *   tiderun -np 2 tide bench [options]    collective benchmark, one JSON line per size
  *
  * `tide bench` measures like nccl-tests and prints lines that bench/mpi_bench
@@ -18,6 +18,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "core/core.h"
 #include "core/half.h"
 #include "tide.h"
 
@@ -35,7 +36,9 @@ static const char usage_text[] =
     "  bench [options]          benchmark the collectives; run it under the launcher:\n"
     "                           tiderun -np 2 tide bench --op allreduce\n"
     "  info [--params] [--markdown]\n"
-    "                           print the version, or the TIDE_* environment parameters\n"
+    "                           print the version and the CPUs this rank is bound to (run\n"
+    "                           it under tiderun to see each rank's), or the TIDE_*\n"
+    "                           environment parameters\n"
     "                           (--markdown: as the table of docs/env.md)\n"
     "  report RUN_DIR           draw a tide-train run's metrics as PNG plots (gnuplot)\n"
     "  help [COMMAND]           print this help, or a command's\n"
@@ -544,6 +547,33 @@ static int cmd_bench(int argc, char **argv) {
 
 /* ---- info ----------------------------------------------------------------------- */
 
+/* One line: the CPUs this process may run on, who bound it, and its default
+ * compute threads. */
+static int print_binding(void) {
+  int threads;
+  if (tide_compute_threads(NULL, &threads) != 0) {
+    fprintf(stderr, "tide info: fix the TIDE_* variable named above\n");
+    return 1;
+  }
+  cpu_set_t own;
+  char cpus[512] = "?";
+  if (sched_getaffinity(0, sizeof own, &own) == 0) tide__cpuset_format(&own, cpus, sizeof cpus);
+  const char *rank = getenv("TIDE_RANK"), *local = getenv("TIDE_LOCAL_RANK"), *local_size = getenv("TIDE_LOCAL_SIZE");
+  const char *by_tiderun = getenv("TIDE_CPUS"), *bind = getenv("TIDE_BIND");
+  if (rank != NULL && local != NULL && local_size != NULL)
+    printf("binding: rank %s (local %s of %s): ", rank, local, local_size);
+  else
+    printf("binding: ");
+  if (by_tiderun != NULL && tide__placement_bound())
+    printf("cpus %s, bound by tiderun (--bind %s)", cpus, bind != NULL ? bind : "?");
+  else if (by_tiderun != NULL)
+    printf("cpus %s, unbound (tiderun --bind none)", cpus);
+  else
+    printf("cpus %s, not bound by tide (TIDE_BIND applies in tide_comm_init)", cpus);
+  printf("; compute threads %d\n", threads);
+  return 0;
+}
+
 static int cmd_info(int argc, char **argv) {
   int params = 0, markdown = 0;
   for (int i = 0; i < argc; i++) {
@@ -554,9 +584,12 @@ static int cmd_info(int argc, char **argv) {
       return EXIT_USAGE;
     }
   }
-  if (params) tide_params_print(stdout, markdown);
-  else printf("tide %s\n", TIDE_VERSION_STRING);
-  return 0;
+  if (params) {
+    tide_params_print(stdout, markdown);
+    return 0;
+  }
+  printf("tide %s\n", TIDE_VERSION_STRING);
+  return argv == NULL ? 0 : print_binding();
 }
 
 /* ---- report ---------------------------------------------------------------------- */

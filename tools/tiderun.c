@@ -11,7 +11,11 @@
  * Each rank runs in its own process group, so a Ctrl-C at the terminal
  * reaches tiderun only (and is forwarded once), and a signal sent to a rank
  * also reaches the processes it started (a shell's children, say). When a
- * rank exits, whatever it left running in its group is killed. */
+ * rank exits, whatever it left running in its group is killed.
+ *
+ * Placement: before exec, each rank is bound to its share of the CPUs
+ * tiderun may run on (--bind, src/core/place.c), computed once at start-up
+ * from hwloc's topology. */
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -56,6 +60,11 @@ static const char usage_text[] =
     "  --grace-ms MS              after a rank fails, how long the others may take to exit\n"
     "                             before they get SIGTERM, then SIGKILL (default 3000)\n"
     "  --timeout SEC              stop every rank and fail after SEC seconds (default: none)\n"
+    "  --bind core|numa|none      core: each rank gets a contiguous share of the cores tiderun\n"
+    "                             may run on (cores / N, at least one, wrapping when ranks\n"
+    "                             outnumber cores), within one NUMA node when it fits; numa:\n"
+    "                             the NUMA nodes of that share; none: no binding (default:\n"
+    "                             TIDE_BIND, else core)\n"
     "  -h, --help                 print this help\n"
     "\n"
     "One host:   tiderun -np 4 ./train\n"
@@ -64,7 +73,8 @@ static const char usage_text[] =
     "  host B:   tiderun --nnodes 2 --node-rank 1 --nproc-per-node 2 --rdzv A:29500 ./train\n"
     "\n"
     "Each rank gets TIDE_RANK (node_rank * N + local rank), TIDE_SIZE, TIDE_LOCAL_RANK,\n"
-    "TIDE_LOCAL_SIZE, TIDE_NODE_RANK, TIDE_NNODES, TIDE_RDZV, TIDE_JOB_TOKEN and TIDE_JOB_ID;\n"
+    "TIDE_LOCAL_SIZE, TIDE_NODE_RANK, TIDE_NNODES, TIDE_RDZV, TIDE_JOB_TOKEN, TIDE_JOB_ID,\n"
+    "TIDE_BIND (the binding applied) and TIDE_CPUS (its CPUs, or \"unbound\");\n"
     "its stdin is /dev/null. TIDE_JOB_TOKEN is taken from the environment when set (required\n"
     "when K > 1), otherwise generated.\n"
     "\n"
@@ -82,6 +92,7 @@ typedef struct {
   int prefix;
   int grace_ms;
   int timeout_s; /* 0: none */
+  int bind;      /* TIDE__BIND_*; -1 until set */
   char **argv;   /* the program and its arguments */
 } options_t;
 
@@ -98,6 +109,7 @@ typedef struct {
   int rank;
   pid_t pid; /* also its process group */
   int running;
+  cpu_set_t cpus; /* its share, when opts->bind binds */
   stream_t streams[2];
 } rank_t;
 
@@ -136,7 +148,7 @@ static int parse_int(const char *option, const char *text, long min, long max, i
   return 0;
 }
 
-enum { OPT_NPROC, OPT_NNODES, OPT_NODE_RANK, OPT_RDZV, OPT_PREFIX, OPT_GRACE, OPT_TIMEOUT, OPT_HELP };
+enum { OPT_NPROC, OPT_NNODES, OPT_NODE_RANK, OPT_RDZV, OPT_PREFIX, OPT_GRACE, OPT_TIMEOUT, OPT_BIND, OPT_HELP };
 
 static const struct {
   const char *name;
@@ -147,7 +159,8 @@ static const struct {
     {"--nnodes", OPT_NNODES, 1},   {"--node-rank", OPT_NODE_RANK, 1},
     {"--rdzv", OPT_RDZV, 1},       {"-l", OPT_PREFIX, 0},
     {"--prefix", OPT_PREFIX, 0},   {"--grace-ms", OPT_GRACE, 1},
-    {"--timeout", OPT_TIMEOUT, 1}, {"-h", OPT_HELP, 0},
+    {"--timeout", OPT_TIMEOUT, 1}, {"--bind", OPT_BIND, 1},
+    {"-h", OPT_HELP, 0},
     {"--help", OPT_HELP, 0},
 };
 
@@ -159,6 +172,7 @@ static int parse_args(int argc, char **argv, options_t *opts) {
   opts->nproc = 1;
   opts->nnodes = 1;
   opts->grace_ms = 3000;
+  opts->bind = -1;
   int i = 1;
   while (i < argc) {
     const char *arg = argv[i];
@@ -210,6 +224,10 @@ static int parse_args(int argc, char **argv, options_t *opts) {
       case OPT_PREFIX: opts->prefix = 1; break;
       case OPT_GRACE: rc = parse_int(name, value, 0, 24 * 3600 * 1000, &opts->grace_ms); break;
       case OPT_TIMEOUT: rc = parse_int(name, value, 0, 365 * 24 * 3600, &opts->timeout_s); break;
+      case OPT_BIND:
+        if ((rc = tide__bind_parse(value, TIDE__BIND_CORE, &opts->bind)) != 0)
+          fprintf(stderr, "tiderun: --bind must be core, numa or none, got \"%s\"\n", value);
+        break;
       case OPT_HELP: usage(stdout); return 1;
     }
     if (rc != 0) return -1;
@@ -440,9 +458,10 @@ static void stream_read(stream_t *s, int rank) {
 
 /* ---- ranks ------------------------------------------------------------------------- */
 
-static const char *const rank_vars[] = {"TIDE_RANK",      "TIDE_SIZE",   "TIDE_LOCAL_RANK",
+static const char *const rank_vars[] = {"TIDE_RANK",      "TIDE_SIZE",      "TIDE_LOCAL_RANK",
                                         "TIDE_LOCAL_SIZE", "TIDE_NODE_RANK", "TIDE_NNODES",
-                                        "TIDE_RDZV",      "TIDE_JOB_TOKEN", "TIDE_JOB_ID"};
+                                        "TIDE_RDZV",      "TIDE_JOB_TOKEN", "TIDE_JOB_ID",
+                                        "TIDE_BIND",      "TIDE_CPUS"};
 #define NVARS (sizeof rank_vars / sizeof rank_vars[0])
 
 static int is_rank_var(const char *entry) {
@@ -490,12 +509,14 @@ static void child_write(const char *text) {
 
 /* In the child after fork: only async-signal-safe calls (the store server
  * thread may hold locks that the child's copy will never release). */
-static void exec_rank(const options_t *opts, char **env, const int out_pipe[2],
+static void exec_rank(const options_t *opts, const cpu_set_t *cpus, char **env, const int out_pipe[2],
                       const int err_pipe[2], const sigset_t *old_mask,
                       const struct sigaction *old_sigpipe, pid_t parent) {
   setpgid(0, 0);
   prctl(PR_SET_PDEATHSIG, SIGTERM); /* tiderun killed with SIGKILL: do not outlive it */
   if (getppid() != parent) _exit(127);
+  if (cpus != NULL && sched_setaffinity(0, sizeof *cpus, cpus) != 0)
+    child_write("tiderun: warning: cannot bind a rank to its CPUs; it runs unbound\n");
   int null_fd = open("/dev/null", O_RDONLY);
   if (null_fd >= 0 && null_fd != 0) {
     dup2(null_fd, 0);
@@ -693,6 +714,22 @@ static void run_loop(job_t *job, int signal_fd) {
   free(owner_rank);
 }
 
+/* Each rank's share of the CPUs tiderun may run on, into ranks[].cpus.
+ * Returns -1, after a warning, when the topology cannot be read: the ranks
+ * then run unbound. */
+static int place_ranks(const options_t *opts, rank_t *ranks) {
+  if (opts->bind == TIDE__BIND_NONE) return 0;
+  cpu_set_t *shares = calloc((size_t)opts->nproc, sizeof *shares);
+  int rc = shares != NULL ? tide__bind_shares(opts->bind, opts->nproc, NULL, NULL, shares) : TIDE_ENOMEM;
+  if (rc != 0) {
+    fprintf(stderr, "tiderun: warning: cannot place the ranks (%s): they run unbound\n", tide_strerror(rc));
+  } else {
+    for (int i = 0; i < opts->nproc; i++) ranks[i].cpus = shares[i];
+  }
+  free(shares);
+  return rc != 0 ? -1 : 0;
+}
+
 /* Creates the rank's pipes (with --prefix) and forks it. Returns 0, or -1
  * after printing why. */
 static int start_rank(job_t *job, rank_t *r, char **env, const sigset_t *old_mask,
@@ -713,7 +750,8 @@ static int start_rank(job_t *job, rank_t *r, char **env, const sigset_t *old_mas
   }
   pid_t parent = getpid();
   pid_t pid = fork();
-  if (pid == 0) exec_rank(opts, env, pipes[0], pipes[1], old_mask, old_sigpipe, parent);
+  const cpu_set_t *cpus = opts->bind != TIDE__BIND_NONE ? &r->cpus : NULL;
+  if (pid == 0) exec_rank(opts, cpus, env, pipes[0], pipes[1], old_mask, old_sigpipe, parent);
   int fork_errno = errno;
   if (opts->prefix) {
     close(pipes[0][1]);
@@ -736,7 +774,13 @@ static int start_rank(job_t *job, rank_t *r, char **env, const sigset_t *old_mas
       r->streams[k].fd = pipes[k][0];
       fcntl(pipes[k][0], F_SETFL, fcntl(pipes[k][0], F_GETFL) | O_NONBLOCK);
     }
-  TIDE_INFO("tiderun: rank %d is pid %d", r->rank, (int)pid);
+  char text[256] = "";
+  if (cpus != NULL) tide__cpuset_format(cpus, text, sizeof text);
+  if (cpus != NULL)
+    TIDE_INFO("tiderun: rank %d is pid %d, bound to cpus %s (--bind %s)", r->rank, (int)pid, text,
+              tide__bind_name(opts->bind));
+  else
+    TIDE_INFO("tiderun: rank %d is pid %d, unbound (--bind none)", r->rank, (int)pid);
   return 0;
 }
 
@@ -748,6 +792,7 @@ int main(int argc, char **argv) {
     fprintf(stderr, "tiderun: fix the TIDE_* variable named above\n");
     return EXIT_USAGE;
   }
+  if (opts.bind < 0) tide__bind_parse(tide__param_str(TIDE__PARAM_BIND), TIDE__BIND_CORE, &opts.bind);
   char token_buf[65], id_buf[17];
   const char *token = job_token(&opts, token_buf);
   if (token == NULL) return EXIT_USAGE;
@@ -829,17 +874,21 @@ int main(int argc, char **argv) {
     }
   }
 
+  if (place_ranks(&opts, job.ranks) != 0) opts.bind = TIDE__BIND_NONE;
+
   for (int i = 0; i < opts.nproc; i++) {
     char rank_text[16], size_text[16], local_text[16], local_size_text[16], node_text[16],
-        nnodes_text[16];
+        nnodes_text[16], cpus_text[256] = "unbound";
     snprintf(rank_text, sizeof rank_text, "%d", job.ranks[i].rank);
     snprintf(size_text, sizeof size_text, "%d", opts.nnodes * opts.nproc);
     snprintf(local_text, sizeof local_text, "%d", i);
     snprintf(local_size_text, sizeof local_size_text, "%d", opts.nproc);
     snprintf(node_text, sizeof node_text, "%d", opts.node_rank);
     snprintf(nnodes_text, sizeof nnodes_text, "%d", opts.nnodes);
-    const char *values[NVARS] = {rank_text,   size_text, local_text, local_size_text, node_text,
-                                 nnodes_text, rdzv,      token,      id_buf};
+    if (opts.bind != TIDE__BIND_NONE) tide__cpuset_format(&job.ranks[i].cpus, cpus_text, sizeof cpus_text);
+    const char *values[NVARS] = {rank_text, size_text, local_text, local_size_text,
+                                 node_text, nnodes_text, rdzv, token, id_buf,
+                                 tide__bind_name(opts.bind), cpus_text};
     char **env = rank_env(values);
     if (env == NULL || start_rank(&job, &job.ranks[i], env, &old_mask, &old_sigpipe) != 0) {
       if (env == NULL) fprintf(stderr, "tiderun: out of memory\n");

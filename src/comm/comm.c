@@ -486,8 +486,7 @@ static char *derived_token(const char *rdzv) {
   return tide__strdup(text);
 }
 
-int tide_comm_init(tide_comm_t **out) {
-  if (out == NULL) return TIDE_EINVAL;
+static int comm_join(tide_comm_t **out) {
   TIDE_CHECK(tide_params_load());
   if (strcmp(tide__param_str(TIDE__PARAM_BACKEND), "mpi") == 0) return tide__mpi_comm_init(out);
   int rank, size, tiderun;
@@ -543,6 +542,14 @@ fail:
   return rc;
 }
 
+int tide_comm_init(tide_comm_t **out) {
+  if (out == NULL) return TIDE_EINVAL;
+  int rc = comm_join(out);
+  /* Now that the local rank is known: TIDE_BIND under mpirun or srun. */
+  if (rc == 0) tide__place_self((*out)->local_rank, (*out)->local_size);
+  return rc;
+}
+
 void tide_comm_destroy(tide_comm_t *comm) {
   if (comm == NULL) return;
   tide__task_fini(comm);
@@ -593,6 +600,16 @@ int tide_comm_rank(const tide_comm_t *comm) { return comm ? comm->rank : TIDE_EI
 int tide_comm_size(const tide_comm_t *comm) { return comm ? comm->size : TIDE_EINVAL; }
 int tide_comm_local_rank(const tide_comm_t *comm) { return comm ? comm->local_rank : TIDE_EINVAL; }
 int tide_comm_local_size(const tide_comm_t *comm) { return comm ? comm->local_size : TIDE_EINVAL; }
+
+int tide_compute_threads(const tide_comm_t *comm, int *threads_out) {
+  if (threads_out == NULL) {
+    TIDE_ERROR("tide_compute_threads: threads_out is NULL");
+    return TIDE_EINVAL;
+  }
+  TIDE_CHECK(tide_params_load());
+  *threads_out = tide__default_threads(comm != NULL ? comm->local_size : 0);
+  return 0;
+}
 int tide_comm_node(const tide_comm_t *comm) { return comm ? comm->node : TIDE_EINVAL; }
 int tide_comm_node_count(const tide_comm_t *comm) { return comm ? comm->node_count : TIDE_EINVAL; }
 

@@ -20,11 +20,7 @@ int tide__compress_threads(int requested, size_t d, int *out) {
   int n = requested;
   if (n <= 0) {
     TIDE_CHECK(tide_params_load()); /* a bad TIDE_* variable, named in the log */
-    n = (int)tide__param_int(TIDE__PARAM_NUM_THREADS);
-  }
-  if (n <= 0) {
-    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-    n = cpus >= 1 ? (int)(cpus < MAX_THREADS ? cpus : MAX_THREADS) : 1;
+    n = tide__default_threads(0);  /* TIDE_NUM_THREADS, else this rank's share */
   }
   if (n > MAX_THREADS) n = MAX_THREADS;
   size_t useful = d / TIDE__GRAIN;

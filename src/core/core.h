@@ -4,6 +4,7 @@
 #ifndef TIDE_CORE_H
 #define TIDE_CORE_H
 
+#include <sched.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stddef.h>
@@ -84,8 +85,14 @@ void tide__log_set_rank(int rank);
   XX(MAX_FRAME_BYTES, INT, "1073741824", 4096, 4294967295LL,                             \
      "largest frame or store value accepted from the wire")                              \
   XX(NUM_THREADS, INT, "0", 0, 256,                                                      \
-     "threads of one top-k selection or compression (0: the online CPUs); each gets "     \
-     "at least 512Ki elements")
+     "threads of one top-k selection or compression, and the default of the trainer's "  \
+     "(0: the rank's share of the CPUs, tide_compute_threads); each gets at least "      \
+     "512Ki elements")                                                                    \
+  XX(BIND, STR, "auto", 0, 0,                                                            \
+     "CPU binding of each local rank: core (a contiguous share of the host's cores, "    \
+     "within one NUMA node when it fits), numa (the NUMA nodes of that share), none, or " \
+     "auto: core under tiderun (tiderun --bind overrides), none under mpirun or srun "    \
+     "(which bind by their own rules; set core or numa to have tide_comm_init bind)")
 
 enum {
 #define XX(id, type, def, min, max, help) TIDE__PARAM_##id,
@@ -193,5 +200,35 @@ int tide__sock_local_addr(int fd, char *addr_out, size_t cap);
  * `server` is 1 on the accepting side. TIDE_EAUTH when the peer does not
  * prove the token (the caller closes the fd). */
 int tide__auth_handshake(int fd, const char *token, int server, int64_t deadline_ns);
+
+/* ---- placement (src/core/place.c) ------------------------------------------ */
+
+enum { TIDE__BIND_NONE = 0, TIDE__BIND_CORE, TIDE__BIND_NUMA };
+/* "none", "core", "numa", or "auto" (which means auto_mode). */
+int tide__bind_parse(const char *text, int auto_mode, int *mode_out);
+const char *tide__bind_name(int mode);
+/* The CPUs of each of nranks local ranks under mode, into shares[0..nranks):
+ * core gives each a contiguous share of the allowed cores (cores / nranks,
+ * shares differing by one core at most; one core each, wrapping, when ranks
+ * outnumber cores), never straddling NUMA nodes unless it holds them whole;
+ * numa widens each share to its NUMA nodes; none gives every rank all the
+ * allowed CPUs. allowed NULL: the calling thread's affinity. synthetic: an
+ * hwloc synthetic topology ("package:2 core:4 pu:2") instead of this
+ * machine's, for tests (allowed NULL then means all of it). */
+int tide__bind_shares(int mode, int nranks, const char *synthetic, const cpu_set_t *allowed,
+                      cpu_set_t *shares);
+/* "0-3,8" (or "none" when empty), truncated to cap. */
+void tide__cpuset_format(const cpu_set_t *set, char *buf, size_t cap);
+/* Called by tide_comm_init once the local rank is known: records the local
+ * size and, outside tiderun (no TIDE_CPUS), binds the process when TIDE_BIND
+ * is core or numa. Failure to bind is a warning. */
+void tide__place_self(int local_rank, int local_size);
+/* 1 when this rank runs on a share of its own (tiderun bound it, or
+ * tide__place_self did). */
+int tide__placement_bound(void);
+/* TIDE_NUM_THREADS when set, else the CPUs this process may run on, divided
+ * among the local ranks (local_size; < 1: the recorded or TIDE_LOCAL_SIZE)
+ * when it is not bound to a share of its own. At least 1. */
+int tide__default_threads(int local_size);
 
 #endif

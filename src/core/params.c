@@ -78,6 +78,10 @@ static void load(void) {
   const char *backend = str_value[TIDE__PARAM_BACKEND];
   if (strcmp(backend, "auto") != 0 && strcmp(backend, "mpi") != 0 && load_error[0] == '\0')
     snprintf(load_error, sizeof load_error, "TIDE_BACKEND=\"%s\" is not one of auto, mpi", backend);
+  const char *bind = str_value[TIDE__PARAM_BIND];
+  int mode;
+  if (tide__bind_parse(bind, TIDE__BIND_NONE, &mode) != 0 && load_error[0] == '\0')
+    snprintf(load_error, sizeof load_error, "TIDE_BIND=\"%s\" is not one of auto, core, numa, none", bind);
 }
 
 int tide_params_load(void) {

@@ -6,29 +6,12 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
-#include <strings.h>
 
 #include "train/train.h"
 
 static const char *const exchange_names[TIDE_EXCHANGE_COUNT] = {"dense", "topk", "hitopk"};
 
-const char *tide_exchange_name(tide_exchange_t exchange) {
-  return (unsigned)exchange < TIDE_EXCHANGE_COUNT ? exchange_names[exchange] : "?";
-}
-
-int tide_exchange_parse(const char *name, tide_exchange_t *out) {
-  if (name == NULL || out == NULL) {
-    TIDE_ERROR("tide_exchange_parse: name and out must not be NULL");
-    return TIDE_EINVAL;
-  }
-  for (int k = 0; k < TIDE_EXCHANGE_COUNT; k++)
-    if (strcasecmp(name, exchange_names[k]) == 0) {
-      *out = (tide_exchange_t)k;
-      return 0;
-    }
-  TIDE_ERROR("unknown gradient exchange '%s': use dense, topk or hitopk", name);
-  return TIDE_EINVAL;
-}
+TIDE__NAMED_ENUM(exchange, tide_exchange_t, "gradient exchange", exchange_names, TIDE_EXCHANGE_COUNT)
 
 int tide__trainer_fail(tide_trainer_t *tr, int rc, const char *fmt, ...) {
   va_list ap;
