@@ -186,7 +186,8 @@ size_t tide_compressor_k(const tide_compressor_t *c) { return c != NULL ? c->k :
 size_t tide__compressor_size(const tide_compressor_t *c) { return c->d; }
 
 int tide_compressor_set_density(tide_compressor_t *c, double density) {
-  if (c == NULL || !density_ok(density)) {
+  if (c == NULL) return tide__null_arg("tide_compressor_set_density", "c");
+  if (!density_ok(density)) {
     TIDE_ERROR("tide_compressor_set_density: density = %g; it must be in (0, 1]", density);
     return TIDE_EINVAL;
   }

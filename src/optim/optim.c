@@ -220,7 +220,10 @@ static int check_tensor(const tide_tensor_t *t, size_t index, size_t nparams) {
       TIDE_ERROR("tensor %s: shape[%d]=%d must be > 0", label, d, t->shape[d]);
       return TIDE_EINVAL;
     }
-    product *= (size_t)t->shape[d];
+    if (__builtin_mul_overflow(product, (size_t)t->shape[d], &product)) {
+      TIDE_ERROR("tensor %s: its shape holds more than SIZE_MAX elements", label);
+      return TIDE_EINVAL;
+    }
   }
   if (product != t->count) {
     TIDE_ERROR("tensor %s: count=%zu but its shape holds %zu elements", label, t->count, product);
