@@ -4,7 +4,7 @@ BUILD ?= build
 ASAN_BUILD ?= build-asan
 JOBS ?= 2
 
-.PHONY: all deps build test test-asan demo bench install clean
+.PHONY: all deps build test test-asan demo bench install clean fuzz
 
 all: build
 
@@ -26,6 +26,13 @@ test-asan: deps
 	cmake --build $(ASAN_BUILD) -j $(JOBS)
 	cd $(ASAN_BUILD) && TIDE_SANITIZED=1 ctest --output-on-failure -j 1
 
+# The libFuzzer harnesses (fuzz/, docs/security.md), each for FUZZ_SECONDS.
+# make test runs them for 20 s each (ctest's fuzz_* tests).
+FUZZ_SECONDS ?= 300
+FUZZ_BUILD ?= build-fuzz
+fuzz: deps
+	bash scripts/fuzz.sh --seconds $(FUZZ_SECONDS) --build $(FUZZ_BUILD)
+
 demo: build
 	bash scripts/demo.sh $(BUILD)
 
@@ -36,4 +43,4 @@ install: build
 	cmake --install $(BUILD)
 
 clean:
-	rm -rf $(BUILD) $(ASAN_BUILD)
+	rm -rf $(BUILD) $(ASAN_BUILD) $(FUZZ_BUILD)

@@ -67,6 +67,37 @@ static void describe(const header_t *h, char *out, size_t cap) {
   snprintf(out + n, cap - (size_t)n, ")");
 }
 
+/* theirs came off the wire from their_rank: anything at all. 0 when it
+ * matches mine; else TIDE_EPROTO or TIDE_EMISMATCH and the message. Pure
+ * (fuzz/fuzz_coll_header.c runs it on arbitrary bytes). */
+static int compare_headers(const header_t *mine, int my_rank, const header_t *theirs, int their_rank, char *msg,
+                           size_t cap) {
+  char what[160];
+  describe(mine, what, sizeof what);
+  if (theirs->magic != HEADER_MAGIC) {
+    snprintf(msg, cap, "rank %d received a corrupt collective header from rank %d", my_rank, their_rank);
+    return TIDE_EPROTO;
+  }
+  if (theirs->seq != mine->seq || theirs->kind != mine->kind || theirs->count != mine->count ||
+      theirs->counts_hash != mine->counts_hash || theirs->dtype != mine->dtype || theirs->op != mine->op ||
+      theirs->root != mine->root) {
+    char other[160];
+    describe(theirs, other, sizeof other);
+    snprintf(msg, cap,
+             "collective mismatch: rank %d called %s as collective #%llu while rank %d called %s as collective #%llu",
+             my_rank, what, (unsigned long long)mine->seq, their_rank, other, (unsigned long long)theirs->seq);
+    return TIDE_EMISMATCH;
+  }
+  if (theirs->algo != mine->algo) {
+    snprintf(msg, cap,
+             "rank %d chose algorithm %s while rank %d chose %s for %s: TIDE_ALGO or TIDE_SMALL_BYTES differ "
+             "between ranks",
+             my_rank, ALGO_NAME(mine->algo), their_rank, ALGO_NAME(theirs->algo), what);
+    return TIDE_EMISMATCH;
+  }
+  return 0;
+}
+
 static int check_headers(tide_comm_t *comm, const header_t *mine) {
   if (comm->size == 1) return 0;
   header_t theirs;
@@ -81,29 +112,11 @@ static int check_headers(tide_comm_t *comm, const header_t *mine) {
   ops[1].peer = left;
   ops[1].dst = &theirs;
   ops[1].bytes = sizeof theirs;
-  char what[160];
+  char what[160], msg[700];
   describe(mine, what, sizeof what);
   TIDE_CHECK(tide__comm_run(comm, ops, 2, what));
-  if (theirs.magic != HEADER_MAGIC)
-    return tide__comm_fail(comm, TIDE_EPROTO, 0, "rank %d received a corrupt collective header from rank %d",
-                           comm->rank, left);
-  if (theirs.seq != mine->seq || theirs.kind != mine->kind || theirs.count != mine->count ||
-      theirs.counts_hash != mine->counts_hash || theirs.dtype != mine->dtype || theirs.op != mine->op ||
-      theirs.root != mine->root) {
-    char other[160];
-    describe(&theirs, other, sizeof other);
-    return tide__comm_fail(comm, TIDE_EMISMATCH, 0,
-                           "collective mismatch: rank %d called %s as collective #%llu while rank %d called "
-                           "%s as collective #%llu",
-                           comm->rank, what, (unsigned long long)mine->seq, left, other,
-                           (unsigned long long)theirs.seq);
-  }
-  if (theirs.algo != mine->algo)
-    return tide__comm_fail(comm, TIDE_EMISMATCH, 0,
-                           "rank %d chose algorithm %s while rank %d chose %s for %s: TIDE_ALGO or "
-                           "TIDE_SMALL_BYTES differ between ranks",
-                           comm->rank, ALGO_NAME(mine->algo), left, ALGO_NAME(theirs.algo), what);
-  return 0;
+  int rc = compare_headers(mine, comm->rank, &theirs, left, msg, sizeof msg);
+  return rc == 0 ? 0 : tide__comm_fail(comm, rc, 0, "%s", msg);
 }
 
 static uint64_t hash_counts(const size_t *counts, int n) {
