@@ -256,7 +256,10 @@ static void startup_strangers(void) {
    * ahead of rank 1 passed this deadline. */
   setenv("TIDE_TIMEOUT_MS", "12000", 1);
   harness_opts_t opts = {.np = 3, .tcp_only = 1, .token = TOKEN, .timeout_s = 60};
+  int64_t start = tide__now_ns();
   CHECK(harness_run(&opts, startup_ranks, NULL) == 0);
+  printf("startup_strangers: 3 ranks joined and all-reduced with %d silent connections open in %.0f ms\n",
+         3 * SILENT_PER_PEER, (tide__now_ns() - start) / 1e6);
 }
 
 /* A server that takes the client's proof and closes without answering: the
@@ -318,7 +321,10 @@ static void store_flood(void) {
   /* Before: the server had run out of descriptors and served nobody until
    * the strangers' 5 s ran out. */
   tide_store_t *store;
+  int64_t start = tide__now_ns();
   CHECK_OK(tide_store_connect("127.0.0.1", port, TOKEN, 3000, &store));
+  printf("store_flood: a client connected in %.1f ms behind %d silent connections\n",
+         (tide__now_ns() - start) / 1e6, silent);
   CHECK_OK(tide_store_set(store, "k", "v", 1));
   void *value;
   size_t len;
