@@ -222,8 +222,8 @@ static int dial_raw(const char *addr, int port) {
  * port before they join, so that those sit in the accept queue ahead of
  * the real ones. */
 static int startup_ranks(int rank, int size, void *arg) {
-  (void)arg;
-  int strangers[64], nstrangers = 0;
+  int silent_per_peer = *(const int *)arg;
+  int strangers[256], nstrangers = 0;
   if (rank > 0) {
     char rdzv_host[64];
     int rdzv_port;
@@ -233,7 +233,7 @@ static int startup_ranks(int rank, int size, void *arg) {
     for (int lower = 0; lower < rank; lower++) {
       char addr[64];
       int port = peer_port(store, lower, addr, sizeof addr);
-      for (int i = 0; i < SILENT_PER_PEER; i++) strangers[nstrangers++] = dial_raw(addr, port);
+      for (int i = 0; i < silent_per_peer; i++) strangers[nstrangers++] = dial_raw(addr, port);
       int garbage = dial_raw(addr, port);
       CHECK(write(garbage, "GET / HTTP/1.0\r\n\r\n", 18) == 18);
       strangers[nstrangers++] = garbage;
@@ -256,10 +256,20 @@ static void startup_strangers(void) {
    * ahead of rank 1 passed this deadline. */
   setenv("TIDE_TIMEOUT_MS", "12000", 1);
   harness_opts_t opts = {.np = 3, .tcp_only = 1, .token = TOKEN, .timeout_s = 60};
+  int silent = SILENT_PER_PEER;
   int64_t start = tide__now_ns();
-  CHECK(harness_run(&opts, startup_ranks, NULL) == 0);
+  CHECK(harness_run(&opts, startup_ranks, &silent) == 0);
   printf("startup_strangers: 3 ranks joined and all-reduced with %d silent connections open in %.0f ms\n",
-         3 * SILENT_PER_PEER, (tide__now_ns() - start) / 1e6);
+         3 * silent, (tide__now_ns() - start) / 1e6);
+}
+
+/* More silent connections than a rank keeps handshakes in progress: the
+ * oldest silent ones close, the real peer gets in. */
+static void startup_flood(void) {
+  harness_opts_t opts = {.np = 2, .tcp_only = 1, .token = TOKEN, .timeout_s = 60};
+  int silent = 200;
+  CHECK(harness_run(&opts, startup_ranks, &silent) == 0);
+  CHECK(logged("too many connections are proving the job token at once"));
 }
 
 /* A server that takes the client's proof and closes without answering: the
@@ -373,7 +383,8 @@ int main(int argc, char **argv) {
       {"overflow_np2", overflow_np2},         {"overflow_optim", overflow_optim},
       {"overflow_calloc", overflow_calloc},   {"helpers", helpers},
       {"handshake_closed", handshake_closed}, {"startup_strangers", startup_strangers},
-      {"store_flood", store_flood},           {"log_flood", log_flood},
+      {"startup_flood", startup_flood},       {"store_flood", store_flood},
+      {"log_flood", log_flood},
   };
   int failed = 0;
   for (size_t i = 0; i < sizeof tests / sizeof tests[0]; i++) {

@@ -131,18 +131,15 @@ static int advance(tide_comm_t *comm, pending_t *p, const int *use_tcp, uint64_t
   return hello.rank;
 }
 
-/* Closes the oldest connection that has sent nothing, else the oldest; its
- * bytes are read first, so a peer whose hello has arrived is not taken for
+/* Closes the oldest connection that has sent nothing, else the oldest.
+ * Connections are accepted one per turn of the loop, which reads every
+ * readable one first, so a peer whose hello has arrived is not taken for
  * silent. */
 static void evict_one(pending_t *pending, int count) {
   int victim = -1, victim_silent = 0;
   for (int i = 0; i < count; i++) {
     pending_t *p = &pending[i];
     if (p->fd < 0) continue;
-    if (receive(p) != 0) {
-      refuse(p, "closed during the job-token handshake");
-      return;
-    }
     int silent = p->got == 0;
     if (victim < 0 || (silent && !victim_silent) ||
         (silent == victim_silent && p->order < pending[victim].order)) {
@@ -186,6 +183,8 @@ int tide__comm_accept_peers(tide_comm_t *comm, int listen_fd, const int *use_tcp
   int expected = 0;
   for (int peer = comm->rank + 1; peer < comm->size; peer++) expected += use_tcp[peer];
   if (expected == 0) return 0;
+  /* poll can report a connection that is gone before accept takes it: never block there. */
+  if (tide__socket_tune(listen_fd, 1) != 0) return TIDE_EIO;
   pending_t *pending = tide__calloc(MAX_PENDING + 1, sizeof *pending);
   struct pollfd *pfds = tide__calloc(MAX_PENDING + 2, sizeof *pfds);
   int rc = pending == NULL || pfds == NULL ? TIDE_ENOMEM : 0, count = 0;
@@ -215,9 +214,9 @@ int tide__comm_accept_peers(tide_comm_t *comm, int listen_fd, const int *use_tcp
       int peer = advance(comm, &pending[i], use_tcp, ns_hash);
       if (peer < 0) continue;
       rc = tide__tcp_chan_init(&comm->chans[peer], peer, pending[i].fd);
+      pending[i].fd = -1; /* the channel owns it, even when set-up failed */
       if (rc != 0) break;
       TIDE_DEBUG("rank %d: rank %d connected from %s", comm->rank, peer, pending[i].who);
-      pending[i].fd = -1; /* the channel owns it */
       expected--;
     }
     if (rc == 0 && expected > 0 && n > 0 && (pfds[0].revents & POLLIN))
