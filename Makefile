@@ -5,7 +5,7 @@ ASAN_BUILD ?= build-asan
 TSAN_BUILD ?= build-tsan
 JOBS ?= 2
 
-.PHONY: all deps build test test-asan test-tsan demo bench install clean
+.PHONY: all deps build test test-asan test-tsan demo bench install clean fuzz
 
 all: build
 
@@ -42,6 +42,13 @@ test-tsan: deps
 	cd $(TSAN_BUILD) && TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" TIDE_TEST_MAX_COUNT=16411 \
 	  ctest --output-on-failure -j 1 -R '^(test_store|test_coll|test_fault|test_sparse|test_compress)$$'
 
+# The libFuzzer harnesses (fuzz/, docs/security.md), each for FUZZ_SECONDS.
+# make test runs them for 20 s each (ctest's fuzz_* tests).
+FUZZ_SECONDS ?= 300
+FUZZ_BUILD ?= build-fuzz
+fuzz: deps
+	bash scripts/fuzz.sh --seconds $(FUZZ_SECONDS) --build $(FUZZ_BUILD)
+
 demo: build
 	bash scripts/demo.sh $(BUILD)
 
@@ -52,4 +59,4 @@ install: build
 	cmake --install $(BUILD)
 
 clean:
-	rm -rf $(BUILD) $(ASAN_BUILD) $(TSAN_BUILD)
+	rm -rf $(BUILD) $(ASAN_BUILD) $(TSAN_BUILD) $(FUZZ_BUILD)

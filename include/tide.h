@@ -176,7 +176,9 @@ int tide_comm_cross(tide_comm_t *comm, tide_comm_t **out);
 /* Every rank must make the same sequence of collective calls with the same
  * op, dtype, count and root. A call that differs from its peers' fails with
  * TIDE_EMISMATCH on every participant; tide_comm_last_error names the ranks
- * and both calls. sendbuf == recvbuf means in place. count 0 is valid. */
+ * and both calls. sendbuf == recvbuf means in place. count 0 is valid; a
+ * count whose bytes (allgather: count * size, allgatherv: the sum of counts)
+ * pass PTRDIFF_MAX is TIDE_EINVAL. A NULL comm is TIDE_EINVAL (and logged). */
 int tide_barrier(tide_comm_t *comm);
 int tide_broadcast(tide_comm_t *comm, void *buf, size_t count, tide_dtype_t dtype, int root);
 int tide_allreduce(tide_comm_t *comm, const void *sendbuf, void *recvbuf, size_t count,
@@ -197,14 +199,17 @@ int tide_allgatherv(tide_comm_t *comm, const void *sendbuf, size_t sendcount, vo
                     const size_t *counts, tide_dtype_t dtype);
 
 /* The block of `count` elements that `rank` of `size` owns in a
- * reduce-scatter: the first count % size ranks get one element more. */
+ * reduce-scatter: the first count % size ranks get one element more. With
+ * size < 1, rank outside [0, size) or a NULL output it logs an error and
+ * writes an empty block (offset 0, len 0) to the outputs given. */
 void tide_block(size_t count, int size, int rank, size_t *offset, size_t *len);
 
 /* ---- collectives (nonblocking) ------------------------------------------ */
 
 /* A nonblocking call borrows its buffers until its request completes and
  * runs on the communicator's progress thread in call order. Blocking calls
- * made afterwards wait for earlier nonblocking ones. */
+ * made afterwards wait for earlier nonblocking ones. req must not be NULL
+ * (TIDE_EINVAL; the communicator stays usable). */
 typedef struct tide_request tide_request_t;
 
 int tide_ibarrier(tide_comm_t *comm, tide_request_t **req);
@@ -234,6 +239,8 @@ int tide_test(tide_request_t *req, int *done);
  * thread at a time per sampler. */
 typedef struct tide_sampler tide_sampler_t;
 
+/* Holds n indices (8 bytes each): an n whose bytes pass PTRDIFF_MAX is
+ * TIDE_EINVAL. */
 int tide_sampler_create(uint64_t n, uint64_t seed, int rank, int size, tide_sampler_t **out);
 /* Draws the shard of `epoch`; then tide_sampler_indices gives it. */
 int tide_sampler_set_epoch(tide_sampler_t *sampler, uint64_t epoch);
@@ -523,7 +530,8 @@ void tide_compressor_destroy(tide_compressor_t *c);
  * tensor of d floats (k may differ between ranks; indices < d); every rank
  * receives in out[0..d) the sum (TIDE_SUM) or mean (TIDE_AVG) over ranks of
  * everyone's pairs, duplicate indices summed, bitwise identical on every
- * rank. Collective and checked like the dense calls (d and op must match).
+ * rank. Collective and checked like the dense calls (d and op must match);
+ * an index of this rank's >= d is TIDE_EINVAL naming it.
  * Bytes on the wire: docs/algorithms.md. */
 int tide_sparse_allgather(tide_comm_t *comm, const float *values, const uint32_t *indices, size_t k, float *out,
                           size_t d, tide_op_t op);

@@ -2,6 +2,7 @@
 
 #include <signal.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -14,6 +15,7 @@ int harness_store_start(const char *token, int *pid_out) {
   pid_t pid = fork();
   if (pid == 0) {
     close(fds[0]);
+    prctl(PR_SET_PDEATHSIG, SIGKILL); /* a test that fails (exit) leaves no server holding ctest's output */
     tide_store_server_t *server;
     if (tide_store_server_start("127.0.0.1", 0, token, &server) != 0) _exit(3);
     int port = tide_store_server_port(server);

@@ -15,6 +15,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -490,6 +491,28 @@ static void test_two_nodes(void) {
   CHECK_OUT(&nodes[1], strstr(nodes[1].text[1], "TIDE_JOB_TOKEN") != NULL);
 }
 
+/* tiderun raises its own soft RLIMIT_NOFILE to the hard limit (the store
+ * holds a descriptor per connection) and gives the ranks the one it started
+ * with. */
+static void test_fd_limit(void) {
+  struct rlimit saved, low;
+  CHECK(getrlimit(RLIMIT_NOFILE, &saved) == 0);
+  if (saved.rlim_max != RLIM_INFINITY && saved.rlim_max <= 256) return; /* nothing to raise */
+  low = (struct rlimit){256, saved.rlim_max};
+  CHECK(setrlimit(RLIMIT_NOFILE, &low) == 0);
+  proc_t p;
+  const char *args[] = {"-np", "1", "/bin/sh", "-c",
+                        "grep 'Max open files' /proc/$PPID/limits; echo rank=$(ulimit -Sn)", NULL};
+  int code = run(&p, args, 20);
+  CHECK(setrlimit(RLIMIT_NOFILE, &saved) == 0);
+  CHECK_OUT(&p, code == 0);
+  unsigned long long soft = 0, hard = 0;
+  const char *line = strstr(p.text[0], "Max open files");
+  CHECK_OUT(&p, line != NULL && sscanf(line, "Max open files %llu %llu", &soft, &hard) == 2);
+  CHECK_OUT(&p, soft == hard && soft > 256);
+  CHECK_OUT(&p, strstr(p.text[0], "rank=256") != NULL);
+}
+
 int main(int argc, char **argv) {
   if (argc == 3 && strcmp(argv[1], "rank-child") == 0) return rank_child(argv[2]);
   const char *tools = getenv("TIDE_TOOLS_DIR");
@@ -520,6 +543,7 @@ int main(int argc, char **argv) {
   test_rank_failure();
   test_signals_and_timeout();
   test_two_nodes();
+  test_fd_limit();
   fprintf(stderr, "test_tiderun: all passed in %.1f s\n", now_s() - start);
 
   char cmd[PATH_MAX + 32];

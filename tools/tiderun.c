@@ -25,6 +25,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/signalfd.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -502,6 +503,31 @@ static void free_env(char **env) {
   free(env);
 }
 
+/* ---- descriptors ---------------------------------------------------------- */
+
+/* The store on node 0 holds a descriptor for every connection (two per
+ * rank, and strangers' until it refuses them), so tiderun raises its soft
+ * RLIMIT_NOFILE to the hard limit where that is higher. The ranks get the
+ * limit tiderun started with back: programs that use select() break above
+ * 1024 descriptors. */
+static struct rlimit nofile_at_start;
+static int nofile_raised;
+
+static void raise_fd_limit(void) {
+  struct rlimit lim;
+  if (getrlimit(RLIMIT_NOFILE, &lim) != 0) return;
+  nofile_at_start = lim;
+  rlim_t want = lim.rlim_max == RLIM_INFINITY ? (rlim_t)1 << 20 : lim.rlim_max;
+  if (lim.rlim_cur != RLIM_INFINITY && lim.rlim_cur >= want) return;
+  lim.rlim_cur = want;
+  if (setrlimit(RLIMIT_NOFILE, &lim) == 0) nofile_raised = 1;
+}
+
+/* In a rank's child before exec (async-signal-safe). */
+static void restore_fd_limit(void) {
+  if (nofile_raised) setrlimit(RLIMIT_NOFILE, &nofile_at_start);
+}
+
 static void child_write(const char *text) {
   ssize_t rc = write(2, text, strlen(text));
   (void)rc;
@@ -528,6 +554,7 @@ static void exec_rank(const options_t *opts, const cpu_set_t *cpus, char **env, 
   }
   sigaction(SIGPIPE, old_sigpipe, NULL);
   sigprocmask(SIG_SETMASK, old_mask, NULL);
+  restore_fd_limit();
   execvpe(opts->argv[0], opts->argv, env);
   int err = errno;
   child_write("tiderun: cannot run ");
@@ -797,6 +824,7 @@ int main(int argc, char **argv) {
   const char *token = job_token(&opts, token_buf);
   if (token == NULL) return EXIT_USAGE;
   if (job_id(&opts, token, id_buf) != 0) return 1;
+  raise_fd_limit();
   /* With signals still at their defaults, so Ctrl-C ends the wait. */
   if (opts.node_rank != 0 && register_node(&opts, token) != 0) return 1;
 

@@ -68,6 +68,37 @@ static void describe(const header_t *h, char *out, size_t cap) {
   snprintf(out + n, cap - (size_t)n, ")");
 }
 
+/* theirs came off the wire from their_rank: anything at all. 0 when it
+ * matches mine; else TIDE_EPROTO or TIDE_EMISMATCH and the message. Pure
+ * (fuzz/fuzz_coll_header.c runs it on arbitrary bytes). */
+static int compare_headers(const header_t *mine, int my_rank, const header_t *theirs, int their_rank, char *msg,
+                           size_t cap) {
+  char what[160];
+  describe(mine, what, sizeof what);
+  if (theirs->magic != HEADER_MAGIC) {
+    snprintf(msg, cap, "rank %d received a corrupt collective header from rank %d", my_rank, their_rank);
+    return TIDE_EPROTO;
+  }
+  if (theirs->seq != mine->seq || theirs->kind != mine->kind || theirs->count != mine->count ||
+      theirs->counts_hash != mine->counts_hash || theirs->dtype != mine->dtype || theirs->op != mine->op ||
+      theirs->root != mine->root) {
+    char other[160];
+    describe(theirs, other, sizeof other);
+    snprintf(msg, cap,
+             "collective mismatch: rank %d called %s as collective #%llu while rank %d called %s as collective #%llu",
+             my_rank, what, (unsigned long long)mine->seq, their_rank, other, (unsigned long long)theirs->seq);
+    return TIDE_EMISMATCH;
+  }
+  if (theirs->algo != mine->algo) {
+    snprintf(msg, cap,
+             "rank %d chose algorithm %s while rank %d chose %s for %s: TIDE_ALGO or TIDE_SMALL_BYTES differ "
+             "between ranks",
+             my_rank, ALGO_NAME(mine->algo), their_rank, ALGO_NAME(theirs->algo), what);
+    return TIDE_EMISMATCH;
+  }
+  return 0;
+}
+
 static int check_headers(tide_comm_t *comm, const header_t *mine) {
   if (comm->size == 1) return 0;
   header_t theirs;
@@ -75,29 +106,11 @@ static int check_headers(tide_comm_t *comm, const header_t *mine) {
   tide__p2p_t ops[2];
   tide__p2p_set(&ops[0], TIDE__P2P_SEND, (comm->rank + 1) % comm->size, mine, NULL, sizeof *mine, TIDE_I32, TIDE_SUM);
   tide__p2p_set(&ops[1], TIDE__P2P_RECV, left, NULL, &theirs, sizeof theirs, TIDE_I32, TIDE_SUM);
-  char what[160];
+  char what[160], msg[700];
   describe(mine, what, sizeof what);
   TIDE_CHECK(tide__comm_run(comm, ops, 2, what));
-  if (theirs.magic != HEADER_MAGIC)
-    return tide__comm_fail(comm, TIDE_EPROTO, 0, "rank %d received a corrupt collective header from rank %d",
-                           comm->rank, left);
-  if (theirs.seq != mine->seq || theirs.kind != mine->kind || theirs.count != mine->count ||
-      theirs.counts_hash != mine->counts_hash || theirs.dtype != mine->dtype || theirs.op != mine->op ||
-      theirs.root != mine->root) {
-    char other[160];
-    describe(&theirs, other, sizeof other);
-    return tide__comm_fail(comm, TIDE_EMISMATCH, 0,
-                           "collective mismatch: rank %d called %s as collective #%llu while rank %d called "
-                           "%s as collective #%llu",
-                           comm->rank, what, (unsigned long long)mine->seq, left, other,
-                           (unsigned long long)theirs.seq);
-  }
-  if (theirs.algo != mine->algo)
-    return tide__comm_fail(comm, TIDE_EMISMATCH, 0,
-                           "rank %d chose algorithm %s while rank %d chose %s for %s: TIDE_ALGO or "
-                           "TIDE_SMALL_BYTES differ between ranks",
-                           comm->rank, ALGO_NAME(mine->algo), left, ALGO_NAME(theirs.algo), what);
-  return 0;
+  int rc = compare_headers(mine, comm->rank, &theirs, left, msg, sizeof msg);
+  return rc == 0 ? 0 : tide__comm_fail(comm, rc, 0, "%s", msg);
 }
 
 /* MPI's own collective for the dense calls other than allreduce, on an MPI
@@ -202,6 +215,40 @@ __attribute__((format(printf, 2, 3))) static int invalid(tide_comm_t *comm, cons
   return TIDE_EINVAL;
 }
 
+/* Counts whose bytes overflow (or pass PTRDIFF_MAX) would wrap the kernels'
+ * and the transports' arithmetic; an index of our own outside [0, d) is the
+ * caller's mistake, not a peer's. */
+static int validate_sizes(tide_comm_t *comm, const args_t *a, const size_t *counts) {
+  const char *kind = kind_names[a->kind];
+  size_t esize = tide_dtype_size(a->dtype), elements = a->count, bytes;
+  char detail[200];
+  if (a->kind == ALLGATHER && __builtin_mul_overflow(a->count, (size_t)comm->size, &elements)) elements = SIZE_MAX;
+  for (int r = 0; a->kind == ALLGATHERV && r < comm->size; r++)
+    if (__builtin_add_overflow(r == 0 ? 0 : elements, counts[r], &elements)) elements = SIZE_MAX;
+  if (__builtin_mul_overflow(elements, esize, &bytes) || bytes > (size_t)PTRDIFF_MAX) {
+    if (a->kind == ALLGATHERV)
+      snprintf(detail, sizeof detail, "counts that add up to more than PTRDIFF_MAX bytes of %s",
+               tide_dtype_name(a->dtype));
+    else
+      snprintf(detail, sizeof detail, "%s = %zu: %s elements of %s are more than PTRDIFF_MAX bytes",
+               a->kind >= SPARSE_ALLGATHER ? "d" : "count", a->count,
+               a->kind == ALLGATHER ? "count * size" : "that many", tide_dtype_name(a->dtype));
+    return invalid(comm, "%s with %s", kind, detail);
+  }
+  if (a->kind == SPARSE_ALLGATHER) {
+    if (a->k > (size_t)PTRDIFF_MAX / (sizeof(float) + sizeof(uint32_t))) {
+      snprintf(detail, sizeof detail, "k = %zu pairs: more bytes than PTRDIFF_MAX", a->k);
+      return invalid(comm, "%s with %s", kind, detail);
+    }
+    for (size_t i = 0; i < a->k; i++)
+      if (a->indices[i] >= a->count) {
+        snprintf(detail, sizeof detail, "indices[%zu] = %u outside [0, d = %zu)", i, a->indices[i], a->count);
+        return invalid(comm, "%s with %s", kind, detail);
+      }
+  }
+  return 0;
+}
+
 static int validate(tide_comm_t *comm, const args_t *a, const size_t *counts, size_t sendcount) {
   const char *kind = kind_names[a->kind];
   if ((unsigned)a->dtype >= TIDE_DTYPE_COUNT) return invalid(comm, "%s with an unknown dtype", kind);
@@ -226,6 +273,7 @@ static int validate(tide_comm_t *comm, const args_t *a, const size_t *counts, si
   if (a->kind == SPARSE_ALLGATHER && a->k > 0 && (a->sendbuf == NULL || a->indices == NULL))
     return invalid(comm, "%s with NULL values or indices", kind);
   if (a->kind == HITOPK && a->compressor == NULL) return invalid(comm, "%s with a NULL compressor", kind);
+  TIDE_CHECK(validate_sizes(comm, a, counts));
   if ((a->dtype == TIDE_F16 || a->dtype == TIDE_BF16) && (a->kind == ALLREDUCE || a->kind == REDUCE_SCATTER) &&
       a->op != TIDE_SUM && a->op != TIDE_AVG)
     return invalid(comm, "%s: f16/bf16 support only sum and avg", kind);
@@ -233,7 +281,10 @@ static int validate(tide_comm_t *comm, const args_t *a, const size_t *counts, si
 }
 
 static int start(tide_comm_t *comm, args_t *a, const size_t *counts, size_t sendcount, tide_request_t **req) {
-  if (comm == NULL) return TIDE_EINVAL;
+  if (comm == NULL) {
+    TIDE_ERROR("tide_%s: comm must not be NULL", kind_names[a->kind]);
+    return TIDE_EINVAL;
+  }
   int rc = atomic_load(&comm->failed);
   if (rc) return rc;
   TIDE_CHECK(validate(comm, a, counts, sendcount));
@@ -255,70 +306,115 @@ static int start(tide_comm_t *comm, args_t *a, const size_t *counts, size_t send
 }
 
 void tide_block(size_t count, int size, int rank, size_t *offset, size_t *len) {
+  if (size < 1 || rank < 0 || rank >= size || offset == NULL || len == NULL) {
+    TIDE_ERROR("tide_block: size = %d and rank = %d must satisfy 0 <= rank < size, and offset (%s) and "
+               "len (%s) must not be NULL; writing an empty block", size, rank, offset ? "set" : "NULL",
+               len ? "set" : "NULL");
+    if (offset != NULL) *offset = 0;
+    if (len != NULL) *len = 0;
+    return;
+  }
   size_t base = count / (size_t)size, rem = count % (size_t)size, r = (size_t)rank;
   *len = base + (r < rem ? 1 : 0);
   *offset = r * base + (r < rem ? r : rem);
 }
 
-int tide_ibarrier(tide_comm_t *comm, tide_request_t **req) {
+static int run_barrier(tide_comm_t *comm, tide_request_t **req) {
   args_t a = {BARRIER, NULL, NULL, 0, NULL, TIDE_I32, TIDE_SUM, 0, NULL, 0, NULL};
   return start(comm, &a, NULL, 0, req);
 }
 
-int tide_ibroadcast(tide_comm_t *comm, void *buf, size_t count, tide_dtype_t dtype, int root,
-                    tide_request_t **req) {
+static int run_broadcast(tide_comm_t *comm, void *buf, size_t count, tide_dtype_t dtype, int root,
+                         tide_request_t **req) {
   args_t a = {BROADCAST, buf, buf, count, NULL, dtype, TIDE_SUM, root, NULL, 0, NULL};
   return start(comm, &a, NULL, 0, req);
 }
 
-int tide_iallreduce(tide_comm_t *comm, const void *sendbuf, void *recvbuf, size_t count, tide_dtype_t dtype,
-                    tide_op_t op, tide_request_t **req) {
+static int run_allreduce(tide_comm_t *comm, const void *sendbuf, void *recvbuf, size_t count, tide_dtype_t dtype,
+                         tide_op_t op, tide_request_t **req) {
   args_t a = {ALLREDUCE, sendbuf, recvbuf, count, NULL, dtype, op, 0, NULL, 0, NULL};
   return start(comm, &a, NULL, 0, req);
 }
 
-int tide_ireduce_scatter(tide_comm_t *comm, const void *sendbuf, void *recvbuf, size_t count,
-                         tide_dtype_t dtype, tide_op_t op, tide_request_t **req) {
+static int run_reduce_scatter(tide_comm_t *comm, const void *sendbuf, void *recvbuf, size_t count,
+                              tide_dtype_t dtype, tide_op_t op, tide_request_t **req) {
   args_t a = {REDUCE_SCATTER, sendbuf, recvbuf, count, NULL, dtype, op, 0, NULL, 0, NULL};
   return start(comm, &a, NULL, 0, req);
 }
 
-int tide_iallgather(tide_comm_t *comm, const void *sendbuf, void *recvbuf, size_t count, tide_dtype_t dtype,
-                    tide_request_t **req) {
+static int run_allgather(tide_comm_t *comm, const void *sendbuf, void *recvbuf, size_t count, tide_dtype_t dtype,
+                         tide_request_t **req) {
   args_t a = {ALLGATHER, sendbuf, recvbuf, count, NULL, dtype, TIDE_SUM, 0, NULL, 0, NULL};
   return start(comm, &a, NULL, 0, req);
 }
 
-int tide_iallgatherv(tide_comm_t *comm, const void *sendbuf, size_t sendcount, void *recvbuf,
-                     const size_t *counts, tide_dtype_t dtype, tide_request_t **req) {
+static int run_allgatherv(tide_comm_t *comm, const void *sendbuf, size_t sendcount, void *recvbuf,
+                          const size_t *counts, tide_dtype_t dtype, tide_request_t **req) {
   args_t a = {ALLGATHERV, sendbuf, recvbuf, 0, NULL, dtype, TIDE_SUM, 0, NULL, 0, NULL};
   return start(comm, &a, counts, sendcount, req);
 }
 
+/* The nonblocking forms need somewhere to put the request. */
+static int null_request(const char *fn) {
+  TIDE_ERROR("%s: req must not be NULL (the blocking form takes no request)", fn);
+  return TIDE_EINVAL;
+}
+
+int tide_ibarrier(tide_comm_t *comm, tide_request_t **req) {
+  return req != NULL ? run_barrier(comm, req) : null_request("tide_ibarrier");
+}
+
+int tide_ibroadcast(tide_comm_t *comm, void *buf, size_t count, tide_dtype_t dtype, int root,
+                    tide_request_t **req) {
+  return req != NULL ? run_broadcast(comm, buf, count, dtype, root, req) : null_request("tide_ibroadcast");
+}
+
+int tide_iallreduce(tide_comm_t *comm, const void *sendbuf, void *recvbuf, size_t count, tide_dtype_t dtype,
+                    tide_op_t op, tide_request_t **req) {
+  return req != NULL ? run_allreduce(comm, sendbuf, recvbuf, count, dtype, op, req) : null_request("tide_iallreduce");
+}
+
+int tide_ireduce_scatter(tide_comm_t *comm, const void *sendbuf, void *recvbuf, size_t count,
+                         tide_dtype_t dtype, tide_op_t op, tide_request_t **req) {
+  return req != NULL ? run_reduce_scatter(comm, sendbuf, recvbuf, count, dtype, op, req)
+                     : null_request("tide_ireduce_scatter");
+}
+
+int tide_iallgather(tide_comm_t *comm, const void *sendbuf, void *recvbuf, size_t count, tide_dtype_t dtype,
+                    tide_request_t **req) {
+  return req != NULL ? run_allgather(comm, sendbuf, recvbuf, count, dtype, req) : null_request("tide_iallgather");
+}
+
+int tide_iallgatherv(tide_comm_t *comm, const void *sendbuf, size_t sendcount, void *recvbuf,
+                     const size_t *counts, tide_dtype_t dtype, tide_request_t **req) {
+  return req != NULL ? run_allgatherv(comm, sendbuf, sendcount, recvbuf, counts, dtype, req)
+                     : null_request("tide_iallgatherv");
+}
+
 /* The blocking forms: the same path, run now on the calling thread. */
-int tide_barrier(tide_comm_t *comm) { return tide_ibarrier(comm, NULL); }
+int tide_barrier(tide_comm_t *comm) { return run_barrier(comm, NULL); }
 
 int tide_broadcast(tide_comm_t *comm, void *buf, size_t count, tide_dtype_t dtype, int root) {
-  return tide_ibroadcast(comm, buf, count, dtype, root, NULL);
+  return run_broadcast(comm, buf, count, dtype, root, NULL);
 }
 
 int tide_allreduce(tide_comm_t *comm, const void *sendbuf, void *recvbuf, size_t count, tide_dtype_t dtype,
                    tide_op_t op) {
-  return tide_iallreduce(comm, sendbuf, recvbuf, count, dtype, op, NULL);
+  return run_allreduce(comm, sendbuf, recvbuf, count, dtype, op, NULL);
 }
 
 int tide_reduce_scatter(tide_comm_t *comm, const void *sendbuf, void *recvbuf, size_t count,
                         tide_dtype_t dtype, tide_op_t op) {
-  return tide_ireduce_scatter(comm, sendbuf, recvbuf, count, dtype, op, NULL);
+  return run_reduce_scatter(comm, sendbuf, recvbuf, count, dtype, op, NULL);
 }
 
 int tide_allgather(tide_comm_t *comm, const void *sendbuf, void *recvbuf, size_t count, tide_dtype_t dtype) {
-  return tide_iallgather(comm, sendbuf, recvbuf, count, dtype, NULL);
+  return run_allgather(comm, sendbuf, recvbuf, count, dtype, NULL);
 }
 
 int tide_allgatherv(tide_comm_t *comm, const void *sendbuf, size_t sendcount, void *recvbuf,
                     const size_t *counts, tide_dtype_t dtype) {
-  return tide_iallgatherv(comm, sendbuf, sendcount, recvbuf, counts, dtype, NULL);
+  return run_allgatherv(comm, sendbuf, sendcount, recvbuf, counts, dtype, NULL);
 }
 
 int tide_sparse_allgather(tide_comm_t *comm, const float *values, const uint32_t *indices, size_t k, float *out,
@@ -328,7 +424,8 @@ int tide_sparse_allgather(tide_comm_t *comm, const float *values, const uint32_t
 }
 
 int tide_hitopk_shard(tide_comm_t *comm, size_t d, size_t *offset, size_t *len) {
-  if (comm == NULL || offset == NULL || len == NULL) return TIDE_EINVAL;
+  if (comm == NULL) return tide__null_arg("tide_hitopk_shard", "comm");
+  if (offset == NULL || len == NULL) return tide__null_arg("tide_hitopk_shard", "offset or len");
   return tide__hitopk_shard(comm, d, offset, len);
 }
 

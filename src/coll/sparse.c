@@ -50,6 +50,9 @@ static int gather_pairs(tide_comm_t *comm, const float *values, const uint32_t *
     words[r] = pair_words(counts[r]);
     displs[r] = total;
     total += words[r];
+    if (counts[r] > (size_t)PTRDIFF_MAX / 8 || total > (size_t)PTRDIFF_MAX / 4) /* each checked its own k */
+      rc = tide__comm_fail(comm, TIDE_EPROTO, 0, "rank %d received a pair count of %zu from rank %d: too many",
+                           comm->rank, counts[r], r);
   }
   uint32_t *pairs = rc == 0 ? tide__malloc((total ? total : 1) * sizeof *pairs) : NULL;
   if (rc == 0 && pairs == NULL) rc = TIDE_ENOMEM;

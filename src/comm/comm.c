@@ -16,15 +16,6 @@
 
 #include "comm/comm.h"
 
-#define HELLO_MAGIC 0x7469646568656c6full /* "tidehello" */
-
-typedef struct {
-  uint64_t magic;
-  uint64_t ns_hash;
-  int32_t rank;
-  int32_t pad;
-} hello_t;
-
 typedef struct {
   char addr[64];
   int port;
@@ -328,7 +319,7 @@ static int connect_tcp(tide_comm_t *comm, int listen_fd, const peer_info_t *peer
     int fd;
     TIDE_CHECK(tide__tcp_connect(peers[peer].addr, peers[peer].port, deadline, &fd));
     int rc = tide__auth_handshake(fd, comm->token, 0, deadline);
-    hello_t hello = {HELLO_MAGIC, ns_hash, comm->rank, 0};
+    tide__peer_hello_t hello = {TIDE__PEER_HELLO_MAGIC, ns_hash, comm->rank, 0};
     if (rc == 0) rc = tide__send_all(fd, &hello, sizeof hello, deadline);
     if (rc == 0) rc = tide__tcp_chan_init(&comm->chans[peer], peer, fd);
     if (rc != 0) {
@@ -338,33 +329,7 @@ static int connect_tcp(tide_comm_t *comm, int listen_fd, const peer_info_t *peer
       return rc;
     }
   }
-  int expected = 0;
-  for (int peer = comm->rank + 1; peer < comm->size; peer++) expected += use_tcp[peer];
-  while (expected > 0) {
-    int fd;
-    TIDE_CHECK(tide__tcp_accept(listen_fd, deadline, &fd));
-    int64_t hs_deadline = tide__deadline_after_ms(5000);
-    if (hs_deadline > deadline) hs_deadline = deadline;
-    int rc = tide__auth_handshake(fd, comm->token, 1, hs_deadline);
-    hello_t hello;
-    if (rc == 0) rc = tide__recv_all(fd, &hello, sizeof hello, hs_deadline);
-    if (rc == 0 && (hello.magic != HELLO_MAGIC || hello.ns_hash != ns_hash || hello.rank <= comm->rank ||
-                    hello.rank >= comm->size || !use_tcp[hello.rank] || comm->chans[hello.rank].ops != NULL))
-      rc = TIDE_EPROTO;
-    if (rc != 0) {
-      struct sockaddr_in sa;
-      socklen_t len = sizeof sa;
-      char who[64] = "?";
-      if (getpeername(fd, (struct sockaddr *)&sa, &len) == 0) inet_ntop(AF_INET, &sa.sin_addr, who, sizeof who);
-      TIDE_WARN("rank %d refused a connection from %s:%d: %s", comm->rank, who, ntohs(sa.sin_port),
-                tide_strerror(rc));
-      close(fd);
-      continue;
-    }
-    TIDE_CHECK(tide__tcp_chan_init(&comm->chans[hello.rank], hello.rank, fd));
-    expected--;
-  }
-  return 0;
+  return tide__comm_accept_peers(comm, listen_fd, use_tcp, ns_hash, deadline);
 }
 
 /* Fills in topology and channels for comm (rank, size, ns, store set). */
@@ -543,7 +508,7 @@ fail:
 }
 
 int tide_comm_init(tide_comm_t **out) {
-  if (out == NULL) return TIDE_EINVAL;
+  if (out == NULL) return tide__null_arg("tide_comm_init", "out");
   int rc = comm_join(out);
   /* Now that the local rank is known: TIDE_BIND under mpirun or srun. */
   if (rc == 0) tide__place_self((*out)->local_rank, (*out)->local_size);
@@ -596,11 +561,14 @@ void tide_comm_destroy(tide_comm_t *comm) {
   tide__free(comm);
 }
 
-int tide_comm_rank(const tide_comm_t *comm) { return comm ? comm->rank : TIDE_EINVAL; }
-int tide_comm_size(const tide_comm_t *comm) { return comm ? comm->size : TIDE_EINVAL; }
-int tide_comm_local_rank(const tide_comm_t *comm) { return comm ? comm->local_rank : TIDE_EINVAL; }
-int tide_comm_local_size(const tide_comm_t *comm) { return comm ? comm->local_size : TIDE_EINVAL; }
-
+int tide_comm_rank(const tide_comm_t *comm) { return comm ? comm->rank : tide__null_arg("tide_comm_rank", "comm"); }
+int tide_comm_size(const tide_comm_t *comm) { return comm ? comm->size : tide__null_arg("tide_comm_size", "comm"); }
+int tide_comm_local_rank(const tide_comm_t *comm) {
+  return comm ? comm->local_rank : tide__null_arg("tide_comm_local_rank", "comm");
+}
+int tide_comm_local_size(const tide_comm_t *comm) {
+  return comm ? comm->local_size : tide__null_arg("tide_comm_local_size", "comm");
+}
 int tide_compute_threads(const tide_comm_t *comm, int *threads_out) {
   if (threads_out == NULL) {
     TIDE_ERROR("tide_compute_threads: threads_out is NULL");
@@ -610,8 +578,10 @@ int tide_compute_threads(const tide_comm_t *comm, int *threads_out) {
   *threads_out = tide__default_threads(comm != NULL ? comm->local_size : 0);
   return 0;
 }
-int tide_comm_node(const tide_comm_t *comm) { return comm ? comm->node : TIDE_EINVAL; }
-int tide_comm_node_count(const tide_comm_t *comm) { return comm ? comm->node_count : TIDE_EINVAL; }
+int tide_comm_node(const tide_comm_t *comm) { return comm ? comm->node : tide__null_arg("tide_comm_node", "comm"); }
+int tide_comm_node_count(const tide_comm_t *comm) {
+  return comm ? comm->node_count : tide__null_arg("tide_comm_node_count", "comm");
+}
 
 const char *tide_comm_last_error(const tide_comm_t *comm) {
   if (comm == NULL) return "comm is NULL";
@@ -621,7 +591,7 @@ const char *tide_comm_last_error(const tide_comm_t *comm) {
 /* ---- split ------------------------------------------------------------------- */
 
 int tide_comm_split(tide_comm_t *comm, int color, int key, tide_comm_t **out) {
-  if (comm == NULL || out == NULL) return TIDE_EINVAL;
+  if (comm == NULL || out == NULL) return tide__null_arg("tide_comm_split", comm == NULL ? "comm" : "out");
   int failed = atomic_load(&comm->failed);
   if (failed) return failed;
   if (comm->mpi != NULL) return tide__mpi_comm_split(comm, color, key, out);
@@ -687,14 +657,14 @@ int tide_comm_split(tide_comm_t *comm, int color, int key, tide_comm_t **out) {
 }
 
 int tide_comm_local(tide_comm_t *comm, tide_comm_t **out) {
-  if (comm == NULL || out == NULL) return TIDE_EINVAL;
+  if (comm == NULL || out == NULL) return tide__null_arg("tide_comm_local", comm == NULL ? "comm" : "out");
   if (comm->local == NULL) TIDE_CHECK(tide_comm_split(comm, comm->node, comm->rank, &comm->local));
   *out = comm->local;
   return 0;
 }
 
 int tide_comm_cross(tide_comm_t *comm, tide_comm_t **out) {
-  if (comm == NULL || out == NULL) return TIDE_EINVAL;
+  if (comm == NULL || out == NULL) return tide__null_arg("tide_comm_cross", comm == NULL ? "comm" : "out");
   if (comm->cross == NULL) TIDE_CHECK(tide_comm_split(comm, comm->local_rank, comm->rank, &comm->cross));
   *out = comm->cross;
   return 0;

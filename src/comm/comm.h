@@ -102,6 +102,31 @@ void tide__comm_apply_report(tide_comm_t *comm, const char *value);
  * uniform_nodes (src/comm/topology.c). */
 int tide__comm_set_hosts(tide_comm_t *comm, const char *const *host_of);
 
+/* ---- peer connections (src/comm/accept.c) --------------------------------- */
+
+/* What a connecting rank sends after the token handshake: the communicator
+ * (a hash of its name) and its rank. Host byte order: peers share one
+ * build. */
+#define TIDE__PEER_HELLO_MAGIC 0x7469646568656c6full /* "tidehello" */
+typedef struct {
+  uint64_t magic;
+  uint64_t ns_hash;
+  int32_t rank;
+  int32_t pad;
+} tide__peer_hello_t;
+
+/* 0 when hello is for communicator ns_hash from a rank in (my_rank, size),
+ * the ranks that connect to my_rank; TIDE_EPROTO otherwise. */
+int tide__peer_hello_check(const tide__peer_hello_t *hello, uint64_t ns_hash, int my_rank, int size);
+
+/* Accepts the TCP peers that connect to this rank (the higher ranks with
+ * use_tcp set) on listen_fd and sets up their channels. Every connection is
+ * authenticated at once, nonblocking, so a stranger's connection that sends
+ * nothing or garbage costs the real peers nothing. TIDE_ETIMEDOUT at the
+ * deadline, naming the ranks that never connected. */
+int tide__comm_accept_peers(tide_comm_t *comm, int listen_fd, const int *use_tcp, uint64_t ns_hash,
+                            int64_t deadline_ns);
+
 /* A communicator with no members yet (comm.c's constructor). */
 tide_comm_t *tide__comm_alloc(void);
 

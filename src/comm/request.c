@@ -86,7 +86,7 @@ void tide__task_fini(tide_comm_t *comm) {
 }
 
 int tide_wait(tide_request_t *req) {
-  if (req == NULL) return TIDE_EINVAL;
+  if (req == NULL) return tide__null_arg("tide_wait", "req");
   tide__task_t *task = &req->task;
   tide_comm_t *comm = task->comm;
   pthread_mutex_lock(&comm->queue_lock);
@@ -98,7 +98,7 @@ int tide_wait(tide_request_t *req) {
 }
 
 int tide_test(tide_request_t *req, int *done) {
-  if (req == NULL || done == NULL) return TIDE_EINVAL;
+  if (req == NULL || done == NULL) return tide__null_arg("tide_test", req == NULL ? "req" : "done");
   tide_comm_t *comm = req->task.comm;
   pthread_mutex_lock(&comm->queue_lock);
   *done = req->task.done;

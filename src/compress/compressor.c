@@ -181,7 +181,8 @@ size_t tide__compressor_size(const tide_compressor_t *c) { return c->d; }
 size_t tide_compressor_size(const tide_compressor_t *c) { return c != NULL ? c->d : 0; }
 
 int tide_compressor_set_density(tide_compressor_t *c, double density) {
-  if (c == NULL || !density_ok(density)) {
+  if (c == NULL) return tide__null_arg("tide_compressor_set_density", "c");
+  if (!density_ok(density)) {
     TIDE_ERROR("tide_compressor_set_density: density = %g; it must be in (0, 1]", density);
     return TIDE_EINVAL;
   }

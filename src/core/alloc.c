@@ -21,7 +21,11 @@ int tide_replace_allocator(void *(*malloc_fn)(size_t), void *(*realloc_fn)(void 
 }
 
 void *tide__malloc(size_t n) { return malloc_hook(n ? n : 1); }
-void *tide__calloc(size_t count, size_t size) { return calloc_hook(count ? count : 1, size ? size : 1); }
+void *tide__calloc(size_t count, size_t size) {
+  size_t bytes;
+  if (__builtin_mul_overflow(count, size, &bytes)) return NULL; /* a replaced calloc may not check */
+  return calloc_hook(count ? count : 1, size ? size : 1);
+}
 void *tide__realloc(void *ptr, size_t n) { return realloc_hook(ptr, n ? n : 1); }
 
 void tide__free(void *ptr) {

@@ -46,6 +46,38 @@ void tide__log_set_rank(int rank);
 #define TIDE_DEBUG(...) TIDE_LOG(TIDE__LOG_DEBUG, __VA_ARGS__)
 #define TIDE_TRACE(...) TIDE_LOG(TIDE__LOG_TRACE, __VA_ARGS__)
 
+/* Rate limit for a warning a stranger can trigger at will (a refused
+ * connection): at most TIDE__RATELIMIT_BURST lines per second per call site;
+ * the next line printed after a quiet spell says how many were left out.
+ * One static tide__ratelimit_t per call site; any thread may use it. */
+#define TIDE__RATELIMIT_BURST 10
+typedef struct {
+  int64_t window_ns;           /* start of the current one-second window */
+  unsigned printed;            /* lines printed in it */
+  unsigned long long suppressed; /* lines left out since the last printed one */
+} tide__ratelimit_t;
+/* 1 when a line may be printed now; then *suppressed is the number left out
+ * before it (and is reset). */
+int tide__ratelimit_pass(tide__ratelimit_t *rl, unsigned long long *suppressed);
+/* Writes the line with " (N similar messages suppressed)" when N > 0. */
+void tide__log_write_suppressed(int level, unsigned long long suppressed, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+#define TIDE_WARN_RATELIMITED(rl, ...)                                                   \
+  do {                                                                                   \
+    unsigned long long tide__suppressed_;                                                \
+    if (TIDE__LOG_WARN <= tide__log_level && tide__ratelimit_pass((rl), &tide__suppressed_)) \
+      tide__log_write_suppressed(TIDE__LOG_WARN, tide__suppressed_, __VA_ARGS__);        \
+  } while (0)
+
+/* ---- argument checks ---------------------------------------------------------- */
+
+/* Logs "fn: arg must not be NULL" and returns TIDE_EINVAL. */
+int tide__null_arg(const char *fn, const char *arg);
+/* *bytes = count * size when that is at most PTRDIFF_MAX (the largest
+ * object C can index); otherwise logs "fn: arg = count elements of size
+ * bytes overflow ..." and returns TIDE_EINVAL. */
+int tide__array_bytes(const char *fn, const char *arg, size_t count, size_t size, size_t *bytes);
+
 /* ---- parameters ------------------------------------------------------------- */
 
 /* XX(id, type, default, min, max, help); type INT values are int64 within
@@ -230,5 +262,24 @@ int tide__placement_bound(void);
  * among the local ranks (local_size; < 1: the recorded or TIDE_LOCAL_SIZE)
  * when it is not bound to a share of its own. At least 1. */
 int tide__default_threads(int local_size);
+
+/* The accepting side of the same handshake as steps, for poll loops that
+ * must not block on one connection (the store server, a rank accepting
+ * its peers): send `hello` at accept, feed what the client sends to
+ * tide__auth_server_check, send `answer` when it proves the token. */
+#define TIDE__AUTH_HELLO_BYTES 41  /* magic + nonce, each side sends one */
+#define TIDE__AUTH_PROOF_BYTES 32
+#define TIDE__AUTH_CLIENT_BYTES (TIDE__AUTH_HELLO_BYTES + TIDE__AUTH_PROOF_BYTES)
+/* Fills hello with the magic and a fresh nonce. */
+int tide__auth_server_hello(uint8_t hello[TIDE__AUTH_HELLO_BYTES]);
+/* Checks in[0..len), what the client has sent so far: 0 when more is
+ * needed; 1 when its first TIDE__AUTH_CLIENT_BYTES prove the token (answer
+ * then holds our proof, to send); TIDE_EAUTH as soon as the bytes cannot
+ * be right, with *why set (static text). Reads at most
+ * TIDE__AUTH_CLIENT_BYTES of in. A refused client should be sent
+ * TIDE__AUTH_PROOF_BYTES zero bytes before the close, so that it reports a
+ * refusal (TIDE_EAUTH) and not a lost peer (TIDE_EPEER). */
+int tide__auth_server_check(const uint8_t hello[TIDE__AUTH_HELLO_BYTES], const char *token, const uint8_t *in,
+                            size_t len, uint8_t answer[TIDE__AUTH_PROOF_BYTES], const char **why);
 
 #endif

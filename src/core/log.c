@@ -1,5 +1,6 @@
 /* Logging: one line per call, prefixed "host:pid rank" so interleaved
  * output from many ranks can be read. Level from TIDE_LOG_LEVEL. */
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
@@ -15,7 +16,7 @@ static const char *level_names[] = {"error", "warn", "info", "debug", "trace"};
 
 void tide__log_set_rank(int rank) { log_rank = rank; }
 
-void tide__log_write(int level, const char *fmt, ...) {
+static void log_vwrite(int level, unsigned long long suppressed, const char *fmt, va_list ap) {
   char host[64] = "?";
   gethostname(host, sizeof host - 1);
   char *dot = strchr(host, '.');
@@ -23,10 +24,9 @@ void tide__log_write(int level, const char *fmt, ...) {
   char rank[16] = "-";
   if (log_rank >= 0) snprintf(rank, sizeof rank, "%d", log_rank);
   char msg[2048];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(msg, sizeof msg, fmt, ap);
-  va_end(ap);
+  int len = vsnprintf(msg, sizeof msg, fmt, ap);
+  if (suppressed > 0 && len >= 0 && (size_t)len < sizeof msg)
+    snprintf(msg + len, sizeof msg - (size_t)len, " (%llu similar messages suppressed)", suppressed);
   struct timeval tv;
   gettimeofday(&tv, NULL);
   struct tm tm;
@@ -47,4 +47,39 @@ void tide__log_write(int level, const char *fmt, ...) {
   fwrite(line, 1, (size_t)n, out); /* one write per line keeps lines whole */
   fflush(out);
   if (file != NULL) fclose(file);
+}
+
+void tide__log_write(int level, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  log_vwrite(level, 0, fmt, ap);
+  va_end(ap);
+}
+
+void tide__log_write_suppressed(int level, unsigned long long suppressed, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  log_vwrite(level, suppressed, fmt, ap);
+  va_end(ap);
+}
+
+static pthread_mutex_t ratelimit_lock = PTHREAD_MUTEX_INITIALIZER;
+
+int tide__ratelimit_pass(tide__ratelimit_t *rl, unsigned long long *suppressed) {
+  int64_t now = tide__now_ns();
+  pthread_mutex_lock(&ratelimit_lock);
+  if (rl->window_ns == 0 || now - rl->window_ns >= 1000000000) {
+    rl->window_ns = now;
+    rl->printed = 0;
+  }
+  int pass = rl->printed < TIDE__RATELIMIT_BURST;
+  if (pass) {
+    rl->printed++;
+    *suppressed = rl->suppressed;
+    rl->suppressed = 0;
+  } else {
+    rl->suppressed++;
+  }
+  pthread_mutex_unlock(&ratelimit_lock);
+  return pass;
 }

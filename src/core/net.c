@@ -210,6 +210,7 @@ int tide__sock_local_addr(int fd, char *addr_out, size_t cap) {
 
 #define AUTH_MAGIC "TIDEAUTH1"
 #define AUTH_MAGIC_LEN 9
+_Static_assert(TIDE__AUTH_HELLO_BYTES == AUTH_MAGIC_LEN + 32, "hello = magic + nonce");
 
 static void proof(const char *token, char role, const uint8_t *a, const uint8_t *b,
                   uint8_t out[32]) {
@@ -249,9 +250,33 @@ int tide__auth_handshake(int fd, const char *token, int server, int64_t deadline
   }
   proof(token, 'C', their_nonce, my_nonce, answer);
   TIDE_CHECK(tide__send_all(fd, answer, 32, deadline_ns));
-  int rc = tide__recv_all(fd, got, 32, deadline_ns);
-  if (rc == TIDE_EPEER) return TIDE_EAUTH; /* the server closed on a bad proof */
-  TIDE_CHECK(rc);
+  /* A server that refuses our proof answers with one that cannot verify;
+   * one that closes instead has gone away (TIDE_EPEER), whatever the reason. */
+  TIDE_CHECK(tide__recv_all(fd, got, 32, deadline_ns));
   proof(token, 'S', my_nonce, their_nonce, expect);
   return same(expect, got, 32) ? 0 : TIDE_EAUTH;
+}
+
+int tide__auth_server_hello(uint8_t hello[TIDE__AUTH_HELLO_BYTES]) {
+  memcpy(hello, AUTH_MAGIC, AUTH_MAGIC_LEN);
+  return tide__random_bytes(hello + AUTH_MAGIC_LEN, 32);
+}
+
+int tide__auth_server_check(const uint8_t hello[TIDE__AUTH_HELLO_BYTES], const char *token, const uint8_t *in,
+                            size_t len, uint8_t answer[TIDE__AUTH_PROOF_BYTES], const char **why) {
+  size_t magic_len = len < AUTH_MAGIC_LEN ? len : AUTH_MAGIC_LEN;
+  if (memcmp(in, AUTH_MAGIC, magic_len) != 0) {
+    *why = "not a tide handshake";
+    return TIDE_EAUTH;
+  }
+  if (len < TIDE__AUTH_CLIENT_BYTES) return 0;
+  const uint8_t *my_nonce = hello + AUTH_MAGIC_LEN, *their_nonce = in + AUTH_MAGIC_LEN;
+  uint8_t expect[32];
+  proof(token, 'C', my_nonce, their_nonce, expect);
+  if (!same(expect, in + TIDE__AUTH_HELLO_BYTES, 32)) {
+    *why = "wrong job token";
+    return TIDE_EAUTH;
+  }
+  proof(token, 'S', their_nonce, my_nonce, answer);
+  return 1;
 }

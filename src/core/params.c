@@ -107,6 +107,10 @@ const char *tide__param_str(int id) {
 }
 
 void tide_params_print(FILE *out, int markdown) {
+  if (out == NULL) {
+    tide__null_arg("tide_params_print", "out");
+    return;
+  }
   pthread_once(&once, load);
   if (markdown) {
     fprintf(out, "| variable | type | default | meaning |\n|---|---|---|---|\n");

@@ -39,7 +39,10 @@ static int check_one(const char *fn, const tide_tensor_t *tensors, size_t i, siz
       TIDE_ERROR("%s: tensor %s: shape[%d]=%d must be > 0", fn, name, d, t->shape[d]);
       return TIDE_EINVAL;
     }
-    product *= (size_t)t->shape[d];
+    if (__builtin_mul_overflow(product, (size_t)t->shape[d], &product)) {
+      TIDE_ERROR("%s: tensor %s: its shape holds more than SIZE_MAX elements", fn, name);
+      return TIDE_EINVAL;
+    }
   }
   if (product != t->count) {
     TIDE_ERROR("%s: tensor %s: count=%zu but its shape holds %zu elements", fn, name, t->count, product);

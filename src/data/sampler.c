@@ -31,11 +31,17 @@ static uint64_t below(uint64_t *state, uint64_t bound) {
 }
 
 int tide_sampler_create(uint64_t n, uint64_t seed, int rank, int size, tide_sampler_t **out) {
-  if (out == NULL) return TIDE_EINVAL;
+  if (out == NULL) return tide__null_arg("tide_sampler_create", "out");
   if (size < 1 || rank < 0 || rank >= size) {
     TIDE_ERROR("tide_sampler_create: rank %d and size %d must satisfy 0 <= rank < size", rank, size);
     return TIDE_EINVAL;
   }
+  size_t bytes; /* the permutation holds n indices */
+  if (n > SIZE_MAX) {
+    TIDE_ERROR("tide_sampler_create: n = %llu does not fit in size_t", (unsigned long long)n);
+    return TIDE_EINVAL;
+  }
+  TIDE_CHECK(tide__array_bytes("tide_sampler_create", "n", (size_t)n, sizeof(uint64_t), &bytes));
   tide_sampler_t *s = tide__calloc(1, sizeof *s);
   if (s == NULL) return TIDE_ENOMEM;
   s->n = n;
@@ -53,7 +59,7 @@ int tide_sampler_create(uint64_t n, uint64_t seed, int rank, int size, tide_samp
 }
 
 int tide_sampler_set_epoch(tide_sampler_t *s, uint64_t epoch) {
-  if (s == NULL) return TIDE_EINVAL;
+  if (s == NULL) return tide__null_arg("tide_sampler_set_epoch", "sampler");
   uint64_t state = s->seed * 0x2545f4914f6cdd1dull ^ (epoch + 1) * 0x9e3779b97f4a7c15ull;
   for (uint64_t i = 0; i < s->n; i++) s->permutation[i] = i;
   for (uint64_t i = s->n; i > 1; i--) { /* Fisher-Yates */
@@ -67,7 +73,10 @@ int tide_sampler_set_epoch(tide_sampler_t *s, uint64_t epoch) {
 }
 
 const uint64_t *tide_sampler_indices(const tide_sampler_t *s, size_t *count) {
-  if (s == NULL) return NULL;
+  if (s == NULL) {
+    tide__null_arg("tide_sampler_indices", "sampler");
+    return NULL;
+  }
   if (count != NULL) *count = s->count;
   return s->shard;
 }

@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "store/protocol.h"
@@ -93,12 +94,20 @@ static int dial(const char *fn, const char *host, int port, const char *token, i
     return TIDE_EINVAL;
   }
   int64_t deadline = tide__deadline_after_ms(timeout_or_default(timeout_ms));
-  int fd;
-  TIDE_CHECK(tide__tcp_connect(host, port, deadline, &fd));
-  /* A connect that used up the whole timeout still gets a moment to prove
-   * the token. */
-  int64_t soon = tide__deadline_after_ms(1000);
-  int rc = tide__auth_handshake(fd, token, 0, deadline > soon ? deadline : soon);
+  int fd, rc;
+  for (;;) {
+    TIDE_CHECK(tide__tcp_connect(host, port, deadline, &fd));
+    /* A connect that used up the whole timeout still gets a moment to prove
+     * the token. */
+    int64_t soon = tide__deadline_after_ms(1000);
+    rc = tide__auth_handshake(fd, token, 0, deadline > soon ? deadline : soon);
+    /* Closed during the handshake: a server flooded by strangers closes its
+     * oldest handshakes; try again while there is time. */
+    if (rc != TIDE_EPEER || tide__now_ns() >= deadline) break;
+    close(fd);
+    struct timespec pause = {0, 20 * 1000000};
+    nanosleep(&pause, NULL);
+  }
   if (rc == TIDE_EAUTH) {
     TIDE_ERROR("store %s:%d refused this process's job token: TIDE_JOB_TOKEN must match the "
                "server's",

@@ -22,6 +22,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/eventfd.h>
+#include <sys/resource.h>
 #include <time.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -45,17 +46,11 @@
  * far from overflow. */
 #define MAX_WAIT_MS INT32_MAX
 
-/* The server half of tide__auth_handshake (src/core/net.c), written as
- * steps so that it never blocks the loop: we send magic + nonce at accept;
- * the client sends magic + its nonce, then HMAC(token, 'C' || our nonce ||
- * its nonce); we check that and answer HMAC(token, 'S' || its nonce || our
- * nonce). Must stay byte-for-byte the same as net.c: the store tests run the
- * real client handshake against it. */
-#define AUTH_MAGIC "TIDEAUTH1"
-#define AUTH_MAGIC_LEN 9
-#define AUTH_NONCE_LEN 32
-#define AUTH_HELLO_LEN (AUTH_MAGIC_LEN + AUTH_NONCE_LEN)
-#define AUTH_PROOF_LEN 32
+/* Connections that have not proved the token yet, at most; a new one past
+ * this closes the oldest (a silent one first), so strangers can neither use
+ * up the descriptors nor keep a real client out for long. Lowered to a
+ * quarter of RLIMIT_NOFILE when that is smaller. */
+#define MAX_PENDING 256
 
 typedef struct {
   uint8_t *data;
@@ -70,7 +65,7 @@ typedef struct {
   bool dead;     /* closed and freed at the top of the next loop turn */
   bool said_bye; /* a watch that said goodbye: its close publishes nothing */
   char peer[64]; /* "1.2.3.4:5678" for log lines */
-  uint8_t hello[AUTH_HELLO_LEN];
+  uint8_t hello[TIDE__AUTH_HELLO_BYTES];
   int64_t auth_deadline_ns;
   buf_t in, out;
   /* The parked GET or WAIT (parked_op 0: none). Keys before parked_next
@@ -104,6 +99,7 @@ struct tide_store_server {
   entry_t **buckets;
   size_t bucket_count, key_count;
   int64_t accept_paused_until_ns;
+  size_t max_pending; /* handshakes in progress at most (MAX_PENDING) */
   _Atomic size_t clients; /* conn_count, for other threads */
 };
 
@@ -288,9 +284,11 @@ static void push(conn_t *c, uint32_t op, const char *key, size_t key_len, const 
   conn_write(c, head, TIDE__STORE_REQUEST_BYTES + key_len, value, value_len);
 }
 
-/* Logs why and marks the connection for closing. */
+/* Logs why (a stranger can make this happen at will: rate-limited) and
+ * marks the connection for closing. */
 static void conn_drop(conn_t *c, const char *what, const char *why) {
-  TIDE_WARN("store: %s %s: %s", what, c->peer, why);
+  static tide__ratelimit_t limit;
+  TIDE_WARN_RATELIMITED(&limit, "store: %s %s: %s", what, c->peer, why);
   c->dead = true;
 }
 
@@ -560,36 +558,22 @@ static void drain_input(tide_store_server_t *s) {
   }
 }
 
-static void auth_proof(const char *token, char role, const uint8_t *a, const uint8_t *b,
-                       uint8_t out[32]) {
-  uint8_t msg[1 + 2 * AUTH_NONCE_LEN];
-  msg[0] = (uint8_t)role;
-  memcpy(msg + 1, a, AUTH_NONCE_LEN);
-  memcpy(msg + 1 + AUTH_NONCE_LEN, b, AUTH_NONCE_LEN);
-  tide__hmac_sha256(token, strlen(token), msg, sizeof msg, out);
-}
-
 /* Checks the client's hello and proof once they are in; refuses the
  * connection as soon as the bytes it sent cannot be right. */
 static void auth_step(tide_store_server_t *s, conn_t *c) {
-  size_t pending = buf_pending(&c->in);
-  const uint8_t *in = c->in.data + c->in.off;
-  size_t magic_len = pending < AUTH_MAGIC_LEN ? pending : AUTH_MAGIC_LEN;
-  if (memcmp(in, AUTH_MAGIC, magic_len) != 0) {
-    conn_drop(c, "refused connection from", "not a tide handshake");
+  uint8_t answer[TIDE__AUTH_PROOF_BYTES];
+  const char *why = "";
+  int rc = tide__auth_server_check(c->hello, s->token, c->in.data + c->in.off, buf_pending(&c->in), answer, &why);
+  if (rc == 0) return;
+  if (rc < 0) {
+    if (strcmp(why, "wrong job token") == 0) { /* tell a client with another token it was refused */
+      memset(answer, 0, sizeof answer);
+      conn_write(c, answer, sizeof answer, NULL, 0);
+    }
+    conn_drop(c, "refused connection from", why);
     return;
   }
-  if (pending < AUTH_HELLO_LEN + AUTH_PROOF_LEN) return;
-  const uint8_t *my_nonce = c->hello + AUTH_MAGIC_LEN, *their_nonce = in + AUTH_MAGIC_LEN;
-  uint8_t expect[32], answer[32], diff = 0;
-  auth_proof(s->token, 'C', my_nonce, their_nonce, expect);
-  for (int i = 0; i < AUTH_PROOF_LEN; i++) diff |= expect[i] ^ in[AUTH_HELLO_LEN + i];
-  if (diff != 0) {
-    conn_drop(c, "refused connection from", "wrong job token");
-    return;
-  }
-  auth_proof(s->token, 'S', their_nonce, my_nonce, answer);
-  buf_consume(&c->in, AUTH_HELLO_LEN + AUTH_PROOF_LEN);
+  buf_consume(&c->in, TIDE__AUTH_CLIENT_BYTES);
   c->state = CONN_READY;
   conn_write(c, answer, sizeof answer, NULL, 0);
   TIDE_DEBUG("store: accepted connection from %s", c->peer);
@@ -640,6 +624,29 @@ static void conn_read(tide_store_server_t *s, conn_t *c, short revents) {
 
 /* ---- connections ---- */
 
+/* Keeps the handshakes in progress under s->max_pending by closing the
+ * oldest, preferring one that has sent nothing. Closes the descriptor now
+ * (the entry goes at the next sweep), so a burst of accepts stays under the
+ * cap too. */
+static void make_room_for_handshake(tide_store_server_t *s) {
+  size_t pending = 0;
+  conn_t *oldest = NULL;
+  for (size_t i = 0; i < s->conn_count; i++) {
+    conn_t *c = s->conns[i];
+    if (c->dead || c->state != CONN_AUTH) continue;
+    pending++;
+    bool silent = buf_pending(&c->in) == 0, oldest_silent = oldest != NULL && buf_pending(&oldest->in) == 0;
+    if (oldest == NULL || (silent && !oldest_silent) ||
+        (silent == oldest_silent && c->auth_deadline_ns < oldest->auth_deadline_ns))
+      oldest = c;
+  }
+  if (pending < s->max_pending || oldest == NULL) return;
+  conn_drop(oldest, "refused connection from",
+            "too many connections are proving the job token at once; closing the oldest");
+  close(oldest->fd);
+  oldest->fd = -1;
+}
+
 static void accept_clients(tide_store_server_t *s) {
   for (;;) {
     struct sockaddr_in addr;
@@ -650,12 +657,14 @@ static void accept_clients(tide_store_server_t *s) {
       if (errno == EINTR || errno == ECONNABORTED) continue;
       if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
         /* The backlog stays readable: pause, or poll would spin. */
-        TIDE_WARN("store: cannot accept connections: %s; retrying in 100 ms", strerror(errno));
+        static tide__ratelimit_t limit;
+        TIDE_WARN_RATELIMITED(&limit, "store: cannot accept connections: %s; retrying in 100 ms", strerror(errno));
         s->accept_paused_until_ns = tide__deadline_after_ms(100);
       }
       return;
     }
     tide__socket_tune(fd, 1);
+    make_room_for_handshake(s);
     conn_t *c = tide__calloc(1, sizeof *c);
     if (c != NULL && s->conn_count == s->conn_cap) {
       size_t cap = s->conn_cap ? s->conn_cap * 2 : 16;
@@ -679,8 +688,7 @@ static void accept_clients(tide_store_server_t *s) {
     if (addr.sin_family == AF_INET) inet_ntop(AF_INET, &addr.sin_addr, ip, sizeof ip);
     snprintf(c->peer, sizeof c->peer, "%s:%d", ip, ntohs(addr.sin_port));
     s->conns[s->conn_count++] = c;
-    memcpy(c->hello, AUTH_MAGIC, AUTH_MAGIC_LEN);
-    if (tide__random_bytes(c->hello + AUTH_MAGIC_LEN, AUTH_NONCE_LEN) != 0) {
+    if (tide__auth_server_hello(c->hello) != 0) {
       conn_drop(c, "refused connection from", "no random bytes for the handshake nonce");
       continue;
     }
@@ -690,7 +698,7 @@ static void accept_clients(tide_store_server_t *s) {
 }
 
 static void conn_free(conn_t *c) {
-  close(c->fd);
+  if (c->fd >= 0) close(c->fd);
   unpark(c);
   tide__free(c->in.data);
   tide__free(c->out.data);
@@ -799,6 +807,14 @@ static void *server_main(void *arg) {
 
 /* ---- public API ---- */
 
+static size_t max_pending(void) {
+  struct rlimit lim;
+  size_t cap = MAX_PENDING;
+  if (getrlimit(RLIMIT_NOFILE, &lim) == 0 && lim.rlim_cur != RLIM_INFINITY && lim.rlim_cur / 4 < cap)
+    cap = lim.rlim_cur / 4 > 0 ? (size_t)lim.rlim_cur / 4 : 1;
+  return cap;
+}
+
 int tide_store_server_start(const char *bind_host, int port, const char *token,
                             tide_store_server_t **out) {
   if (token == NULL || token[0] == '\0') {
@@ -818,6 +834,7 @@ int tide_store_server_start(const char *bind_host, int port, const char *token,
   if (s == NULL) return TIDE_ENOMEM;
   s->listen_fd = s->wake_fd = -1;
   s->max_value = (uint64_t)tide__param_int(TIDE__PARAM_MAX_FRAME_BYTES);
+  s->max_pending = max_pending();
   s->bucket_count = 1024;
   s->buckets = tide__calloc(s->bucket_count, sizeof *s->buckets);
   s->token = tide__strdup(token);
