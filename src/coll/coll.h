@@ -8,7 +8,8 @@
 
 /* TIDE__ALGO_MPI: MPI's own collective, on a communicator joined through
  * MPI (comm->mpi), for any dense call it supports (src/comm/mpi_boot.c). */
-typedef enum { TIDE__ALGO_NONE = 0, TIDE__ALGO_RD, TIDE__ALGO_RING, TIDE__ALGO_HIER, TIDE__ALGO_MPI } tide__algo_t;
+typedef enum { TIDE__ALGO_NONE = 0, TIDE__ALGO_RD, TIDE__ALGO_RING, TIDE__ALGO_HIER, TIDE__ALGO_MPI,
+              TIDE__ALGO_VHDD /* flat Adasum */ } tide__algo_t;
 
 /* The allreduce algorithm for this call: the same on every rank given the
  * same count, dtype and TIDE_ALGO / TIDE_SMALL_BYTES. On an MPI
@@ -48,5 +49,17 @@ int tide__sparse_allgather(tide_comm_t *comm, const float *values, const uint32_
 int tide__hitopk_shard(tide_comm_t *comm, size_t d, size_t *offset, size_t *len);
 int tide__hitopk_allreduce(tide_comm_t *comm, const float *grad, float *out, size_t d, tide_compressor_t *compressor,
                            tide_op_t op);
+
+/* Adasum (src/coll/adasum.c). The segments of tensors that must tile
+ * [0, count) (in any order; none: one tensor): *end_out receives where each
+ * non-empty one ends, ascending (owned by the caller, tide__free), or
+ * TIDE_EINVAL and `why` says what is wrong with the tensors. */
+int tide__adasum_segments(const tide_tensor_t *tensors, size_t ntensors, size_t count, size_t **end_out,
+                          size_t *nseg_out, char *why, size_t cap);
+/* TIDE__ALGO_HIER on ranks spanning hosts (as many on each) unless
+ * TIDE_ADASUM_HIER=0, TIDE__ALGO_VHDD (flat) otherwise, NONE for one rank. */
+tide__algo_t tide__adasum_algo(const tide_comm_t *comm);
+int tide__adasum_allreduce(tide_comm_t *comm, const void *sendbuf, void *recvbuf, size_t count, tide_dtype_t dtype,
+                           const size_t *end, size_t nseg, tide__algo_t algo);
 
 #endif
