@@ -47,30 +47,45 @@ static int lift(tide_comm_t *comm, tide_comm_t *sub, int rc) {
 
 /* ---- kernels: dot products and norms in double, fixed order ---------------- */
 
-/* Four lanes per sum break the dependency chain (and let the compiler
- * vectorise) while keeping one fixed order of additions. */
+/* Eight lanes per sum break the dependency chain and let the compiler
+ * vectorise, with one fixed order of additions whatever the instruction
+ * set: the clones for wider vectors compute the same bits (no contraction
+ * into FMA in ISO C), only faster. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define KERNEL_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define KERNEL_CLONES
+#endif
+#define LANES 8
 #define DEFINE_KERNELS(T, suffix)                                                                  \
-  static void dots_##suffix(const T *a, const T *b, size_t n, double *out) {                       \
-    double ab[4] = {0, 0, 0, 0}, aa[4] = {0, 0, 0, 0}, bb[4] = {0, 0, 0, 0};                       \
+  KERNEL_CLONES static void dots_##suffix(const T *a, const T *b, size_t n, double *out) {         \
+    double ab[LANES] = {0}, aa[LANES] = {0}, bb[LANES] = {0};                                      \
     size_t i = 0;                                                                                  \
-    for (; i + 4 <= n; i += 4)                                                                     \
-      for (int k = 0; k < 4; k++) {                                                                \
+    for (; i + LANES <= n; i += LANES)                                                             \
+      for (int k = 0; k < LANES; k++) {                                                            \
         double x = a[i + k], y = b[i + k];                                                         \
         ab[k] += x * y;                                                                            \
         aa[k] += x * x;                                                                            \
         bb[k] += y * y;                                                                            \
       }                                                                                            \
-    for (; i < n; i++) {                                                                           \
+    for (int k = 0; i < n; i++, k++) {                                                             \
       double x = a[i], y = b[i];                                                                   \
-      ab[0] += x * y;                                                                              \
-      aa[0] += x * x;                                                                              \
-      bb[0] += y * y;                                                                              \
+      ab[k] += x * y;                                                                              \
+      aa[k] += x * x;                                                                              \
+      bb[k] += y * y;                                                                              \
     }                                                                                              \
-    out[0] += (ab[0] + ab[1]) + (ab[2] + ab[3]);                                                   \
-    out[1] += (aa[0] + aa[1]) + (aa[2] + aa[3]);                                                   \
-    out[2] += (bb[0] + bb[1]) + (bb[2] + bb[3]);                                                   \
+    for (int w = LANES / 2; w > 0; w /= 2)                                                         \
+      for (int k = 0; k < w; k++) {                                                                \
+        ab[k] += ab[k + w];                                                                        \
+        aa[k] += aa[k + w];                                                                        \
+        bb[k] += bb[k + w];                                                                        \
+      }                                                                                            \
+    out[0] += ab[0];                                                                               \
+    out[1] += aa[0];                                                                               \
+    out[2] += bb[0];                                                                               \
   }                                                                                                \
-  static void combine_##suffix(T *out, const T *a, const T *b, size_t n, double ca, double cb) {   \
+  KERNEL_CLONES static void combine_##suffix(T *out, const T *a, const T *b, size_t n, double ca,  \
+                                             double cb) {                                          \
     T x = (T)ca, y = (T)cb;                                                                        \
     for (size_t i = 0; i < n; i++) out[i] = x * a[i] + y * b[i];                                   \
   }
@@ -111,7 +126,6 @@ static size_t piece_hi(const adasum_t *x, size_t s, size_t hi) {
 /* Adds the partial (a.b, |a|^2, |b|^2) of every segment piece in [lo, hi)
  * to x->partial; a and b point at element lo. */
 static void partial_dots(adasum_t *x, const void *a, const void *b, size_t lo, size_t hi) {
-  memset(x->partial, 0, 3 * x->nseg * sizeof *x->partial);
   size_t esize = tide_dtype_size(x->dtype);
   FOR_PIECES(x, lo, hi, s, plo, phi) {
     const uint8_t *pa = (const uint8_t *)a + (plo - lo) * esize, *pb = (const uint8_t *)b + (plo - lo) * esize;
@@ -161,6 +175,30 @@ static int exchange(adasum_t *x, int peer, const void *src, size_t send_bytes, v
 /* The real rank of virtual rank v (folded pairs count once). */
 static int real_rank(int v, int extra) { return v < extra ? 2 * v + 1 : v + extra; }
 
+/* Bytes per piece of a level's swap: each piece's dot products are taken
+ * as soon as it arrives, while it is still in the cache. */
+#define PIECE_BYTES ((size_t)512 << 10)
+
+/* Sends give[0..give_n) to peer while receiving its keep_n elements into
+ * theirs, piece by piece (both sides cut the same pieces), and sets
+ * x->partial to the dot products of (a, b) over buf[keep_lo, keep_lo +
+ * keep_n): mine is ours, theirs the peer's, a the lower group's. */
+static int swap_and_dot(adasum_t *x, int peer, const uint8_t *give, size_t give_n, const uint8_t *mine,
+                        uint8_t *theirs, size_t keep_lo, size_t keep_n, int upper) {
+  size_t esize = tide_dtype_size(x->dtype), most = give_n > keep_n ? give_n : keep_n;
+  int pieces = (int)(most * esize / PIECE_BYTES + 1);
+  memset(x->partial, 0, 3 * x->nseg * sizeof *x->partial);
+  for (int q = 0; q < pieces; q++) {
+    size_t go, gl, ko, kl;
+    tide_block(give_n, pieces, q, &go, &gl);
+    tide_block(keep_n, pieces, q, &ko, &kl);
+    TIDE_CHECK(exchange(x, peer, give + go * esize, gl * esize, theirs + ko * esize, kl * esize));
+    const uint8_t *a = upper ? theirs : mine, *b = upper ? mine : theirs;
+    partial_dots(x, a + ko * esize, b + ko * esize, keep_lo + ko, keep_lo + ko + kl);
+  }
+  return 0;
+}
+
 /* Sums x->partial over the virtual ranks v ^ m, m = 1, 2, ..., width/2
  * (recursive doubling: x+y here, y+x there), then over the shards. */
 static int sum_partials(adasum_t *x, int v, int width, int extra) {
@@ -174,26 +212,29 @@ static int sum_partials(adasum_t *x, int v, int width, int extra) {
               tide__allreduce_rd(x->shards, x->partial, x->partial, 3 * x->nseg, TIDE_F64, TIDE_SUM));
 }
 
-/* Adasum of buf[0..count) over x->comm, in place. */
-static int vhdd(adasum_t *x, void *buf, size_t count) {
+/* Adasum over x->comm of in[0..count) into buf (in may equal buf; in is
+ * only read before buf is written, so a separate input costs no copy). */
+static int vhdd(adasum_t *x, const void *in, void *buf, size_t count) {
   tide_comm_t *c = x->comm;
   int n = c->size, r = c->rank, p = 1;
   while (p * 2 <= n) p *= 2;
   int extra = n - p, v;
   size_t esize = tide_dtype_size(x->dtype);
   uint8_t *base = buf;
+  const uint8_t *src = in; /* where this rank's current vector is */
   uint8_t *scratch = tide__comm_scratch(c, (extra > 0 ? count : count - count / 2) * esize);
   if (scratch == NULL) return tide__comm_fail(x->parent, TIDE_ENOMEM, 0, "rank %d: out of memory in adasum_allreduce",
                                               x->parent->rank);
+  int64_t t_move = 0, t_sum = 0, t_combine = 0, t0 = tide__now_ns(), t1;
   if (r < 2 * extra) {
     if (r % 2 == 0) { /* folded: the odd neighbour combines for both of us */
-      TIDE_CHECK(exchange(x, r + 1, buf, count * esize, NULL, 0));
+      TIDE_CHECK(swap_and_dot(x, r + 1, src, count, scratch, scratch, 0, 0, 0));
       return exchange(x, r + 1, NULL, 0, buf, count * esize);
     }
-    TIDE_CHECK(exchange(x, r - 1, NULL, 0, scratch, count * esize));
-    partial_dots(x, scratch, buf, 0, count);
+    TIDE_CHECK(swap_and_dot(x, r - 1, NULL, 0, src, scratch, 0, count, 1));
     TIDE_CHECK(sum_partials(x, 0, 1, extra));
-    combine(x, buf, scratch, buf, 0, count);
+    combine(x, buf, scratch, src, 0, count);
+    src = base;
     v = r / 2;
   } else {
     v = r - extra;
@@ -206,14 +247,16 @@ static int vhdd(adasum_t *x, void *buf, size_t count) {
     int upper = (v & d) != 0;
     size_t keep_lo = upper ? mid : lo, keep_hi = upper ? hi : mid;
     size_t give_lo = upper ? lo : mid, give_hi = upper ? mid : hi;
-    TIDE_CHECK(exchange(x, real_rank(v ^ d, extra), base + give_lo * esize, (give_hi - give_lo) * esize, scratch,
-                        (keep_hi - keep_lo) * esize));
-    uint8_t *mine = base + keep_lo * esize;
-    /* a: the lower group's vector, b: the upper group's */
-    const void *a = upper ? scratch : mine, *b = upper ? mine : scratch;
-    partial_dots(x, a, b, keep_lo, keep_hi);
+    TIDE_CHECK(swap_and_dot(x, real_rank(v ^ d, extra), src + give_lo * esize, give_hi - give_lo,
+                            src + keep_lo * esize, scratch, keep_lo, keep_hi - keep_lo, upper));
+    t_move += (t1 = tide__now_ns()) - t0;
     TIDE_CHECK(sum_partials(x, v, 2 * d, extra));
-    combine(x, mine, a, b, keep_lo, keep_hi);
+    t_sum += (t0 = tide__now_ns()) - t1;
+    const uint8_t *mine = src + keep_lo * esize;
+    combine(x, base + keep_lo * esize, upper ? scratch : mine, upper ? mine : scratch, keep_lo, keep_hi);
+    src = base;
+    t_combine += (t1 = tide__now_ns()) - t0;
+    t0 = t1;
     seg_lo[levels] = lo;
     seg_hi[levels] = hi;
     lo = keep_lo;
@@ -230,6 +273,9 @@ static int vhdd(adasum_t *x, void *buf, size_t count) {
     lo = seg_lo[l];
     hi = seg_hi[l];
   }
+  t_move += tide__now_ns() - t0;
+  TIDE_DEBUG("adasum of %zu elements: moving and dot products %.2f ms, summing them %.2f ms, combining %.2f ms",
+             count, t_move / 1e6, t_sum / 1e6, t_combine / 1e6);
   if (r < 2 * extra) TIDE_CHECK(exchange(x, r - 1, buf, count * esize, NULL, 0));
   return 0;
 }
@@ -314,7 +360,7 @@ static int adasum_hier(tide_comm_t *comm, const void *sendbuf, void *recvbuf, si
     x->comm = cross;
     x->shards = local;
     x->base = displs[local->rank];
-    rc = vhdd(x, mine, mine_count);
+    rc = vhdd(x, mine, mine, mine_count);
   }
   if (rc == 0) rc = lift(comm, local, tide__allgatherv_ring(local, NULL, recvbuf, counts, displs, x->dtype));
   tide__free(counts);
@@ -336,8 +382,7 @@ int tide__adasum_allreduce(tide_comm_t *comm, const void *sendbuf, void *recvbuf
   if (algo == TIDE__ALGO_HIER) {
     rc = adasum_hier(comm, sendbuf, recvbuf, count, &x);
   } else {
-    if (sendbuf != recvbuf) memcpy(recvbuf, sendbuf, count * tide_dtype_size(dtype));
-    rc = vhdd(&x, recvbuf, count);
+    rc = vhdd(&x, sendbuf, recvbuf, count);
   }
   tide__free(x.partial);
   return rc;
