@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
 # Adasum allreduce against tide's dense allreduce (f32 sum) of the same size,
 # side by side: every round runs `tide bench --op allreduce,adasum` once per
-# rank count, so both see the same machine state; rounds repeat that. Prints
-# a markdown table of the median over rounds of each p50 and of the per-round
-# ratio adasum/allreduce; every JSON line goes to OUT.
+# rank count and size, so the two measurements of a size follow each other
+# and see the same machine state; rounds repeat that. Prints a markdown table
+# of the medians over rounds of each p50 and of the per-round ratios
+# adasum/allreduce of the p50s and of the fastest iterations; every JSON line
+# goes to OUT.
 #
 #   scripts/bench-adasum.sh [BUILD_DIR]        (default: build)
 #
 # Environment (all optional):
-#   NPS="2 4"  ROUNDS=3  MIN_BYTES=1M  MAX_BYTES=64M  ITERS=10
+#   NPS="2 4"  ROUNDS=5  SIZES="1M 4M 16M 64M"  ITERS=10
 #   OUT=BUILD_DIR/bench-adasum.jsonl  RUN_TIMEOUT=300 (seconds per run)
 set -uo pipefail
 
@@ -19,19 +21,21 @@ if [ ! -x "$build/tools/tide" ] || [ ! -x "$build/tools/tiderun" ]; then
 fi
 build=$(cd "$build" && pwd)
 nps=${NPS:-2 4}
-rounds=${ROUNDS:-3}
+rounds=${ROUNDS:-5}
 out=${OUT:-$build/bench-adasum.jsonl}
 : >"$out"
 status=0
 for ((round = 1; round <= rounds; round++)); do
   for np in $nps; do
-    echo "bench-adasum: round $round, np=$np" >&2
-    tmp=$(mktemp)
-    timeout -k 10 "${RUN_TIMEOUT:-300}" "$build/tools/tiderun" -np "$np" "$build/tools/tide" bench \
-      --op allreduce,adasum --dtype f32 --min-bytes "${MIN_BYTES:-1M}" --max-bytes "${MAX_BYTES:-64M}" \
-      --iters "${ITERS:-10}" --check >"$tmp" || status=1
-    grep '^{' "$tmp" | sed "s/}\$/,\"round\":$round}/" >>"$out"
-    rm -f "$tmp"
+    for size in ${SIZES:-1M 4M 16M 64M}; do
+      echo "bench-adasum: round $round, np=$np, $size" >&2
+      tmp=$(mktemp)
+      timeout -k 10 "${RUN_TIMEOUT:-300}" "$build/tools/tiderun" -np "$np" "$build/tools/tide" bench \
+        --op allreduce,adasum --dtype f32 --min-bytes "$size" --max-bytes "$size" --iters "${ITERS:-10}" \
+        --check >"$tmp" || status=1
+      grep '^{' "$tmp" | sed "s/}\$/,\"round\":$round}/" >>"$out"
+      rm -f "$tmp"
+    done
   done
 done
 
@@ -48,12 +52,12 @@ awk '
   }
   /^\{/ {
     key = field("np") " " field("bytes"); r = field("round")
-    t[key, field("op"), r] = field("p50_s"); rounds[r] = 1; keys[key] = 1
+    t[key, field("op"), r] = field("p50_s"); tmin[key, field("op"), r] = field("min_s"); rounds[r] = 1; keys[key] = 1
     if (field("ok") != "true") bad = 1
   }
   END {
-    print "| np | bytes | allreduce p50 (ms) | adasum p50 (ms) | adasum / allreduce |"
-    print "|---|---|---|---|---|"
+    print "| np | bytes | allreduce p50 (ms) | adasum p50 (ms) | adasum / allreduce, p50 | adasum / allreduce, fastest |"
+    print "|---|---|---|---|---|---|"
     n = 0
     for (k in keys) order[++n] = k
     for (i = 2; i <= n; i++) for (j = i; j > 1; j--) {
@@ -61,12 +65,14 @@ awk '
       if (x[1] + 0 < y[1] + 0 || (x[1] == y[1] && x[2] + 0 < y[2] + 0)) { s = order[j]; order[j] = order[j - 1]; order[j - 1] = s }
     }
     for (i = 1; i <= n; i++) {
-      k = order[i]; a = ""; d = ""; q = ""
+      k = order[i]; a = ""; d = ""; q = ""; qm = ""
       for (r in rounds) if ((k, "allreduce", r) in t && (k, "adasum", r) in t) {
         a = a " " t[k, "allreduce", r]; d = d " " t[k, "adasum", r]; q = q " " t[k, "adasum", r] / t[k, "allreduce", r]
+        qm = qm " " tmin[k, "adasum", r] / tmin[k, "allreduce", r]
       }
       split(k, x, " ")
-      printf "| %d | %d MiB | %.2f | %.2f | %.2f |\n", x[1], x[2] / 1048576, median(a) * 1e3, median(d) * 1e3, median(q)
+      printf "| %d | %d MiB | %.2f | %.2f | %.2f | %.2f |\n", x[1], x[2] / 1048576, median(a) * 1e3, median(d) * 1e3,
+        median(q), median(qm)
     }
     if (bad) print "bench-adasum: a --check failed (ok=false)" > "/dev/stderr"
   }' "$out"
