@@ -15,6 +15,7 @@
  *    and flat forced with TIDE_ADASUM_HIER=0. */
 #include <math.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "harness.h"
 
@@ -337,8 +338,12 @@ static int hier_mismatch(int rank, int size, void *arg) {
   return 0;
 }
 
+/* A token of our own: shared-memory segment names derive from it, so jobs
+ * of other test processes on the machine never collide with ours. */
+static char token[64];
+
 static int run(const char *what, int np, const char *const *hosts, int tcp, int (*fn)(int, int, void *), run_t r) {
-  harness_opts_t opts = {np, hosts, tcp, 240, NULL};
+  harness_opts_t opts = {np, hosts, tcp, 240, token};
   fprintf(stderr, "%s: np=%d%s\n", what, np, tcp ? " tcp" : "");
   if (harness_run(&opts, fn, &r) == 0) return 0;
   fprintf(stderr, "FAILED: %s np=%d%s\n", what, np, tcp ? " tcp" : "");
@@ -346,6 +351,7 @@ static int run(const char *what, int np, const char *const *hosts, int tcp, int 
 }
 
 int main(void) {
+  snprintf(token, sizeof token, "test-adasum-%d", (int)getpid());
   int failed = 0;
   run_t checks = {-1, 0};
   for (int np = 1; np <= 8; np++) failed |= run("flat", np, NULL, 0, flat_rank, checks);

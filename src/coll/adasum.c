@@ -186,7 +186,7 @@ static int real_rank(int v, int extra) { return v < extra ? 2 * v + 1 : v + extr
 static int swap_and_dot(adasum_t *x, int peer, const uint8_t *give, size_t give_n, const uint8_t *mine,
                         uint8_t *theirs, size_t keep_lo, size_t keep_n, int upper) {
   size_t esize = tide_dtype_size(x->dtype), most = give_n > keep_n ? give_n : keep_n;
-  int pieces = (int)(most * esize / PIECE_BYTES + 1);
+  int pieces = most == 0 ? 1 : (int)((most * esize + PIECE_BYTES - 1) / PIECE_BYTES);
   memset(x->partial, 0, 3 * x->nseg * sizeof *x->partial);
   for (int q = 0; q < pieces; q++) {
     size_t go, gl, ko, kl;
