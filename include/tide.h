@@ -549,6 +549,36 @@ int tide_hitopk_shard(tide_comm_t *comm, size_t d, size_t *offset, size_t *len);
 int tide_hitopk_allreduce(tide_comm_t *comm, const float *grad, float *out, size_t d, tide_compressor_t *compressor,
                           tide_op_t op);
 
+/* ---- Adasum ----------------------------------------------------------------- */
+
+/* Adasum allreduce (Maleki et al., MLSys 2021): combines the ranks' vectors
+ * pairwise, tensor by tensor, as
+ *   Adasum(a, b) = (1 - a.b / (2|a|^2)) a + (1 - a.b / (2|b|^2)) b
+ * (a vector with |x|^2 < sqrt(DBL_MIN) keeps coefficient 1), so orthogonal
+ * vectors add and identical ones give themselves: the result keeps the
+ * scale of one rank's vector as the rank count grows. Dot products and
+ * norms accumulate in double. The ranks are combined as a binary tree (for
+ * a rank count n that is not a power of two, ranks 2i and 2i+1, i < n - p
+ * with p the largest power of two <= n, are combined first; see
+ * docs/algorithms.md); on ranks spanning hosts with as many on each, each
+ * host's vectors are averaged first and Adasum runs across hosts
+ * (TIDE_ADASUM_HIER=0 runs it over every rank instead).
+ *
+ * count elements of dtype TIDE_F32 or TIDE_F64. tensors[0..ntensors) (only
+ * offset and count are read) must tile [0, count) without gap or overlap,
+ * in any order; each tensor is combined on its own, so its result depends
+ * on that tensor's elements only. ntensors 0 (tensors may be NULL) makes the
+ * buffer one tensor. The result is bitwise identical on every rank.
+ * Collective, checked like tide_allreduce (count, dtype and the tensors'
+ * boundaries must match); sendbuf == recvbuf means in place. Bytes on the
+ * wire: docs/algorithms.md. */
+int tide_adasum_allreduce(tide_comm_t *comm, const void *sendbuf, void *recvbuf, size_t count, tide_dtype_t dtype,
+                          const tide_tensor_t *tensors, size_t ntensors);
+/* The nonblocking form; tensors are copied, the buffers borrowed until the
+ * request completes. */
+int tide_iadasum_allreduce(tide_comm_t *comm, const void *sendbuf, void *recvbuf, size_t count, tide_dtype_t dtype,
+                           const tide_tensor_t *tensors, size_t ntensors, tide_request_t **req);
+
 /* ---- monitoring: noise scale, gain ratio, goodput ------------------------ */
 
 /* The formulas the monitor and the policies are built from, public so that

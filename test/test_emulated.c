@@ -1,7 +1,7 @@
 /* The emulated cluster (scripts/emulate-cluster.sh) end to end: 2 hosts as
  * network namespaces, 2 ranks each, 1 Gbit/s and 0.5 ms between hosts.
  *
- *  1. `tide bench --check --op all` is correct on it (every JSON line ok,
+ *  1. `tide bench --check --op all,adasum` is correct on it (every JSON line ok,
  *     np=4), and the ranks see 2 nodes of 2 local ranks (from the debug lines
  *     "communicator ...: rank r of 4, node n of 2, local rank l of 2"), so
  *     shared memory is used inside a host and TCP across;
@@ -301,7 +301,8 @@ static void skip_if_cannot(int rc, const run_t *r) {
 static void test_collectives_correct(void) {
   run_t r;
   const char *const env[] = {"TIDE_LOG_LEVEL=debug", NULL};
-  const char *const extra[] = {"--", tide_path, "bench", "--check", "--op", "all", "--max-bytes", "4M", NULL};
+  const char *const extra[] = {"--", tide_path, "bench", "--check", "--op", "all,adasum", "--max-bytes", "4M",
+                              NULL};
   double t = now_s();
   int rc = script_run(&r, "bench-check", env, with(shaped, extra), 120);
   skip_if_cannot(rc, &r);
@@ -309,11 +310,12 @@ static void test_collectives_correct(void) {
   CHECK(rc == 0);
   check_no_namespaces(&r);
 
-  /* Every measurement correct, on 4 ranks; all four ops present. */
+  /* Every measurement correct, on 4 ranks; all five ops present (adasum
+   * runs hierarchically: 2 hosts of 2). */
   char *out = slurp(r.out);
-  int lines = 0, ops_seen[4] = {0};
-  const char *ops[4] = {"\"op\":\"allreduce\"", "\"op\":\"reduce_scatter\"", "\"op\":\"allgather\"",
-                        "\"op\":\"broadcast\""};
+  int lines = 0, ops_seen[5] = {0};
+  const char *ops[5] = {"\"op\":\"allreduce\"", "\"op\":\"reduce_scatter\"", "\"op\":\"allgather\"",
+                        "\"op\":\"broadcast\"", "\"op\":\"adasum\""};
   for (char *line = strtok(out, "\n"); line != NULL; line = strtok(NULL, "\n")) {
     if (strchr(line, '{') == NULL) continue;
     lines++;
@@ -321,12 +323,12 @@ static void test_collectives_correct(void) {
       fprintf(stderr, "bad bench line: %s\n", line);
       exit(1);
     }
-    for (int i = 0; i < 4; i++)
+    for (int i = 0; i < 5; i++)
       if (strstr(line, ops[i]) != NULL) ops_seen[i] = 1;
   }
   free(out);
-  if (lines < 4 * 6 || !ops_seen[0] || !ops_seen[1] || !ops_seen[2] || !ops_seen[3]) {
-    fprintf(stderr, "expected 6 sizes of 4 ops, got %d lines\n", lines);
+  if (lines < 5 * 6 || !ops_seen[0] || !ops_seen[1] || !ops_seen[2] || !ops_seen[3] || !ops_seen[4]) {
+    fprintf(stderr, "expected 6 sizes of 5 ops, got %d lines\n", lines);
     show(&r);
     exit(1);
   }
@@ -358,7 +360,7 @@ static void test_collectives_correct(void) {
     show(&r);
     exit(1);
   }
-  printf("ok: tide bench --check --op all: %d lines ok on np=4; 2 nodes x 2 local ranks (%.1f s)\n", lines,
+  printf("ok: tide bench --check --op all,adasum: %d lines ok on np=4; 2 nodes x 2 local ranks (%.1f s)\n", lines,
          now_s() - t);
 }
 

@@ -55,7 +55,8 @@ static const char bench_usage_text[] =
     "its slowest rank's; p50_s is the median over iterations. Before the first size,\n"
     "0.1 s of untimed 64 KiB allreduces keeps start-up costs out of the figures.\n"
     "\n"
-    "  --op LIST        allreduce, reduce_scatter, allgather, broadcast or all;\n"
+    "  --op LIST        allreduce, reduce_scatter, allgather, broadcast or all (the\n"
+    "                   four), or adasum (tide_adasum_allreduce, f32/f64, one tensor);\n"
     "                   a comma-separated list is accepted (default all)\n"
     "  --dtype T        f32 f64 i32 i64 f16 bf16 (default f32)\n"
     "  --reduce R       sum avg min max (default sum)\n"
@@ -67,14 +68,16 @@ static const char bench_usage_text[] =
     "  --warmup N       untimed iterations per size (default 3)\n"
     "  --check          fill inputs with small rank-dependent integers and verify every\n"
     "                   element of the result exactly (ok=false and exit 1 on a mismatch;\n"
-    "                   exact up to 12 ranks in bf16, 27 in f16)\n"
+    "                   exact up to 12 ranks in bf16, 27 in f16); adasum: the same input\n"
+    "                   on every rank, which must come back unchanged\n"
     "  --inplace        sendbuf == recvbuf (allgather: this rank's block of recvbuf)\n";
 
 /* ---- option parsing --------------------------------------------------------- */
 
-enum { OP_ALLREDUCE, OP_REDUCE_SCATTER, OP_ALLGATHER, OP_BROADCAST, OP_COUNT };
+enum { OP_ALLREDUCE, OP_REDUCE_SCATTER, OP_ALLGATHER, OP_BROADCAST, OP_ADASUM, OP_COUNT };
 static const char *const op_names[OP_COUNT] = {"allreduce", "reduce_scatter", "allgather",
-                                               "broadcast"};
+                                               "broadcast", "adasum"};
+#define OPS_ALL ((1u << OP_ADASUM) - 1) /* --op all: the dense four */
 
 typedef struct {
   unsigned ops; /* bit per OP_* */
@@ -131,7 +134,7 @@ static int parse_int(const char *text, int min, int *out) {
 }
 
 static void parse_bench_options(int argc, char **argv, bench_options_t *o) {
-  *o = (bench_options_t){.ops = (1u << OP_COUNT) - 1, .dtype = TIDE_F32, .reduce = TIDE_SUM,
+  *o = (bench_options_t){.ops = OPS_ALL, .dtype = TIDE_F32, .reduce = TIDE_SUM,
                          .min_bytes = 4096, .max_bytes = 256u << 20, .factor = 4, .warmup = 3};
   for (int i = 0; i < argc; i++) {
     const char *arg = argv[i];
@@ -174,10 +177,10 @@ static void parse_bench_options(int argc, char **argv, bench_options_t *o) {
         int op = -1;
         for (int k = 0; k < OP_COUNT; k++)
           if (strcmp(tok, op_names[k]) == 0) op = k;
-        if (strcmp(tok, "all") == 0) o->ops = (1u << OP_COUNT) - 1;
+        if (strcmp(tok, "all") == 0) o->ops |= OPS_ALL;
         else if (op < 0)
           usage_error("--op: unknown collective '%s' (allreduce, reduce_scatter, allgather, "
-                      "broadcast or all)", tok);
+                      "broadcast, all or adasum)", tok);
         else o->ops |= 1u << op;
       }
       if (!o->ops) usage_error("--op: no collective given");
@@ -210,6 +213,8 @@ static void parse_bench_options(int argc, char **argv, bench_options_t *o) {
         usage_error("--warmup: '%s' is not an integer >= 0", value);
     }
   }
+  if ((o->ops & (1u << OP_ADASUM)) && o->dtype != TIDE_F32 && o->dtype != TIDE_F64)
+    usage_error("--op adasum takes --dtype f32 or f64, not %s", tide_dtype_name(o->dtype));
   if (o->min_bytes > o->max_bytes)
     usage_error("--min-bytes (%zu) is larger than --max-bytes (%zu)", o->min_bytes, o->max_bytes);
 }
@@ -312,6 +317,10 @@ static void run_once(const bench_run_t *r) {
     case OP_BROADCAST:
       rc = tide_broadcast(r->comm, r->recvbuf, r->count, o->dtype, 0);
       break;
+    case OP_ADASUM:
+      rc = tide_adasum_allreduce(r->comm, o->inplace ? r->recvbuf : r->sendbuf, r->recvbuf, r->count,
+                                 o->dtype, NULL, 0);
+      break;
   }
   if (rc < 0) fail(r->comm, r->rank, op_names[r->op], rc);
 }
@@ -337,6 +346,11 @@ static void fill(const bench_run_t *r) {
       if (r->rank == 0)
         for (size_t g = 0; g < r->count; g++) store_value(r->recvbuf, dt, g, base_value(dt, g));
       break;
+    case OP_ADASUM: { /* Adasum of identical vectors is that vector, exactly */
+      char *in = r->opt->inplace ? r->recvbuf : r->sendbuf;
+      for (size_t g = 0; g < r->count; g++) store_value(in, dt, g, base_value(dt, g));
+      break;
+    }
   }
 }
 
@@ -401,10 +415,11 @@ static int measure(tide_comm_t *comm, const bench_options_t *o, int op, size_t b
    * library runs the same element counts. */
   switch (op) {
     case OP_ALLREDUCE:
+    case OP_ADASUM:
     case OP_BROADCAST:
       r.count = bytes_target / esz;
       r.bytes = r.count * esz;
-      r.send_elems = op == OP_ALLREDUCE && !o->inplace ? r.count : 0;
+      r.send_elems = op != OP_BROADCAST && !o->inplace ? r.count : 0;
       r.recv_elems = r.count;
       break;
     case OP_REDUCE_SCATTER:
@@ -475,7 +490,7 @@ static int measure(tide_comm_t *comm, const bench_options_t *o, int op, size_t b
   }
 
   if (r.rank == 0) {
-    double factor = op == OP_ALLREDUCE   ? 2.0 * (r.nranks - 1) / r.nranks
+    double factor = op == OP_ALLREDUCE || op == OP_ADASUM ? 2.0 * (r.nranks - 1) / r.nranks
                     : op == OP_BROADCAST ? 1.0
                                          : (double)(r.nranks - 1) / r.nranks;
     double algbw = (double)r.bytes / p50 / 1e9;

@@ -23,7 +23,8 @@ static inline int tide__lift(tide_comm_t *comm, tide_comm_t *sub, int rc) {
 
 /* TIDE__ALGO_MPI: MPI's own collective, on a communicator joined through
  * MPI (comm->mpi), for any dense call it supports (src/coll/mpi.c). */
-typedef enum { TIDE__ALGO_NONE = 0, TIDE__ALGO_RD, TIDE__ALGO_RING, TIDE__ALGO_HIER, TIDE__ALGO_MPI } tide__algo_t;
+typedef enum { TIDE__ALGO_NONE = 0, TIDE__ALGO_RD, TIDE__ALGO_RING, TIDE__ALGO_HIER, TIDE__ALGO_MPI,
+              TIDE__ALGO_VHDD /* flat Adasum */ } tide__algo_t;
 
 /* The allreduce algorithm for this call: the same on every rank given the
  * same count, dtype and TIDE_ALGO / TIDE_SMALL_BYTES. On an MPI
@@ -81,5 +82,17 @@ int tide__mpi_coll_choose(const tide_comm_t *comm, tide__mpi_coll_kind_t kind, s
  * the communicator's failure. */
 int tide__mpi_collective(tide_comm_t *comm, tide__mpi_coll_kind_t kind, const void *sendbuf, void *recvbuf,
                          size_t count, const size_t *counts, tide_dtype_t dtype, tide_op_t op, int root);
+
+/* Adasum (src/coll/adasum.c). The segments of tensors that must tile
+ * [0, count) (in any order; none: one tensor): *end_out receives where each
+ * non-empty one ends, ascending (owned by the caller, tide__free), or
+ * TIDE_EINVAL and `why` says what is wrong with the tensors. */
+int tide__adasum_segments(const tide_tensor_t *tensors, size_t ntensors, size_t count, size_t **end_out,
+                          size_t *nseg_out, char *why, size_t cap);
+/* TIDE__ALGO_HIER on ranks spanning hosts (as many on each) unless
+ * TIDE_ADASUM_HIER=0, TIDE__ALGO_VHDD (flat) otherwise, NONE for one rank. */
+tide__algo_t tide__adasum_algo(const tide_comm_t *comm);
+int tide__adasum_allreduce(tide_comm_t *comm, const void *sendbuf, void *recvbuf, size_t count, tide_dtype_t dtype,
+                           const size_t *end, size_t nseg, tide__algo_t algo);
 
 #endif

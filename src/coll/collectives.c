@@ -9,12 +9,12 @@
 #include "coll/coll.h"
 
 typedef enum {
-  BARRIER = 1, BROADCAST, ALLREDUCE, REDUCE_SCATTER, ALLGATHER, ALLGATHERV, SPARSE_ALLGATHER, HITOPK
+  BARRIER = 1, BROADCAST, ALLREDUCE, REDUCE_SCATTER, ALLGATHER, ALLGATHERV, SPARSE_ALLGATHER, HITOPK, ADASUM
 } kind_t;
 static const char *kind_names[] = {"?", "barrier", "broadcast", "allreduce", "reduce_scatter", "allgather",
-                                   "allgatherv", "sparse_allgather", "hitopk_allreduce"};
-static const char *algo_names[] = {"-", "rd", "ring", "hier", "mpi"};
-#define ALGO_NAME(a) algo_names[(unsigned)(a) <= TIDE__ALGO_MPI ? (unsigned)(a) : 0]
+                                   "allgatherv", "sparse_allgather", "hitopk_allreduce", "adasum_allreduce"};
+static const char *algo_names[] = {"-", "rd", "ring", "hier", "mpi", "vhdd"};
+#define ALGO_NAME(a) algo_names[(unsigned)(a) <= TIDE__ALGO_VHDD ? (unsigned)(a) : 0]
 
 typedef struct {
   kind_t kind;
@@ -28,7 +28,7 @@ typedef struct {
   const uint32_t *indices;        /* sparse_allgather: the k indices */
   size_t k;                       /* sparse_allgather: pairs this rank sends */
   tide_compressor_t *compressor;  /* hitopk: this rank's shard compressor */
-} args_t;
+} args_t; /* adasum: counts holds the tensors' ends (owned), k their number */
 
 /* What every rank must agree on; sent to the right neighbour, compared
  * with the left one's: if every neighbour pair matches, all match. */
@@ -44,7 +44,7 @@ typedef struct {
 #define HEADER_MAGIC 0x74636f6cu
 
 static void describe(const header_t *h, char *out, size_t cap) {
-  int n = snprintf(out, cap, "%s(", kind_names[h->kind <= HITOPK ? h->kind : 0]);
+  int n = snprintf(out, cap, "%s(", kind_names[h->kind <= ADASUM ? h->kind : 0]);
   switch (h->kind) {
     case BARRIER:
       break;
@@ -91,8 +91,8 @@ static int compare_headers(const header_t *mine, int my_rank, const header_t *th
   }
   if (theirs->algo != mine->algo) {
     snprintf(msg, cap,
-             "rank %d chose algorithm %s while rank %d chose %s for %s: TIDE_ALGO or TIDE_SMALL_BYTES differ "
-             "between ranks",
+             "rank %d chose algorithm %s while rank %d chose %s for %s: TIDE_ALGO, TIDE_SMALL_BYTES or "
+             "TIDE_ADASUM_HIER differ between ranks",
              my_rank, ALGO_NAME(mine->algo), their_rank, ALGO_NAME(theirs->algo), what);
     return TIDE_EMISMATCH;
   }
@@ -135,7 +135,9 @@ static int execute(tide_comm_t *comm, void *raw) {
     h.count = 0;
     for (int r = 0; r < comm->size; r++) h.count += a->counts[r];
   }
+  if (a->kind == ADASUM) h.counts_hash = tide__fnv1a(a->counts, a->k * sizeof *a->counts);
   tide__algo_t algo = a->kind == ALLREDUCE ? tide__allreduce_algo(comm, a->count, a->dtype)
+                      : a->kind == ADASUM  ? tide__adasum_algo(comm)
                       : mpi_algo(comm, a, a->kind == ALLGATHER ? a->count * (size_t)comm->size : h.count);
   h.algo = (int32_t)algo;
   TIDE_CHECK_GOTO(check_headers(comm, &h), rc, out);
@@ -169,6 +171,9 @@ static int execute(tide_comm_t *comm, void *raw) {
       break;
     case HITOPK:
       rc = tide__hitopk_allreduce(comm, a->sendbuf, a->recvbuf, a->count, a->compressor, a->op);
+      break;
+    case ADASUM:
+      rc = tide__adasum_allreduce(comm, a->sendbuf, a->recvbuf, a->count, a->dtype, a->counts, a->k, algo);
       break;
     case ALLGATHER:
     case ALLGATHERV: {
@@ -274,6 +279,8 @@ static int validate(tide_comm_t *comm, const args_t *a, const size_t *counts, si
     return invalid(comm, "%s with NULL values or indices", kind);
   if (a->kind == HITOPK && a->compressor == NULL) return invalid(comm, "%s with a NULL compressor", kind);
   TIDE_CHECK(validate_sizes(comm, a, counts));
+  if (a->kind == ADASUM && a->dtype != TIDE_F32 && a->dtype != TIDE_F64)
+    return invalid(comm, "%s with dtype %s: Adasum supports only f32 and f64", kind, tide_dtype_name(a->dtype));
   if ((a->dtype == TIDE_F16 || a->dtype == TIDE_BF16) && (a->kind == ALLREDUCE || a->kind == REDUCE_SCATTER) &&
       a->op != TIDE_SUM && a->op != TIDE_AVG)
     return invalid(comm, "%s: f16/bf16 support only sum and avg", kind);
@@ -287,12 +294,16 @@ static int start(tide_comm_t *comm, args_t *a, const size_t *counts, size_t send
   }
   int rc = atomic_load(&comm->failed);
   if (rc) return rc;
-  TIDE_CHECK(validate(comm, a, counts, sendcount));
+  if ((rc = validate(comm, a, counts, sendcount)) != 0) {
+    tide__free(a->counts); /* adasum's */
+    return rc;
+  }
   if (a->kind == ALLGATHERV && counts != NULL) {
     a->counts = tide__malloc((size_t)comm->size * sizeof(size_t));
     if (a->counts == NULL) return TIDE_ENOMEM;
     memcpy(a->counts, counts, (size_t)comm->size * sizeof(size_t));
   }
+
   if (req != NULL) {
     rc = tide__task_submit(comm, execute, a, sizeof *a, req);
     if (rc != 0) tide__free(a->counts);
@@ -415,6 +426,23 @@ int tide_allgather(tide_comm_t *comm, const void *sendbuf, void *recvbuf, size_t
 int tide_allgatherv(tide_comm_t *comm, const void *sendbuf, size_t sendcount, void *recvbuf,
                     const size_t *counts, tide_dtype_t dtype) {
   return run_allgatherv(comm, sendbuf, sendcount, recvbuf, counts, dtype, NULL);
+}
+
+int tide_iadasum_allreduce(tide_comm_t *comm, const void *sendbuf, void *recvbuf, size_t count, tide_dtype_t dtype,
+                           const tide_tensor_t *tensors, size_t ntensors, tide_request_t **req) {
+  if (comm == NULL) return TIDE_EINVAL;
+  int rc = atomic_load(&comm->failed);
+  if (rc) return rc;
+  args_t a = {ADASUM, sendbuf, recvbuf, count, NULL, dtype, TIDE_SUM, 0, NULL, 0, NULL};
+  char why[200];
+  if (tide__adasum_segments(tensors, ntensors, count, &a.counts, &a.k, why, sizeof why) != 0)
+    return invalid(comm, "%s with %s", kind_names[ADASUM], why);
+  return start(comm, &a, NULL, 0, req);
+}
+
+int tide_adasum_allreduce(tide_comm_t *comm, const void *sendbuf, void *recvbuf, size_t count, tide_dtype_t dtype,
+                          const tide_tensor_t *tensors, size_t ntensors) {
+  return tide_iadasum_allreduce(comm, sendbuf, recvbuf, count, dtype, tensors, ntensors, NULL);
 }
 
 int tide_sparse_allgather(tide_comm_t *comm, const float *values, const uint32_t *indices, size_t k, float *out,

@@ -112,6 +112,9 @@ int tide__array_bytes(const char *fn, const char *arg, size_t count, size_t size
      "this many bytes and as tide's algorithms over MPI point-to-point above")           \
   XX(SMALL_BYTES, INT, "65536", 0, 1073741824,                                           \
      "allreduce messages up to this size use recursive doubling under auto")             \
+  XX(ADASUM_HIER, INT, "1", 0, 1,                                                        \
+     "adasum allreduce on ranks spanning hosts (as many on each): 1 averages within the "  \
+     "host and runs Adasum across hosts, 0 runs Adasum over every rank")                 \
   XX(SPARSE_MIN, INT, "16384", 0, 1073741824,                                            \
      "hierarchical top-k allreduce of fewer elements than this runs dense instead")     \
   XX(MAX_FRAME_BYTES, INT, "1073741824", 4096, 4294967295LL,                             \

@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# Adasum allreduce against tide's dense allreduce (f32 sum) of the same size,
+# side by side: every round runs `tide bench --op allreduce,adasum` once per
+# rank count and size, so the two measurements of a size follow each other
+# and see the same machine state; rounds repeat that. Prints a markdown table
+# of the medians over rounds of each p50 and of the per-round ratios
+# adasum/allreduce of the p50s and of the fastest iterations; every JSON line
+# goes to OUT.
+#
+#   scripts/bench-adasum.sh [BUILD_DIR]        (default: build)
+#
+# Environment (all optional):
+#   NPS="2 4"  ROUNDS=5  SIZES="1M 4M 16M 64M"  ITERS=10
+#   OUT=BUILD_DIR/bench-adasum.jsonl  RUN_TIMEOUT=300 (seconds per run)
+set -uo pipefail
+
+build=${1:-build}
+if [ ! -x "$build/tools/tide" ] || [ ! -x "$build/tools/tiderun" ]; then
+  echo "bench-adasum: $build/tools/tide or tiderun not found (build first: make build)" >&2
+  exit 2
+fi
+build=$(cd "$build" && pwd)
+nps=${NPS:-2 4}
+rounds=${ROUNDS:-5}
+out=${OUT:-$build/bench-adasum.jsonl}
+: >"$out"
+status=0
+for ((round = 1; round <= rounds; round++)); do
+  for np in $nps; do
+    for size in ${SIZES:-1M 4M 16M 64M}; do
+      echo "bench-adasum: round $round, np=$np, $size" >&2
+      tmp=$(mktemp)
+      timeout -k 10 "${RUN_TIMEOUT:-300}" "$build/tools/tiderun" -np "$np" "$build/tools/tide" bench \
+        --op allreduce,adasum --dtype f32 --min-bytes "$size" --max-bytes "$size" --iters "${ITERS:-10}" \
+        --check >"$tmp" || status=1
+      grep '^{' "$tmp" | sed "s/}\$/,\"round\":$round}/" >>"$out"
+      rm -f "$tmp"
+    done
+  done
+done
+
+# One row per (np, bytes): medians over rounds.
+awk '
+  function field(name,   m) {
+    if (match($0, "\"" name "\":\"?[^,\"}]*")) { m = substr($0, RSTART, RLENGTH); sub(/.*:"?/, "", m); return m }
+    return ""
+  }
+  function median(list,   a, n, i, j, t) {
+    n = split(list, a, " ")
+    for (i = 2; i <= n; i++) for (j = i; j > 1 && a[j] + 0 < a[j - 1] + 0; j--) { t = a[j]; a[j] = a[j - 1]; a[j - 1] = t }
+    return n % 2 ? a[(n + 1) / 2] : (a[n / 2] + a[n / 2 + 1]) / 2
+  }
+  /^\{/ {
+    key = field("np") " " field("bytes"); r = field("round")
+    t[key, field("op"), r] = field("p50_s"); tmin[key, field("op"), r] = field("min_s"); rounds[r] = 1; keys[key] = 1
+    if (field("ok") != "true") bad = 1
+  }
+  END {
+    print "| np | bytes | allreduce p50 (ms) | adasum p50 (ms) | adasum / allreduce, p50 | adasum / allreduce, fastest |"
+    print "|---|---|---|---|---|---|"
+    n = 0
+    for (k in keys) order[++n] = k
+    for (i = 2; i <= n; i++) for (j = i; j > 1; j--) {
+      split(order[j], x, " "); split(order[j - 1], y, " ")
+      if (x[1] + 0 < y[1] + 0 || (x[1] == y[1] && x[2] + 0 < y[2] + 0)) { s = order[j]; order[j] = order[j - 1]; order[j - 1] = s }
+    }
+    for (i = 1; i <= n; i++) {
+      k = order[i]; a = ""; d = ""; q = ""; qm = ""
+      for (r in rounds) if ((k, "allreduce", r) in t && (k, "adasum", r) in t) {
+        a = a " " t[k, "allreduce", r]; d = d " " t[k, "adasum", r]; q = q " " t[k, "adasum", r] / t[k, "allreduce", r]
+        qm = qm " " tmin[k, "adasum", r] / tmin[k, "allreduce", r]
+      }
+      split(k, x, " ")
+      printf "| %d | %d MiB | %.2f | %.2f | %.2f | %.2f |\n", x[1], x[2] / 1048576, median(a) * 1e3, median(d) * 1e3,
+        median(q), median(qm)
+    }
+    if (bad) print "bench-adasum: a --check failed (ok=false)" > "/dev/stderr"
+  }' "$out"
+exit $status

@@ -1,0 +1,368 @@
+/* tide_adasum_allreduce against a scalar reference that applies the
+ * pairwise recursion (in double), at np 1-8 over shared memory and at np 3
+ * and 4 over TCP, f32 and f64:
+ *  - the spec's vectors: Adasum((1,0), (1,1)) = (1.25, 0.75); the tree of
+ *    (1,0), (0,1), (1,0), (0,1) gives (1,1);
+ *  - orthogonal inputs give their sum and identical inputs give the input,
+ *    both exactly;
+ *  - tensor boundaries: a tensor's result depends on that tensor only
+ *    (bitwise), and equals the tensor reduced on its own;
+ *  - results bitwise identical on every rank; in place, nonblocking and
+ *    tensors in any order give the same bits;
+ *  - bad arguments and mismatched calls fail on every rank;
+ *  - hierarchical (emulated hosts) against the reference of the host
+ *    averages, against flat Adasum when a host's ranks hold the same input,
+ *    and flat forced with TIDE_ADASUM_HIER=0. */
+#include <math.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "harness.h"
+
+/* ---- reference ---------------------------------------------------------------- */
+
+typedef struct {
+  size_t count, nseg;
+  size_t end[16]; /* where each tensor ends, ascending */
+} layout_t;
+
+/* a = Adasum(a, b), tensor by tensor. */
+static void ref_pair(double *a, const double *b, const layout_t *l) {
+  for (size_t s = 0, lo = 0; s < l->nseg; lo = l->end[s++]) {
+    double ab = 0, aa = 0, bb = 0;
+    for (size_t i = lo; i < l->end[s]; i++) {
+      ab += a[i] * b[i];
+      aa += a[i] * a[i];
+      bb += b[i] * b[i];
+    }
+    double tiny = sqrt(2.2250738585072014e-308);
+    double ca = aa >= tiny ? 1 - ab / (2 * aa) : 1, cb = bb >= tiny ? 1 - ab / (2 * bb) : 1;
+    for (size_t i = lo; i < l->end[s]; i++) a[i] = ca * a[i] + cb * b[i];
+  }
+}
+
+/* Combines g[lo..hi) into g[lo]: Adasum(left half, right half). */
+static void ref_tree(double **g, int lo, int hi, const layout_t *l) {
+  if (hi - lo < 2) return;
+  int mid = lo + (hi - lo) / 2;
+  ref_tree(g, lo, mid, l);
+  ref_tree(g, mid, hi, l);
+  ref_pair(g[lo], g[mid], l);
+}
+
+/* Adasum of g[0..n) into g[0] as tide folds it: with p the largest power
+ * of two <= n, ranks 2i and 2i+1 (i < n - p) first, then a balanced tree. */
+static void ref_adasum(double **g, int n, const layout_t *l) {
+  int p = 1;
+  while (p * 2 <= n) p *= 2;
+  int extra = n - p;
+  double *leaf[64] = {0};
+  for (int v = 0; v < p; v++) {
+    if (v < extra) ref_pair(g[2 * v], g[2 * v + 1], l);
+    leaf[v] = v < extra ? g[2 * v] : g[v + extra];
+  }
+  ref_tree(leaf, 0, p, l);
+  if (leaf[0] != g[0]) memcpy(g[0], leaf[0], l->count * sizeof(double));
+}
+
+/* ---- inputs --------------------------------------------------------------------- */
+
+enum { RANDOM, IDENTICAL, ORTHOGONAL, HOST_EQUAL };
+
+/* Rank r's element i: a direction shared by all ranks plus the rank's own,
+ * mixed per tensor so the coefficients range over (0, 1]. */
+static double input(int kind, int r, size_t i, int size, int local_size) {
+  unsigned st = (unsigned)(i * 2654435761u) ^ 0x9e37u;
+  double common = (double)(harness_rand(&st) % 2001) / 1000.0 - 1.0;
+  if (kind == IDENTICAL) return common;
+  if (kind == ORTHOGONAL) return i % (size_t)size == (size_t)r ? common + 2.0 : 0.0;
+  if (kind == HOST_EQUAL) r /= local_size;
+  unsigned sr = (unsigned)(i * 7919u + (unsigned)r * 104729u + 17u);
+  double own = (double)(harness_rand(&sr) % 2001) / 1000.0 - 1.0;
+  double mix = (double)(i % 5) / 4.0;
+  return mix * common + (1.5 - mix) * own;
+}
+
+static void fill(void *buf, tide_dtype_t dt, int kind, int r, size_t count, int size, int local_size) {
+  for (size_t i = 0; i < count; i++) {
+    double v = input(kind, r, i, size, local_size);
+    if (dt == TIDE_F32) ((float *)buf)[i] = (float)v;
+    else ((double *)buf)[i] = v;
+  }
+}
+
+static double get(const void *buf, tide_dtype_t dt, size_t i) {
+  return dt == TIDE_F32 ? ((const float *)buf)[i] : ((const double *)buf)[i];
+}
+
+/* tensors for a layout, listed in reverse order (any order is allowed). */
+static size_t tensors_of(const layout_t *l, tide_tensor_t *t) {
+  for (size_t s = 0, lo = 0; s < l->nseg; lo = l->end[s++]) {
+    t[l->nseg - 1 - s] = (tide_tensor_t){NULL, lo, l->end[s] - lo, 1, {(int)(l->end[s] - lo), 0, 0, 0}};
+  }
+  return l->nseg;
+}
+
+/* Every rank's result equals this one's, bit for bit. */
+static void check_identical(tide_comm_t *comm, const void *buf, size_t bytes) {
+  int size = tide_comm_size(comm);
+  size_t words = (bytes + 3) / 4;
+  int32_t *mine = calloc(words, 4), *all = malloc(words * 4 * (size_t)size);
+  CHECK(mine != NULL && all != NULL);
+  memcpy(mine, buf, bytes);
+  CHECK_OK(tide_allgather(comm, mine, all, words, TIDE_I32));
+  for (int r = 0; r < size; r++) CHECK(memcmp(all + (size_t)r * words, mine, words * 4) == 0);
+  free(mine);
+  free(all);
+}
+
+/* The reference of `kind` inputs on this layout: flat over every rank, or
+ * (hosts > 1) over the hosts' averages. */
+static double *reference(int kind, tide_dtype_t dt, const layout_t *l, int size, int local_size, int hosts) {
+  int n = hosts > 1 ? hosts : size;
+  double **g = malloc((size_t)n * sizeof *g);
+  CHECK(g != NULL);
+  for (int h = 0; h < n; h++) {
+    g[h] = calloc(l->count ? l->count : 1, sizeof(double));
+    CHECK(g[h] != NULL);
+    int per = hosts > 1 ? local_size : 1;
+    for (int j = 0; j < per; j++)
+      for (size_t i = 0; i < l->count; i++) {
+        /* the reference starts from the rounded inputs */
+        double v = input(kind, h * per + j, i, size, local_size);
+        g[h][i] += dt == TIDE_F32 ? (double)(float)v : v;
+      }
+    for (size_t i = 0; i < l->count; i++) g[h][i] /= per;
+  }
+  ref_adasum(g, n, l);
+  for (int h = 1; h < n; h++) free(g[h]);
+  double *out = g[0];
+  free(g);
+  return out;
+}
+
+/* |got - want| <= tol * (the tensor's largest |want| + 1), per tensor. */
+static void check_close(const void *got, tide_dtype_t dt, const double *want, const layout_t *l, const char *what) {
+  double tol = dt == TIDE_F32 ? 2e-5 : 1e-12;
+  for (size_t s = 0, lo = 0; s < l->nseg; lo = l->end[s++]) {
+    double scale = 1;
+    for (size_t i = lo; i < l->end[s]; i++) scale = fmax(scale, fabs(want[i]) + 1);
+    for (size_t i = lo; i < l->end[s]; i++)
+      if (!(fabs(get(got, dt, i) - want[i]) <= tol * scale)) {
+        fprintf(stderr, "%s: %s element %zu (tensor %zu): got %.17g, want %.17g\n", what, tide_dtype_name(dt), i, s,
+                get(got, dt, i), want[i]);
+        exit(1);
+      }
+  }
+}
+
+static const layout_t layouts[] = {
+    {1, 1, {1}},
+    {3, 1, {3}},
+    {1315, 6, {1, 8, 308, 310, 1310, 1315}},
+    {4099, 3, {2000, 2001, 4099}},
+};
+#define NLAYOUTS (sizeof layouts / sizeof layouts[0])
+
+/* ---- flat ------------------------------------------------------------------------ */
+
+static void spec_vectors(tide_comm_t *comm, int rank, int size) {
+  if (size == 2) { /* (1,0) and (1,1) give (1.25, 0.75) */
+    double v[2] = {1, rank == 0 ? 0 : 1};
+    CHECK_OK(tide_adasum_allreduce(comm, v, v, 2, TIDE_F64, NULL, 0));
+    CHECK(v[0] == 1.25 && v[1] == 0.75);
+    float f[2] = {1, rank == 0 ? 0.0f : 1.0f}, out[2];
+    CHECK_OK(tide_adasum_allreduce(comm, f, out, 2, TIDE_F32, NULL, 0));
+    CHECK(out[0] == 1.25f && out[1] == 0.75f);
+  }
+  if (size == 4) { /* the tree of (1,0), (0,1), (1,0), (0,1) gives (1,1) */
+    double v[2] = {rank % 2 == 0, rank % 2 == 1};
+    CHECK_OK(tide_adasum_allreduce(comm, v, v, 2, TIDE_F64, NULL, 0));
+    CHECK(v[0] == 1 && v[1] == 1);
+  }
+}
+
+static void check_layout(tide_comm_t *comm, int rank, int size, tide_dtype_t dt, const layout_t *l) {
+  size_t esize = tide_dtype_size(dt), bytes = l->count * esize;
+  tide_tensor_t t[16];
+  size_t nt = tensors_of(l, t);
+  char *in = malloc(bytes), *out = malloc(bytes), *again = malloc(bytes);
+  CHECK(in != NULL && out != NULL && again != NULL);
+
+  /* random: against the reference, identical everywhere */
+  fill(in, dt, RANDOM, rank, l->count, size, 1);
+  CHECK_OK(tide_adasum_allreduce(comm, in, out, l->count, dt, t, nt));
+  double *want = reference(RANDOM, dt, l, size, 1, 1);
+  check_close(out, dt, want, l, "flat vs reference");
+  check_identical(comm, out, bytes);
+  /* in place and nonblocking: the same bits */
+  memcpy(again, in, bytes);
+  tide_request_t *req;
+  CHECK_OK(tide_iadasum_allreduce(comm, again, again, l->count, dt, t, nt, &req));
+  CHECK_OK(tide_wait(req));
+  CHECK(memcmp(again, out, bytes) == 0);
+  /* a tensor's result depends on that tensor only: change the first
+   * tensor on rank 0 and the others' bits stay */
+  if (l->nseg > 1) {
+    memcpy(again, in, bytes);
+    if (rank == 0)
+      for (size_t i = 0; i < l->end[0]; i++) memset(again + i * esize, 0x3f, esize);
+    CHECK_OK(tide_adasum_allreduce(comm, again, again, l->count, dt, t, nt));
+    CHECK(memcmp(again + l->end[0] * esize, out + l->end[0] * esize, bytes - l->end[0] * esize) == 0);
+    /* and equals that tensor reduced on its own */
+    size_t lo = l->end[0], n = l->end[1] - lo;
+    CHECK_OK(tide_adasum_allreduce(comm, in + lo * esize, again, n, dt, NULL, 0));
+    for (size_t i = 0; i < n; i++) {
+      double a = get(again, dt, i), b = get(out, dt, lo + i);
+      CHECK(fabs(a - b) <= (dt == TIDE_F32 ? 1e-5 : 1e-13) * (fabs(b) + 1));
+    }
+  }
+  free(want);
+
+  /* identical inputs give the input, exactly */
+  fill(in, dt, IDENTICAL, rank, l->count, size, 1);
+  CHECK_OK(tide_adasum_allreduce(comm, in, out, l->count, dt, t, nt));
+  CHECK(memcmp(in, out, bytes) == 0);
+  /* orthogonal inputs (disjoint supports) give the sum, exactly */
+  fill(in, dt, ORTHOGONAL, rank, l->count, size, 1);
+  CHECK_OK(tide_adasum_allreduce(comm, in, out, l->count, dt, t, nt));
+  for (size_t i = 0; i < l->count; i++) {
+    double v = input(ORTHOGONAL, (int)(i % (size_t)size), i, size, 1);
+    CHECK(get(out, dt, i) == (dt == TIDE_F32 ? (double)(float)v : v));
+  }
+  free(in);
+  free(out);
+  free(again);
+}
+
+/* Bad arguments fail the call on the rank that made it and the collective
+ * on the others; later calls keep failing. */
+static void check_bad_args(tide_comm_t *comm, int rank, int size, int variant) {
+  float buf[8] = {0};
+  tide_tensor_t t[2] = {{NULL, 0, 4, 1, {4, 0, 0, 0}}, {NULL, 4, 4, 1, {4, 0, 0, 0}}};
+  int rc;
+  const char *expect;
+  if (variant == 0) { /* a gap: rank 0 describes 7 of 8 elements */
+    if (rank == 0) t[1].count = 3;
+    rc = tide_adasum_allreduce(comm, buf, buf, 8, TIDE_F32, t, 2);
+    expect = "rank 0 called adasum_allreduce with tensors that cover 7 of count=8";
+  } else if (variant == 1) { /* f16 */
+    rc = tide_adasum_allreduce(comm, buf, buf, 4, rank == 0 ? TIDE_F16 : TIDE_F32, NULL, 0);
+    expect = "rank 0 called adasum_allreduce with dtype f16: Adasum supports only f32 and f64";
+  } else { /* boundaries that differ: a mismatch */
+    if (rank == size - 1) t[0].count = 3, t[1].offset = 3, t[1].count = 5;
+    rc = tide_adasum_allreduce(comm, buf, buf, 8, TIDE_F32, t, 2);
+    expect = "collective mismatch";
+  }
+  const char *msg = tide_comm_last_error(comm);
+  fprintf(stderr, "rank %d: %s: %s\n", rank, tide_err_name(rc), msg);
+  CHECK_RC(rc, variant == 2 ? TIDE_EMISMATCH : TIDE_EINVAL);
+  CHECK(strstr(msg, expect) != NULL);
+  CHECK(tide_adasum_allreduce(comm, buf, buf, 8, TIDE_F32, NULL, 0) != 0);
+}
+
+typedef struct {
+  int bad_variant; /* -1: the correctness checks; 0-2: check_bad_args */
+  int flat;        /* TIDE_ADASUM_HIER=0 */
+} run_t;
+
+static int flat_rank(int rank, int size, void *arg) {
+  const run_t *run = arg;
+  if (run->flat) setenv("TIDE_ADASUM_HIER", "0", 1);
+  tide_comm_t *comm;
+  CHECK_OK(tide_comm_init(&comm));
+  if (run->bad_variant >= 0) {
+    check_bad_args(comm, rank, size, run->bad_variant);
+  } else {
+    spec_vectors(comm, rank, size);
+    for (int dt = 0; dt < 2; dt++)
+      for (size_t k = 0; k < NLAYOUTS; k++) check_layout(comm, rank, size, dt ? TIDE_F64 : TIDE_F32, &layouts[k]);
+    /* count 0 is a valid call */
+    CHECK_OK(tide_adasum_allreduce(comm, NULL, NULL, 0, TIDE_F32, NULL, 0));
+  }
+  tide_comm_destroy(comm);
+  return 0;
+}
+
+/* ---- hierarchical ----------------------------------------------------------------- */
+
+static int hier_rank(int rank, int size, void *arg) {
+  const run_t *run = arg;
+  if (run->flat) setenv("TIDE_ADASUM_HIER", "0", 1);
+  tide_comm_t *comm;
+  CHECK_OK(tide_comm_init(&comm));
+  int m = tide_comm_local_size(comm), hosts = tide_comm_node_count(comm);
+  CHECK(hosts > 1 && size == m * hosts);
+  for (int dt = 0; dt < 2; dt++)
+    for (size_t k = 0; k < NLAYOUTS; k++) {
+      tide_dtype_t d = dt ? TIDE_F64 : TIDE_F32;
+      const layout_t *l = &layouts[k];
+      size_t bytes = l->count * tide_dtype_size(d);
+      tide_tensor_t t[16];
+      size_t nt = tensors_of(l, t);
+      char *buf = malloc(bytes);
+      CHECK(buf != NULL);
+      for (int kind = RANDOM; kind <= HOST_EQUAL; kind += HOST_EQUAL - RANDOM) {
+        fill(buf, d, kind, rank, l->count, size, m);
+        CHECK_OK(tide_adasum_allreduce(comm, buf, buf, l->count, d, t, nt));
+        check_identical(comm, buf, bytes);
+        /* hierarchical: Adasum over the hosts' averages; flat: over every rank */
+        double *want = reference(kind, d, l, size, m, run->flat ? 1 : hosts);
+        check_close(buf, d, want, l, run->flat ? "flat on hosts vs reference" : "hierarchical vs reference");
+        free(want);
+        if (kind == HOST_EQUAL) { /* a host's ranks agree: hierarchical = flat */
+          want = reference(kind, d, l, size, m, 1);
+          check_close(buf, d, want, l, "hierarchical vs flat");
+          free(want);
+        }
+      }
+      free(buf);
+    }
+  tide_comm_destroy(comm);
+  return 0;
+}
+
+/* One rank runs flat, the others hierarchical: a mismatch naming it. */
+static int hier_mismatch(int rank, int size, void *arg) {
+  (void)size;
+  (void)arg;
+  if (rank == 1) setenv("TIDE_ADASUM_HIER", "0", 1);
+  tide_comm_t *comm;
+  CHECK_OK(tide_comm_init(&comm));
+  float buf[8] = {0};
+  int rc = tide_adasum_allreduce(comm, buf, buf, 8, TIDE_F32, NULL, 0);
+  fprintf(stderr, "rank %d: %s: %s\n", rank, tide_err_name(rc), tide_comm_last_error(comm));
+  CHECK_RC(rc, TIDE_EMISMATCH);
+  CHECK(strstr(tide_comm_last_error(comm), "TIDE_ADASUM_HIER") != NULL);
+  tide_comm_destroy(comm);
+  return 0;
+}
+
+/* A token of our own: shared-memory segment names derive from it, so jobs
+ * of other test processes on the machine never collide with ours. */
+static char token[64];
+
+static int run(const char *what, int np, const char *const *hosts, int tcp, int (*fn)(int, int, void *), run_t r) {
+  harness_opts_t opts = {np, hosts, tcp, 240, token};
+  fprintf(stderr, "%s: np=%d%s\n", what, np, tcp ? " tcp" : "");
+  if (harness_run(&opts, fn, &r) == 0) return 0;
+  fprintf(stderr, "FAILED: %s np=%d%s\n", what, np, tcp ? " tcp" : "");
+  return 1;
+}
+
+int main(void) {
+  snprintf(token, sizeof token, "test-adasum-%d", (int)getpid());
+  int failed = 0;
+  run_t checks = {-1, 0};
+  for (int np = 1; np <= 8; np++) failed |= run("flat", np, NULL, 0, flat_rank, checks);
+  failed |= run("flat", 3, NULL, 1, flat_rank, checks);
+  failed |= run("flat", 4, NULL, 1, flat_rank, checks);
+  for (int v = 0; v < 3; v++) failed |= run("bad arguments", 3, NULL, 0, flat_rank, (run_t){v, 0});
+  const char *hosts4[] = {"a", "a", "b", "b"};
+  const char *hosts6[] = {"a", "a", "b", "b", "c", "c"};
+  failed |= run("hierarchical, 2 hosts x 2", 4, hosts4, 0, hier_rank, checks);
+  failed |= run("hierarchical, 3 hosts x 2", 6, hosts6, 0, hier_rank, checks);
+  failed |= run("flat on 2 hosts x 2 (TIDE_ADASUM_HIER=0)", 4, hosts4, 0, hier_rank, (run_t){-1, 1});
+  failed |= run("hierarchical vs flat mismatch", 4, hosts4, 0, hier_mismatch, checks);
+  return failed;
+}
