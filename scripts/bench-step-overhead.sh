@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # What the step API costs: tide-train on the library's trainer against the
-# hand-written loop it replaced (tide-train as of --baseline-rev, built
-# here from git), same model, exchange, data and seeds, runs alternating.
-# Per run: training seconds per step = (wall_s - eval_s) / steps from
-# summary.json; prints both medians and their ratio. docs/adaptation.md
-# has results.
+# hand-written training loop it replaced (tools/tide-train.c as of
+# --baseline-rev, compiled here against this build's libraries, so only the
+# loop differs), same model, exchange, data, seed and launcher, runs
+# alternating. Per run: training seconds per step = (wall_s - eval_s) /
+# steps from summary.json; prints both medians and their ratio.
+# docs/adaptation.md has results.
 set -uo pipefail
 usage() { echo "usage: scripts/bench-step-overhead.sh --build DIR [--baseline-rev REV] [--repeat N] [--np N] [-- ARGS]"; }
-build="" rev=60b1675 repeat=5 np=2
+build="" rev=60b1675 repeat=6 np=2
 while [ $# -gt 0 ]; do
   case $1 in
     --build) build=$2; shift 2 ;; --baseline-rev) rev=$2; shift 2 ;; --repeat) repeat=$2; shift 2 ;;
@@ -17,19 +18,23 @@ while [ $# -gt 0 ]; do
 done
 extra=("$@")
 [ ${#extra[@]} -eq 0 ] && extra=(--model mlp --epochs 2 --batch 64 --lr 0.05 --threads 1)
-[ -x "$build/tools/tide-train" ] || { echo "bench-step-overhead: --build DIR must hold tools/tide-train" >&2; exit 2; }
+[ -x "$build/tools/tide-train" ] && [ -f "$build/libtide_internal.a" ] ||
+  { echo "bench-step-overhead: --build DIR must be a tide build (tools/tide-train, libtide_internal.a)" >&2; exit 2; }
+build=$(cd "$build" && pwd)
 src=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 work=$(mktemp -d /tmp/step-overhead.XXXXXX)
-trap 'git -C "$src" worktree remove --force "$work/src" >/dev/null 2>&1; rm -rf "$work"' EXIT
-echo "bench-step-overhead: building tide-train at $rev in $work" >&2
-git -C "$src" worktree add --detach "$work/src" "$rev" >/dev/null 2>&1 || { echo "cannot check out $rev" >&2; exit 1; }
-cmake -S "$work/src" -B "$work/build" -DCMAKE_BUILD_TYPE=Release -DTIDE_BUILD_TESTS=OFF \
-  -DTIDE_BUILD_BENCH_PEERS=OFF >/dev/null && cmake --build "$work/build" -j2 --target tide-train tiderun >/dev/null ||
-  { echo "bench-step-overhead: the baseline does not build" >&2; exit 1; }
+trap 'rm -rf "$work"' EXIT
+git -C "$src" show "$rev:tools/tide-train.c" >"$work/loop.c" || { echo "no tools/tide-train.c at $rev" >&2; exit 1; }
+# libtide_internal holds the MPI transport when the build found Open MPI
+mpi=$(pkg-config --libs ompi 2>/dev/null || true)
+cc -std=c11 -O3 -g -D_GNU_SOURCE -I"$src/include" -I"$src/src" "$work/loop.c" "$build/src/nn/libtide_nn.a" \
+  "$build/libtide_internal.a" -lopenblas -lz -lnlopt -lhwloc -lm -lpthread -lrt $mpi -o "$work/loop" ||
+  { echo "bench-step-overhead: the $rev loop does not build against this library" >&2; exit 1; }
 for ((i = 1; i <= repeat; i++)); do
-  for kind in loop api; do
-    dir=$work/build; [ $kind = api ] && dir=$build
-    "$dir/tools/tiderun" -np "$np" "$dir/tools/tide-train" "${extra[@]}" --name "$kind-$i" --runs "$work/runs" \
+  order="api loop"; [ $((i % 2)) = 0 ] && order="loop api"
+  for kind in $order; do
+    bin=$build/tools/tide-train; [ $kind = loop ] && bin=$work/loop
+    "$build/tools/tiderun" -np "$np" "$bin" "${extra[@]}" --name "$kind-$i" --runs "$work/runs" \
       >"$work/$kind-$i.log" 2>&1 || { tail "$work/$kind-$i.log" >&2; exit 1; }
   done
 done

@@ -281,52 +281,71 @@ int tide_trainer_next(tide_trainer_t *tr, tide_batch_t *batch) {
   return 0;
 }
 
-/* x[i] = c*g[i] (or x[i] += c*g[i] when add) over [0, n), returning
- * sum g[i]^2. Eight float lanes, added up in double per run of 4096, keep
- * the loop vectorised (a single float accumulator would not be reordered)
- * and the sum accurate. */
+/* The two passes over the gradient carry its squared norm along. Float
+ * sums would not be reordered into vector lanes by the compiler, so the
+ * lanes are explicit (GCC/clang vector types, unaligned loads through
+ * memcpy); each run of 4096 elements is added up in double. */
+typedef float v4f __attribute__((vector_size(16)));
+
+static inline v4f load4(const float *p) {
+  v4f v;
+  memcpy(&v, p, sizeof v);
+  return v;
+}
+
+static inline void store4(float *p, v4f v) { memcpy(p, &v, sizeof v); }
+
+static inline double lanes(v4f a, v4f b) {
+  v4f s = a + b;
+  return (double)s[0] + (double)s[1] + (double)s[2] + (double)s[3];
+}
+
+/* x[i] = c*g[i] (x[i] += c*g[i] when add) over [0, n); returns sum g[i]^2. */
 static double scale_into(float *restrict x, const float *restrict g, size_t n, float c, int add) {
+  const v4f cv = {c, c, c, c};
   double total = 0;
   for (size_t i = 0; i < n;) {
     size_t stop = n - i > 4096 ? i + 4096 : n;
-    float lane[8] = {0};
-    if (add)
-      for (; i + 8 <= stop; i += 8)
-        for (int l = 0; l < 8; l++) {
-          x[i + l] += g[i + l] * c;
-          lane[l] += g[i + l] * g[i + l];
-        }
-    else
-      for (; i + 8 <= stop; i += 8)
-        for (int l = 0; l < 8; l++) {
-          x[i + l] = g[i + l] * c;
-          lane[l] += g[i + l] * g[i + l];
-        }
+    v4f s0 = {0, 0, 0, 0}, s1 = s0;
+    for (; i + 8 <= stop; i += 8) {
+      v4f a = load4(g + i), b = load4(g + i + 4);
+      v4f xa = a * cv, xb = b * cv;
+      if (add) xa += load4(x + i), xb += load4(x + i + 4);
+      store4(x + i, xa);
+      store4(x + i + 4, xb);
+      s0 += a * a;
+      s1 += b * b;
+    }
+    double tail = 0;
     for (; i < stop; i++) {
       x[i] = add ? x[i] + g[i] * c : g[i] * c;
-      lane[0] += g[i] * g[i];
+      tail += (double)g[i] * g[i];
     }
-    for (int l = 0; l < 8; l++) total += lane[l];
+    total += lanes(s0, s1) + tail;
   }
   return total;
 }
 
-/* x[i] *= c over [0, n), returning sum x[i]^2 after scaling. */
+/* x[i] *= c over [0, n); returns sum x[i]^2 after scaling. */
 static double scale_in_place(float *restrict x, size_t n, float c) {
+  const v4f cv = {c, c, c, c};
   double total = 0;
   for (size_t i = 0; i < n;) {
     size_t stop = n - i > 4096 ? i + 4096 : n;
-    float lane[8] = {0};
-    for (; i + 8 <= stop; i += 8)
-      for (int l = 0; l < 8; l++) {
-        x[i + l] *= c;
-        lane[l] += x[i + l] * x[i + l];
-      }
+    v4f s0 = {0, 0, 0, 0}, s1 = s0;
+    for (; i + 8 <= stop; i += 8) {
+      v4f a = load4(x + i) * cv, b = load4(x + i + 4) * cv;
+      store4(x + i, a);
+      store4(x + i + 4, b);
+      s0 += a * a;
+      s1 += b * b;
+    }
+    double tail = 0;
     for (; i < stop; i++) {
       x[i] *= c;
-      lane[0] += x[i] * x[i];
+      tail += (double)x[i] * x[i];
     }
-    for (int l = 0; l < 8; l++) total += lane[l];
+    total += lanes(s0, s1) + tail;
   }
   return total;
 }
