@@ -102,6 +102,10 @@ void tide__comm_apply_report(tide_comm_t *comm, const char *value);
  * uniform_nodes (src/comm/topology.c). */
 int tide__comm_set_hosts(tide_comm_t *comm, const char *const *host_of);
 
+/* The name of this rank's shared-memory segment: unique per job (token and
+ * store address), communicator and rank. */
+void tide__comm_shm_name(const tide_comm_t *comm, char *out, size_t cap);
+
 /* A communicator with no members yet (comm.c's constructor). */
 tide_comm_t *tide__comm_alloc(void);
 
