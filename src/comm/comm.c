@@ -266,17 +266,25 @@ static int set_string(tide_store_t *store, const char *key, const char *value) {
   return tide_store_set(store, key, value, strlen(value));
 }
 
+void tide__comm_shm_name(const tide_comm_t *comm, char *out, size_t cap) {
+  /* The store's address is in the hash: two jobs on one host with the same
+   * token (tests, a user's repeated runs) must not take, or unlink as a
+   * leftover, each other's live segments. */
+  char job[600];
+  snprintf(job, sizeof job, "%s %s:%d", comm->token, comm->store_host, comm->store_port);
+  uint8_t digest[32];
+  tide__sha256(job, strlen(job), digest);
+  snprintf(out, cap, "/tide-%02x%02x%02x%02x%02x%02x-%s-%d", digest[0], digest[1], digest[2], digest[3], digest[4],
+           digest[5], comm->ns, comm->rank);
+  for (char *p = out + 1; *p; p++)
+    if (*p == '/') *p = '_';
+}
+
 static int connect_shm(tide_comm_t *comm, const int *local_ranks) {
   int timeout = (int)comm->timeout_ms;
   size_t ring = (size_t)tide__param_int(TIDE__PARAM_SHM_RING_BYTES) & ~(size_t)63;
-  uint8_t digest[32];
-  tide__sha256(comm->token, strlen(comm->token), digest);
-  char base[200], name[260], key[220];
-  snprintf(base, sizeof base, "/tide-%02x%02x%02x%02x-%s", digest[0], digest[1], digest[2], digest[3],
-           comm->ns);
-  for (char *p = base + 1; *p; p++)
-    if (*p == '/') *p = '_';
-  snprintf(name, sizeof name, "%s-%d", base, comm->rank);
+  char name[260], key[220];
+  tide__comm_shm_name(comm, name, sizeof name);
   tide__shm_segment_unlink(name); /* a leftover from a killed run */
   TIDE_CHECK(tide__shm_segment_create(name, comm->local_size, ring, &comm->seg));
   snprintf(key, sizeof key, "%s/shm/%d", comm->ns, comm->rank);

@@ -127,6 +127,10 @@ int tide__peer_hello_check(const tide__peer_hello_t *hello, uint64_t ns_hash, in
 int tide__comm_accept_peers(tide_comm_t *comm, int listen_fd, const int *use_tcp, uint64_t ns_hash,
                             int64_t deadline_ns);
 
+/* The name of this rank's shared-memory segment: unique per job (token and
+ * store address), communicator and rank. */
+void tide__comm_shm_name(const tide_comm_t *comm, char *out, size_t cap);
+
 /* A communicator with no members yet (comm.c's constructor). */
 tide_comm_t *tide__comm_alloc(void);
 
