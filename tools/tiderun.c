@@ -557,11 +557,15 @@ static void exec_rank(const options_t *opts, const cpu_set_t *cpus, char **env, 
   restore_fd_limit();
   execvpe(opts->argv[0], opts->argv, env);
   int err = errno;
-  child_write("tiderun: cannot run ");
-  child_write(opts->argv[0]);
-  child_write(": ");
-  child_write(strerror(err));
-  child_write("\n");
+  /* One write, so that the lines of two ranks that fail at once do not
+   * interleave (concatenated by hand: snprintf is not async-signal-safe). */
+  char line[1024];
+  size_t at = 0;
+  const char *parts[] = {"tiderun: cannot run ", opts->argv[0], ": ", strerror(err), "\n"};
+  for (size_t i = 0; i < sizeof parts / sizeof *parts; i++)
+    for (const char *c = parts[i]; *c && at < sizeof line - 1; c++) line[at++] = *c;
+  line[at] = 0;
+  child_write(line);
   _exit(127);
 }
 
