@@ -51,7 +51,9 @@ static int lift(tide_comm_t *comm, tide_comm_t *sub, int rc) {
  * vectorise, with one fixed order of additions whatever the instruction
  * set: the clones for wider vectors compute the same bits (no contraction
  * into FMA in ISO C), only faster. */
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+/* Not under ThreadSanitizer: the clones' ifunc resolvers run while the
+ * dynamic loader relocates, before TSan's runtime is up, and crash there. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_THREAD__)
 #define KERNEL_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
 #else
 #define KERNEL_CLONES
