@@ -205,11 +205,11 @@ int tide__hitopk_allreduce(tide_comm_t *comm, const float *grad, float *out, siz
                            tide_op_t op) {
   size_t offset, len;
   TIDE_CHECK(tide__hitopk_shard(comm, d, &offset, &len));
-  if (tide__compressor_size(compressor) != len)
+  if (tide_compressor_size(compressor) != len)
     return tide__comm_fail(comm, TIDE_EINVAL, 0,
                            "rank %d: hitopk_allreduce of %zu elements needs a compressor for this rank's shard "
                            "of %zu elements (tide_hitopk_shard), but it has one for %zu",
-                           comm->rank, d, len, tide__compressor_size(compressor));
+                           comm->rank, d, len, tide_compressor_size(compressor));
   /* Small tensors: selection and three exchanges cost more than they save. */
   if (d < (size_t)tide__param_int(TIDE__PARAM_SPARSE_MIN))
     return tide__allreduce(comm, grad, out, d, TIDE_F32, op, tide__allreduce_algo(comm, d, TIDE_F32));

@@ -176,8 +176,6 @@ int tide_compressor_set_residual(tide_compressor_t *c, const float *residual, si
 
 size_t tide_compressor_k(const tide_compressor_t *c) { return c != NULL ? c->k : 0; }
 
-size_t tide__compressor_size(const tide_compressor_t *c) { return c->d; }
-
 size_t tide_compressor_size(const tide_compressor_t *c) { return c != NULL ? c->d : 0; }
 
 int tide_compressor_set_density(tide_compressor_t *c, double density) {

@@ -52,8 +52,6 @@ void tide__sample_gather(const tide__sample_plan_t *plan, const float *x, float 
  *   abort   after a failed feed or begin, or to give up: residual unchanged.
  * The same thread calls all of them. */
 int tide__ef_plan(const tide_compressor_t *c, tide__sample_plan_t *plan);
-/* The gradient size the compressor was created for. */
-size_t tide__compressor_size(const tide_compressor_t *c);
 int tide__ef_begin(tide_compressor_t *c, const float *grad_sample);
 int tide__ef_feed(tide_compressor_t *c, size_t offset, const float *piece, size_t len);
 int tide__ef_finish(tide_compressor_t *c, const float *grad_or_null, float *values, uint32_t *indices,

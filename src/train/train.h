@@ -63,7 +63,6 @@ struct tide_trainer {
   uint64_t step_first, step_count;
   uint64_t my_first, my_count;
   int micro, micro_count;
-  uint64_t *indices;
   size_t current_count;
   int micro_handed; /* next gave a micro-batch that step has not taken yet */
   int64_t micro_start_ns;
