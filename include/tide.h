@@ -646,9 +646,11 @@ typedef enum {
   TIDE_EXCHANGE_DENSE = 0, /* one allreduce of the gradient sum and the statistics */
   TIDE_EXCHANGE_TOPK,      /* TopK-AllGather of each rank's top-k, error feedback */
   TIDE_EXCHANGE_HITOPK,    /* HiTopKComm: intra-host reduce-scatter, top-k across hosts */
+  TIDE_EXCHANGE_ADASUM,    /* each rank steps its own optimizer; the parameter changes are
+                              combined by tide_adasum_allreduce (docs/adaptation.md) */
   TIDE_EXCHANGE_COUNT
 } tide_exchange_t;
-/* "dense", "topk", "hitopk"; "?" for an unknown value. */
+/* "dense", "topk", "hitopk", "adasum"; "?" for an unknown value. */
 const char *tide_exchange_name(tide_exchange_t exchange);
 /* The exchange named `name` (case-insensitive); TIDE_EINVAL otherwise. */
 int tide_exchange_parse(const char *name, tide_exchange_t *out);

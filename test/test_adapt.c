@@ -234,6 +234,64 @@ static int policies_rank(int rank, int size, void *arg) {
   return 0;
 }
 
+/* ---- adasum: each rank's SGD step, the changes combined by Adasum ---- */
+
+/* a = Adasum(a, b) on each half (the two tensors), in double. */
+static void adasum_pair(double *a, const double *b) {
+  for (int lo = 0; lo < D; lo += D / 2) {
+    double ab = 0, aa = 0, bb = 0;
+    for (int j = lo; j < lo + D / 2; j++) ab += a[j] * b[j], aa += a[j] * a[j], bb += b[j] * b[j];
+    for (int j = lo; j < lo + D / 2; j++) a[j] = (1 - ab / (2 * aa)) * a[j] + (1 - ab / (2 * bb)) * b[j];
+  }
+}
+
+/* np 2 and 4: after every step the parameters are the start plus the
+ * Adasum tree of the ranks' SGD changes -lr g_r, per tensor, and the
+ * replicas are identical; the run converges towards w_star = 0. */
+static int adasum_rank(int rank, int size, void *arg) {
+  (void)arg;
+  tide_comm_t *comm;
+  CHECK_OK(tide_comm_init(&comm));
+  float w[D], grad[D], all[4 * D], ws[4 * D];
+  for (int j = 0; j < D; j++) w[j] = 1.0f;
+  tide_trainer_config_t c;
+  config_for(&c, 640, 8, 0.05);
+  c.exchange = TIDE_EXCHANGE_ADASUM;
+  tide_trainer_t *tr;
+  CHECK_OK(tide_trainer_create(comm, &c, w, grad, D, halves, 2, &tr));
+  tide_batch_t b;
+  double start = 0, end = 0;
+  for (int j = 0; j < D; j++) start += (double)w[j] * w[j];
+  long steps = 0;
+  while (tide_trainer_next(tr, &b) == 0 && !b.done) {
+    CHECK(b.count == 8);
+    lsq_grad(w, b.indices, b.count, grad);
+    CHECK_OK(tide_allgather(comm, grad, all, D, TIDE_F32));
+    double delta[4][D];
+    for (int r = 0; r < size; r++)
+      for (int j = 0; j < D; j++) delta[r][j] = (double)((w[j] - 0.05f * all[r * D + j]) - w[j]);
+    for (int half = 1; half < size; half *= 2) /* the tree: pairs, then pairs of pairs */
+      for (int r = 0; r < size; r += 2 * half) adasum_pair(delta[r], delta[r + half]);
+    double want[D];
+    for (int j = 0; j < D; j++) want[j] = (double)w[j] + delta[0][j];
+    tide_step_stats_t s;
+    CHECK_OK(tide_trainer_step(tr, 1.0, &s));
+    CHECK(s.stepped && s.global_batch == 8L * size && isnan(s.noise_scale));
+    for (int j = 0; j < D; j++) CHECK(fabs(w[j] - want[j]) <= 1e-5 * (fabs(want[j]) + 1e-3));
+    CHECK_OK(tide_allgather(comm, w, ws, D, TIDE_F32));
+    for (int r = 1; r < size; r++) CHECK(memcmp(ws, ws + r * D, sizeof w) == 0);
+    steps++;
+  }
+  CHECK(b.done && steps == 640 / (8 * size));
+  for (int j = 0; j < D; j++) end += (double)w[j] * w[j];
+  CHECK(end < 0.1 * start);
+  if (rank == 0) printf("adasum exchange (np %d): %ld steps match the Adasum tree of the SGD changes, |w|^2 %.3g -> %.3g\n",
+                        size, steps, start, end);
+  tide_trainer_destroy(tr);
+  tide_comm_destroy(comm);
+  return 0;
+}
+
 /* ---- save/restore resumes bit for bit ---- */
 
 static void run_steps(tide_trainer_t *tr, float *w, float *grad, long n) {
@@ -356,6 +414,10 @@ int main(void) {
   tide_exchange_t dense = TIDE_EXCHANGE_DENSE, topk = TIDE_EXCHANGE_TOPK;
   CHECK(harness_run(&two, restore_rank, &dense) == 0);
   CHECK(harness_run(&two, restore_rank, &topk) == 0);
+  tide_exchange_t adasum = TIDE_EXCHANGE_ADASUM;
+  CHECK(harness_run(&two, restore_rank, &adasum) == 0);
+  CHECK(harness_run(&two, adasum_rank, NULL) == 0);
+  CHECK(harness_run(&four, adasum_rank, NULL) == 0);
   printf("all adaptation checks passed\n");
   return 0;
 }

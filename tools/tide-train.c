@@ -51,7 +51,8 @@ static void usage(FILE *out) {
           "  --warmup-epochs N        linear warm-up epochs (default 0)\n"
           "  --grad MODE              gradient exchange: dense (allreduce, the default), topk:RHO\n"
           "                           (TopK-AllGather of the top RHO of the gradient, with error\n"
-          "                           feedback) or hitopk:RHO (hierarchical top-k, HiTopKComm)\n"
+          "                           feedback), hitopk:RHO (hierarchical top-k, HiTopKComm) or\n"
+          "                           adasum (each rank steps its optimizer, Adasum combines the updates)\n"
           "  --selector NAME          top-k selector: sampled (default), mstopk, exact, randomk\n"
           "  --sparse-warmup-epochs N density warm-up (DGC): epoch e < N uses RHO^((e+1)/(N+1))\n"
           "                           (default 1)\n"
@@ -172,16 +173,19 @@ static int parse_options(int argc, char **argv, options_t *o) {
     fprintf(stderr, "tide-train: --model must be mlp or cnn, got \"%s\"\n", o->model);
     return -1;
   }
-  if (strcmp(o->grad, "dense") != 0) {
+  if (strcmp(o->grad, "adasum") == 0) {
+    o->exchange = TIDE_EXCHANGE_ADASUM;
+  } else if (strcmp(o->grad, "dense") != 0) {
     const char *colon = strchr(o->grad, ':');
     char *end = NULL, kind[16] = "";
     if (colon != NULL && (size_t)(colon - o->grad) < sizeof kind) {
       memcpy(kind, o->grad, (size_t)(colon - o->grad));
       o->density = strtod(colon + 1, &end);
     }
-    if (tide_exchange_parse(kind, &o->exchange) != 0 || o->exchange == TIDE_EXCHANGE_DENSE || end == NULL ||
+    if (tide_exchange_parse(kind, &o->exchange) != 0 || o->exchange == TIDE_EXCHANGE_DENSE ||
+        o->exchange == TIDE_EXCHANGE_ADASUM || end == NULL ||
         *end != '\0' || !(o->density > 0 && o->density <= 1)) {
-      fprintf(stderr, "tide-train: --grad must be dense, topk:RHO or hitopk:RHO with 0 < RHO <= 1, got \"%s\"\n",
+      fprintf(stderr, "tide-train: --grad must be dense, adasum, topk:RHO or hitopk:RHO with 0 < RHO <= 1, got \"%s\"\n",
               o->grad);
       return -1;
     }

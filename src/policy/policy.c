@@ -175,7 +175,7 @@ static int switch_create(int n, const char *const *keys, const char *const *valu
       w.window = (long)v;
     } else if (strcmp(keys[i], "sparse") == 0) {
       tide_exchange_t e;
-      if (tide_exchange_parse(values[i], &e) != 0 || e == TIDE_EXCHANGE_DENSE) {
+      if (tide_exchange_parse(values[i], &e) != 0 || (e != TIDE_EXCHANGE_TOPK && e != TIDE_EXCHANGE_HITOPK)) {
         TIDE_ERROR("policy exchange: sparse=%s: give topk or hitopk", values[i]);
         return TIDE_EINVAL;
       }

@@ -2,7 +2,8 @@
  * Each sums the exchange buffer [gradient | statistics] over the ranks:
  * dense in one allreduce; the sparse ones send the gradient as top-k pairs
  * with error feedback and the few statistics in a small allreduce beside
- * it. */
+ * it. adasum combines the ranks' parameter updates instead of their
+ * gradients. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -88,6 +89,14 @@ static int sparse_open(tide_trainer_t *tr, int hierarchical, void **state) {
 static int topk_open(tide_trainer_t *tr, void **state) { return sparse_open(tr, 0, state); }
 static int hitopk_open(tide_trainer_t *tr, void **state) { return sparse_open(tr, 1, state); }
 
+/* The statistics alone, for the exchanges that send the gradient otherwise. */
+static int statistics_run(tide_trainer_t *tr) {
+  int rc = tide_allreduce(tr->comm, tr->exchange + tr->nparams, tr->exchange + tr->nparams, tr->nslots, TIDE_F32,
+                          TIDE_SUM);
+  if (rc != 0) return tide__trainer_fail(tr, rc, "statistics allreduce: %s", tide_comm_last_error(tr->comm));
+  return 0;
+}
+
 static int sparse_run(tide_trainer_t *tr, void *state) {
   sparse_t *s = state;
   double density = density_at(tr);
@@ -97,9 +106,7 @@ static int sparse_run(tide_trainer_t *tr, void *state) {
     s->density = density;
   }
   /* The statistics travel densely, the gradient sparsely. */
-  if ((rc = tide_allreduce(tr->comm, tr->exchange + tr->nparams, tr->exchange + tr->nparams, tr->nslots, TIDE_F32,
-                           TIDE_SUM)) != 0)
-    return tide__trainer_fail(tr, rc, "statistics allreduce: %s", tide_comm_last_error(tr->comm));
+  TIDE_CHECK(statistics_run(tr));
   /* A diverged rank's gradient would fail its selection alone; every rank
    * sees the loss first and stops together (tide_trainer_step says why). */
   if (!isfinite(tr->exchange[tr->nparams + TIDE__SLOT_LOSS])) return 0;
@@ -118,8 +125,59 @@ static int sparse_run(tide_trainer_t *tr, void *state) {
 
 static tide_compressor_t *sparse_compressor(void *state) { return ((sparse_t *)state)->compressor; }
 
+/* adasum (Maleki et al.; Horovod's _DistributedAdasumOptimizer): every rank
+ * steps its own optimizer (its own momentum or moments) on its own mean
+ * gradient from the shared start w0, and the ranks' changes w - w0 are
+ * combined per tensor by tide_adasum_allreduce, identical on every rank. */
+typedef struct {
+  float *start;
+} adasum_t;
+
+static int adasum_open(tide_trainer_t *tr, void **state) {
+  adasum_t *a = tide__calloc(1, sizeof *a);
+  if (a == NULL || (a->start = tide__malloc(tr->nparams * sizeof *a->start)) == NULL) {
+    tide__free(a);
+    return TIDE_ENOMEM;
+  }
+  *state = a;
+  return 0;
+}
+
+static void adasum_close(void *state) {
+  adasum_t *a = state;
+  if (a == NULL) return;
+  tide__free(a->start);
+  tide__free(a);
+}
+
+static int adasum_run(tide_trainer_t *tr, void *state) {
+  (void)state;
+  return statistics_run(tr);
+}
+
+static int adasum_update(tide_trainer_t *tr, void *state, float lr) {
+  adasum_t *a = state;
+  float *w = tr->params;
+  size_t n = tr->nparams;
+  memcpy(a->start, w, n * sizeof *w);
+  if (tr->count > 0) {
+    int rc = tide_optim_step(tr->optim, w, tr->exchange, lr);
+    if (rc != 0) return tide__trainer_fail(tr, rc, "optimizer step %ld failed", tr->step);
+    for (size_t i = 0; i < n; i++) w[i] -= a->start[i];
+  } else {
+    memset(w, 0, n * sizeof *w); /* no samples this step: no change to add */
+  }
+  int64_t t0 = tide__now_ns();
+  int rc = tide_adasum_allreduce(tr->comm, w, w, n, TIDE_F32, tr->tensors, tr->ntensors);
+  if (rc != 0) return tide__trainer_fail(tr, rc, "Adasum allreduce: %s", tide_comm_last_error(tr->comm));
+  tr->stats.exchange_s += (double)(tide__now_ns() - t0) * 1e-9; /* the step's communication */
+  for (size_t i = 0; i < n; i++) w[i] += a->start[i];
+  return 0;
+}
+
 const tide__exchange_ops_t tide__exchanges[TIDE_EXCHANGE_COUNT] = {
-    [TIDE_EXCHANGE_DENSE] = {"dense", dense_open, dense_run, dense_close, no_compressor},
-    [TIDE_EXCHANGE_TOPK] = {"topk", topk_open, sparse_run, sparse_close, sparse_compressor},
-    [TIDE_EXCHANGE_HITOPK] = {"hitopk", hitopk_open, sparse_run, sparse_close, sparse_compressor},
+    [TIDE_EXCHANGE_DENSE] = {"dense", dense_open, dense_run, dense_close, no_compressor, NULL},
+    [TIDE_EXCHANGE_TOPK] = {"topk", topk_open, sparse_run, sparse_close, sparse_compressor, NULL},
+    [TIDE_EXCHANGE_HITOPK] = {"hitopk", hitopk_open, sparse_run, sparse_close, sparse_compressor, NULL},
+    [TIDE_EXCHANGE_ADASUM] = {"adasum", adasum_open, adasum_run, adasum_close, no_compressor, adasum_update},
 };

@@ -9,7 +9,7 @@
 
 #include "train/train.h"
 
-static const char *const exchange_names[TIDE_EXCHANGE_COUNT] = {"dense", "topk", "hitopk"};
+static const char *const exchange_names[TIDE_EXCHANGE_COUNT] = {"dense", "topk", "hitopk", "adasum"};
 
 TIDE__NAMED_ENUM(exchange, tide_exchange_t, "gradient exchange", exchange_names, TIDE_EXCHANGE_COUNT)
 
@@ -438,10 +438,11 @@ int tide_trainer_step(tide_trainer_t *tr, double loss, tide_step_stats_t *stats)
   float *tensor_slots = slots + TIDE__SLOT_TIMES + tr->ranks;
   if (tr->config.tensor_stats)
     for (size_t t = 0; t < tr->ntensors; t++) tensor_slots[t] = (float)tr->tensor_sq[t];
+  const tide__exchange_ops_t *ops = &tide__exchanges[tr->exchange_kind];
   void *state = NULL;
   TIDE_CHECK(exchange_state(tr, &state));
   int64_t t1 = tide__now_ns();
-  TIDE_CHECK(tide__exchanges[tr->exchange_kind].run(tr, state));
+  TIDE_CHECK(ops->run(tr, state));
   int64_t t2 = tide__now_ns();
 
   /* Statistics. */
@@ -451,11 +452,15 @@ int tide_trainer_step(tide_trainer_t *tr, double loss, tide_step_stats_t *stats)
   if (!isfinite(slots[TIDE__SLOT_LOSS]))
     return tide__trainer_fail(tr, TIDE_EINVAL, "step %ld: the loss is %g on some rank: the model diverged (lower the "
                               "learning rate)", tr->step, (double)slots[TIDE__SLOT_LOSS]);
-  double sq_big = average(tr, (float)(1.0 / total), tr->config.tensor_stats ? tr->tensor_sq : NULL);
+  /* An exchange that combines updates leaves this rank's own gradient sum,
+   * whose mean the rank's optimizer steps on: no |G_big|^2 for the monitor. */
+  int combined = ops->update != NULL;
+  double own = combined ? tr->count : total;
+  double sq_big = average(tr, own > 0 ? (float)(1.0 / own) : 0.0f, tr->config.tensor_stats ? tr->tensor_sq : NULL);
   tide_step_stats_t *s = &tr->stats;
   double base = (double)tr->config.base_batch, scale = total / base;
   double micro_total = slots[TIDE__SLOT_FULL_MICRO], keep = pow(tr->config.gns_decay, scale);
-  if (micro_total >= 2 && micro_total == (double)tr->ranks * tr->accum) {
+  if (!combined && micro_total >= 2 && micro_total == (double)tr->ranks * tr->accum) {
     tide__gns_update(&tr->gns, tr->batch, micro_total, slots[TIDE__SLOT_SQ_MICRO] / micro_total, sq_big, keep);
     if (tr->config.tensor_stats)
       for (size_t t = 0; t < tr->ntensors; t++)
@@ -486,8 +491,12 @@ int tide_trainer_step(tide_trainer_t *tr, double loss, tide_step_stats_t *stats)
   s->lr_factor = d.lr_factor > 0 ? d.lr_factor : 1.0;
   s->gain = d.gain > 0 ? d.gain : scale;
   s->lr = (double)tide_lr_at(&tr->config.schedule, (long)floor(tr->progress)) * s->lr_factor;
-  int rc = tide_optim_step(tr->optim, tr->params, tr->exchange, (float)s->lr);
-  if (rc != 0) return tide__trainer_fail(tr, rc, "optimizer step %ld failed", tr->step);
+  if (combined) {
+    TIDE_CHECK(ops->update(tr, state, (float)s->lr));
+  } else {
+    int rc = tide_optim_step(tr->optim, tr->params, tr->exchange, (float)s->lr);
+    if (rc != 0) return tide__trainer_fail(tr, rc, "optimizer step %ld failed", tr->step);
+  }
   tr->progress += s->gain;
   tr->step++;
   tr->position += tr->step_count;
@@ -499,7 +508,7 @@ int tide_trainer_step(tide_trainer_t *tr, double loss, tide_step_stats_t *stats)
   s->epochs_done = tr->progress * base / (double)tr->config.dataset_size;
   s->done = tr->progress >= tr->total_progress;
   s->epoch_end = tr->position >= tr->config.dataset_size;
-  s->optim_s = (double)(t3 - t2) * 1e-9;
+  s->optim_s = (double)(t3 - t2) * 1e-9 - (s->exchange_s - (double)(t2 - t1) * 1e-9); /* adasum's is exchange */
   s->step_s = (double)(t3 - tr->last_step_end_ns) * 1e-9;
   s->throughput = s->step_s > 0 ? total / s->step_s : NAN;
   tr->prev_exchange_s = s->exchange_s;

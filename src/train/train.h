@@ -24,7 +24,11 @@ enum {
 
 /* One way of exchanging the step's gradient. run sums tr->exchange over the
  * ranks in place: [0, nparams) the gradient (exactly or compressed with
- * error feedback), then the statistics slots exactly. */
+ * error feedback), then the statistics slots exactly. An exchange that
+ * combines the ranks' updates instead (adasum) has update: its run sums only
+ * the statistics, the gradient stays this rank's mean, and update replaces
+ * the optimizer step (each rank steps its own optimizer, the exchange
+ * combines the resulting parameter changes). */
 typedef struct {
   const char *name;
   int (*open)(tide_trainer_t *tr, void **state);
@@ -33,6 +37,7 @@ typedef struct {
   /* The compressor holding this rank's error-feedback residual (NULL for
    * exact exchanges). */
   tide_compressor_t *(*compressor)(void *state);
+  int (*update)(tide_trainer_t *tr, void *state, float lr); /* NULL: the trainer's optimizer step */
 } tide__exchange_ops_t;
 
 extern const tide__exchange_ops_t tide__exchanges[TIDE_EXCHANGE_COUNT];
