@@ -162,6 +162,22 @@ static void eval_every(void) {
   snprintf(path, sizeof path, "%s/never/summary.json", runs);
   slurp(path, summary, sizeof summary);
   CHECK(strstr(summary, "\"time_to_target_s\":null,\"eval_s_to_target\":null,\"step_to_target\":null") != NULL);
+  /* --stop-at-target: the run ends at the evaluation that reached it */
+  snprintf(cmd, sizeof cmd,
+           "%s/tiderun -np 2 %s/tide-train --model mlp --epochs 3 --batch 32 --subset 3000 --eval-every 5 "
+           "--target-accuracy 0.6 --stop-at-target --name stop --runs %s 2>&1",
+           tools, tools, runs);
+  rc = run(cmd, out, sizeof out);
+  if (rc != 0) {
+    fprintf(stderr, "%s\n-> exit %d\n%s\n", cmd, rc, out);
+    exit(1);
+  }
+  snprintf(path, sizeof path, "%s/stop/summary.json", runs);
+  slurp(path, summary, sizeof summary);
+  double stopped = number_after(summary, "\"step_to_target\":");
+  CHECK(stopped > 0 && stopped == number_after(summary, "\"steps\":"));
+  CHECK(stopped < 3 * ((3000 / 2 + 31) / 32));
+  CHECK(strstr(summary, "\"replicas_identical\":true") != NULL);
 }
 
 static void refused(const char *args, const char *expect) {
@@ -202,8 +218,12 @@ int main(void) {
   /* sparse gradients with error feedback: the loss must fall too */
   train(2, "topk:0.01");
   train(2, "hitopk:0.01");
+  /* each worker's optimizer step, combined by Adasum */
+  train(4, "adasum");
   eval_every();
-  refused("--grad hitopk:2", "--grad must be dense, topk:RHO or hitopk:RHO");
+  refused("--grad hitopk:2", "--grad must be dense, adasum, topk:RHO or hitopk:RHO");
+  refused("--grad adasum:0.1", "--grad must be dense, adasum, topk:RHO or hitopk:RHO");
+  refused("--stop-at-target", "--stop-at-target needs --target-accuracy");
   char cmd[2048];
   snprintf(cmd, sizeof cmd, "rm -rf %s", runs);
   return system(cmd) == 0 ? 0 : 1;

@@ -24,6 +24,7 @@ typedef struct {
   long base_batch;        /* 0: workers x batch */
   double lr, momentum, weight_decay, final_lr; /* momentum < 0: the optimizer's default */
   double target_accuracy; /* 0 = none */
+  int stop_at_target;
   double gns_decay;
   tide_exchange_t exchange;
   double density; /* of the sparse exchanges */
@@ -65,6 +66,7 @@ static void usage(FILE *out) {
           "                           metrics.jsonl, its time_s counted from the start of training\n"
           "  --target-accuracy X      record in summary.json the time at which test accuracy first\n"
           "                           reached X (a fraction, e.g. 0.85), at any evaluation\n"
+          "  --stop-at-target         end the run at the evaluation that reaches --target-accuracy\n"
           "  --save-params            at each data-epoch end write the parameters (float32) to\n"
           "                           runs/NAME/params-epochE.bin, their tensors to tensors.json\n"
           "  --seed N                 seed for initialisation and shuffling (default 1)\n"
@@ -123,8 +125,9 @@ static int parse_options(int argc, char **argv, options_t *o) {
       {"grad", 1, 0, 'g'},     {"seed", 1, 0, 'S'},     {"name", 1, 0, 'n'},         {"runs", 1, 0, 'r'},
       {"data", 1, 0, 'd'},     {"subset", 1, 0, 'u'},   {"threads", 1, 0, 't'},      {"warmup-epochs", 1, 0, 'W'},
       {"selector", 1, 0, 'K'}, {"sparse-warmup-epochs", 1, 0, 'P'}, {"eval-every", 1, 0, 'E'},
-      {"target-accuracy", 1, 0, 'A'}, {"adapt", 1, 0, 'a'}, {"max-batch", 1, 0, 'B'}, {"base-batch", 1, 0, 'Z'},
-      {"gns-decay", 1, 0, 'G'}, {"save-params", 0, 0, 'V'}, {"help", 0, 0, 'h'},    {0, 0, 0, 0}};
+      {"target-accuracy", 1, 0, 'A'}, {"stop-at-target", 0, 0, 'T'}, {"adapt", 1, 0, 'a'}, {"max-batch", 1, 0, 'B'},
+      {"base-batch", 1, 0, 'Z'}, {"gns-decay", 1, 0, 'G'}, {"save-params", 0, 0, 'V'}, {"help", 0, 0, 'h'},
+      {0, 0, 0, 0}};
   int c, seed, base = 0;
   opterr = 0;
   while ((c = getopt_long(argc, argv, "h", longs, NULL)) != -1) {
@@ -150,6 +153,7 @@ static int parse_options(int argc, char **argv, options_t *o) {
       case 'K': o->selector = optarg; break;
       case 'P': if (parse_int("--sparse-warmup-epochs", optarg, 0, &o->sparse_warmup_epochs)) return -1; break;
       case 'E': if (parse_int("--eval-every", optarg, 0, &o->eval_every)) return -1; break;
+      case 'T': o->stop_at_target = 1; break;
       case 'A': if (parse_fraction("--target-accuracy", optarg, &o->target_accuracy)) return -1; break;
       case 'a': o->adapt = optarg; break;
       case 'V': o->save_params = 1; break;
@@ -189,6 +193,10 @@ static int parse_options(int argc, char **argv, options_t *o) {
               o->grad);
       return -1;
     }
+  }
+  if (o->stop_at_target && o->target_accuracy == 0) {
+    fprintf(stderr, "tide-train: --stop-at-target needs --target-accuracy X\n");
+    return -1;
   }
   if (o->max_batch == 0) o->max_batch = o->adapt != NULL && o->batch < 256 ? 256 : o->batch;
   if (o->max_batch < o->batch) {
@@ -540,6 +548,7 @@ static int train(job_t *job) {
     } else if (job->o.eval_every > 0 && s.step % job->o.eval_every == 0 && evaluate(job, "eval", &s) != 0) {
       return 1;
     }
+    if (job->o.stop_at_target && job->target_time_s >= 0) break; /* every rank saw the same accuracy */
   }
   if (rc != 0) return fail(job, rc, "training step");
   return 0;
@@ -606,9 +615,9 @@ static int finish(job_t *job) {
           job->samples / wall, job->test_loss, job->test_acc, target, time_to, eval_to, step_to, epoch_to,
           identical ? "true" : "false", (unsigned long long)checksum0);
   fclose(f);
-  printf("final test accuracy %.2f%% after %d epochs (%ld steps) in %.1f s; replicas identical: %s\nrun written to "
+  printf("final test accuracy %.2f%% after %.2f epochs (%ld steps) in %.1f s; replicas identical: %s\nrun written to "
          "%s/\n",
-         100 * job->test_acc, o->epochs, s->step, wall, identical ? "yes" : "NO", job->dir);
+         100 * job->test_acc, s->epochs_done, s->step, wall, identical ? "yes" : "NO", job->dir);
   return identical ? 0 : 1;
 }
 
