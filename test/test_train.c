@@ -26,17 +26,23 @@ static double number_after(const char *text, const char *key) {
   return at ? atof(at + strlen(key)) : -1;
 }
 
-static void train(int np, const char *grad) {
-  char cmd[4096], out[65536];
-  snprintf(cmd, sizeof cmd,
-           "%s/tiderun -np %d %s/tide-train --model mlp --epochs 2 --batch 32 --subset 3000 --lr 0.05 "
-           "--grad %s --name np%d --runs %s 2>&1",
-           tools, np, tools, grad, np, runs);
+/* Runs cmd; on failure prints it with its output and exits. */
+static void run_ok(const char *cmd) {
+  char out[65536];
   int rc = run(cmd, out, sizeof out);
   if (rc != 0) {
     fprintf(stderr, "%s\n-> exit %d\n%s\n", cmd, rc, out);
     exit(1);
   }
+}
+
+static void train(int np, const char *grad) {
+  char cmd[4096];
+  snprintf(cmd, sizeof cmd,
+           "%s/tiderun -np %d %s/tide-train --model mlp --epochs 2 --batch 32 --subset 3000 --lr 0.05 "
+           "--grad %s --name np%d --runs %s 2>&1",
+           tools, np, tools, grad, np, runs);
+  run_ok(cmd);
   char path[2048];
   snprintf(path, sizeof path, "%s/np%d/summary.json", runs, np);
   FILE *f = fopen(path, "r");
@@ -89,23 +95,24 @@ static void slurp(const char *path, char *buf, size_t cap) {
   fclose(f);
 }
 
+/* Trains the MLP on np ranks with args as run `name`; its summary.json. */
+static void mlp_run(int np, const char *args, const char *name, char *summary, size_t cap) {
+  char cmd[4096], path[2048];
+  snprintf(cmd, sizeof cmd, "%s/tiderun -np %d %s/tide-train --model mlp %s --name %s --runs %s 2>&1", tools, np,
+           tools, args, name, runs);
+  run_ok(cmd);
+  snprintf(path, sizeof path, "%s/%s/summary.json", runs, name);
+  slurp(path, summary, cap);
+}
+
 /* --eval-every 10 on 2 ranks, 3000 images, batch 32: 47 steps an epoch, so
  * eval lines at steps 10, 20, ..., 90 (none falls on an epoch end), in order
  * with the epoch lines; --target-accuracy names the first evaluation of
  * either kind at or above it. */
 static void eval_every(void) {
-  char cmd[4096], out[65536], path[2048], summary[4096];
-  snprintf(cmd, sizeof cmd,
-           "%s/tiderun -np 2 %s/tide-train --model mlp --epochs 2 --batch 32 --subset 3000 --lr 0.05 "
-           "--eval-every 10 --target-accuracy 0.6 --name eval --runs %s 2>&1",
-           tools, tools, runs);
-  int rc = run(cmd, out, sizeof out);
-  if (rc != 0) {
-    fprintf(stderr, "%s\n-> exit %d\n%s\n", cmd, rc, out);
-    exit(1);
-  }
-  snprintf(path, sizeof path, "%s/eval/summary.json", runs);
-  slurp(path, summary, sizeof summary);
+  char path[2048], summary[4096];
+  mlp_run(2, "--epochs 2 --batch 32 --subset 3000 --lr 0.05 --eval-every 10 --target-accuracy 0.6", "eval", summary,
+          sizeof summary);
   CHECK(number_after(summary, "\"eval_every\":") == 10);
   CHECK(number_after(summary, "\"target_accuracy\":") == 0.6);
   snprintf(path, sizeof path, "%s/eval/metrics.jsonl", runs);
@@ -150,30 +157,11 @@ static void eval_every(void) {
   CHECK(near(number_after(summary, "\"time_to_target_s\":"), first_time));
   CHECK(number_after(summary, "\"time_to_target_s\":") <= number_after(summary, "\"wall_s\":"));
   /* never reached: null */
-  snprintf(cmd, sizeof cmd,
-           "%s/tiderun -np 1 %s/tide-train --model mlp --epochs 1 --batch 32 --subset 320 --eval-every 4 "
-           "--target-accuracy 1 --name never --runs %s 2>&1",
-           tools, tools, runs);
-  rc = run(cmd, out, sizeof out);
-  if (rc != 0) {
-    fprintf(stderr, "%s\n-> exit %d\n%s\n", cmd, rc, out);
-    exit(1);
-  }
-  snprintf(path, sizeof path, "%s/never/summary.json", runs);
-  slurp(path, summary, sizeof summary);
+  mlp_run(1, "--epochs 1 --batch 32 --subset 320 --eval-every 4 --target-accuracy 1", "never", summary, sizeof summary);
   CHECK(strstr(summary, "\"time_to_target_s\":null,\"eval_s_to_target\":null,\"step_to_target\":null") != NULL);
   /* --stop-at-target: the run ends at the evaluation that reached it */
-  snprintf(cmd, sizeof cmd,
-           "%s/tiderun -np 2 %s/tide-train --model mlp --epochs 3 --batch 32 --subset 3000 --eval-every 5 "
-           "--target-accuracy 0.6 --stop-at-target --name stop --runs %s 2>&1",
-           tools, tools, runs);
-  rc = run(cmd, out, sizeof out);
-  if (rc != 0) {
-    fprintf(stderr, "%s\n-> exit %d\n%s\n", cmd, rc, out);
-    exit(1);
-  }
-  snprintf(path, sizeof path, "%s/stop/summary.json", runs);
-  slurp(path, summary, sizeof summary);
+  mlp_run(2, "--epochs 3 --batch 32 --subset 3000 --eval-every 5 --target-accuracy 0.6 --stop-at-target", "stop",
+          summary, sizeof summary);
   double stopped = number_after(summary, "\"step_to_target\":");
   CHECK(stopped > 0 && stopped == number_after(summary, "\"steps\":"));
   CHECK(stopped < 3 * ((3000 / 2 + 31) / 32));
