@@ -55,7 +55,7 @@ for w in $workers; do
     best=$(grep -o '"test_accuracy":[0-9.]*' "$m" 2>/dev/null | cut -d: -f2 | sort -g | tail -1)
     best=$(awk -v b="${best:-0}" 'BEGIN { printf "%.2f%%", 100 * b }')
     if grep -q "diverged" "$runs/$name.log"; then
-      at=$(grep -o 'step [0-9]*: the loss' "$runs/$name.log" | head -1 | cut -d' ' -f2)
+      at=$(grep -o 'step [0-9]*: the loss' "$runs/$name.log" | head -1 | cut -d' ' -f2 | tr -d :)
       reached="diverged (step $at)" wall="-"
     elif [ $rc -ne 0 ] || [ ! -f "$s" ]; then
       tail -5 "$runs/$name.log" >&2
