@@ -164,6 +164,32 @@ static void eval_every(void) {
   CHECK(strstr(summary, "\"time_to_target_s\":null,\"eval_s_to_target\":null,\"step_to_target\":null") != NULL);
 }
 
+/* --pto: the same parameters (summary.json's checksum) as the replicated
+ * run for Adam, whose allreduce of the MLP's gradient is the ring PTO's
+ * reduce-scatter halves. */
+static void pto_same(int np) {
+  char sums[2][64];
+  for (int pto = 0; pto <= 1; pto++) {
+    char cmd[4096], out[65536], path[2048], summary[4096];
+    snprintf(cmd, sizeof cmd,
+             "%s/tiderun -np %d %s/tide-train --model mlp --epochs 1 --batch 32 --subset 2000 --optim adam --lr 0.001 "
+             "--threads 1 %s --name pto%d --runs %s 2>&1",
+             tools, np, tools, pto ? "--pto" : "", pto, runs);
+    int rc = run(cmd, out, sizeof out);
+    if (rc != 0) {
+      fprintf(stderr, "%s\n-> exit %d\n%s\n", cmd, rc, out);
+      exit(1);
+    }
+    snprintf(path, sizeof path, "%s/pto%d/summary.json", runs, pto);
+    slurp(path, summary, sizeof summary);
+    const char *at = strstr(summary, "\"checksum\":\"");
+    CHECK(at != NULL && strstr(summary, "\"replicas_identical\":true") != NULL);
+    snprintf(sums[pto], sizeof sums[pto], "%.16s", at + 12);
+  }
+  fprintf(stderr, "np=%d --pto: checksum %s, replicated %s\n", np, sums[1], sums[0]);
+  CHECK(strcmp(sums[0], sums[1]) == 0);
+}
+
 static void refused(const char *args, const char *expect) {
   char cmd[4096], out[65536];
   snprintf(cmd, sizeof cmd, "%s/tiderun -np 1 %s/tide-train %s --runs %s 2>&1", tools, tools, args, runs);
@@ -203,6 +229,7 @@ int main(void) {
   train(2, "topk:0.01");
   train(2, "hitopk:0.01");
   eval_every();
+  pto_same(3);
   refused("--grad hitopk:2", "--grad must be dense, topk:RHO or hitopk:RHO");
   char cmd[2048];
   snprintf(cmd, sizeof cmd, "rm -rf %s", runs);
