@@ -802,6 +802,9 @@ const tide_step_stats_t *tide_trainer_stats(const tide_trainer_t *tr);
 int tide_trainer_tensor_stats(const tide_trainer_t *tr, size_t tensor, double *grad_sq, double *trace_sigma);
 /* The message of the last failure ("" if none). */
 const char *tide_trainer_last_error(const tide_trainer_t *tr);
+/* Bytes of optimizer state (momentum, moments) this rank keeps: the whole
+ * model's, or under config.pto its shard's; 0 for a NULL trainer. */
+size_t tide_trainer_optim_bytes(const tide_trainer_t *tr);
 
 /* State an elastic resize or a checkpoint moves: step, progress, data epoch
  * and position, batch plan, exchange, the monitor's averages, the policies'

@@ -270,6 +270,11 @@ static int trainer_rank(int rank, int size, void *arg) {
   CHECK_OK(tide_trainer_tensor_stats(rep, 0, &g2a, NULL));
   CHECK_OK(tide_trainer_tensor_stats(pto, 0, &g2b, NULL));
   CHECK(isnan(g2a) ? isnan(g2b) : fabs(g2a - g2b) <= 1e-5 * fabs(g2a));
+  /* each rank keeps the state of its shard: 1/size of the whole, summed */
+  size_t bytes[2] = {tide_trainer_optim_bytes(rep), tide_trainer_optim_bytes(pto)};
+  CHECK_OK(tide_allreduce(comm, bytes, bytes, 2, TIDE_I64, TIDE_SUM));
+  CHECK(bytes[0] == (size_t)size * tide_trainer_optim_bytes(rep) && bytes[1] == tide_trainer_optim_bytes(rep));
+  CHECK(tide_trainer_optim_bytes(NULL) == 0);
   /* every rank holds the same parameters */
   float all[5 * N];
   CHECK_OK(tide_allgather(comm, wp, all, N, TIDE_F32));

@@ -124,3 +124,11 @@ int tide__pto_gather_state(const tide_trainer_t *tr, void *optim_blob) {
   }
   return 0;
 }
+
+size_t tide_trainer_optim_bytes(const tide_trainer_t *tr) {
+  if (tr == NULL) return 0;
+  int nbuffers;
+  size_t count;
+  if (tide_optim_state_layout(tr->optim, NULL, &nbuffers, NULL, &count) != 0) return 0;
+  return (size_t)nbuffers * count * sizeof(float);
+}
