@@ -335,6 +335,31 @@ int tide_optim_create(const tide_optim_config_t *config, const tide_tensor_t *te
  * in place, reading grads[0..nparams); the two must not overlap. Allocates
  * nothing. Non-finite gradients propagate into params, as in torch. */
 int tide_optim_step(tide_optim_t *opt, float *params, const float *grads, float lr);
+/* A shard of an optimizer, for data-parallel ranks that each update a part
+ * of the model and all-gather the parameters (the parallel tensor
+ * operation, ZeRO stage 1): it keeps state for its elements alone. */
+typedef struct {
+  size_t offset, count; /* this shard's elements [offset, offset + count) of the model */
+  /* LARS, LAMB: sums values[0..count) in place over every shard of the
+   * model (an allreduce of doubles over the ranks), giving each tensor's
+   * norms whichever shards hold it. Every shard calls it once per step with
+   * the same count (2 per tensor), so it may be collective. May be NULL
+   * for the other kinds, or when the shard is the whole model. Returns 0 or
+   * a TIDE_E* code, which the step returns. */
+  int (*sum)(double *values, size_t count, void *arg);
+  void *arg;
+} tide_optim_shard_t;
+/* As tide_optim_create, for the shard's elements only: tensors still tile
+ * the whole model's [0, nparams) (a tensor may be cut by the shard's
+ * ends), and the state is allocated for shard->count elements. Its
+ * tide_optim_step reads and writes params[0..count) and grads[0..count):
+ * pass pointers to the shard's slice. The element-wise kinds give the bits
+ * the whole model's optimizer gives on that slice; LARS and LAMB sum their
+ * per-tensor norms in another order (partial sums over the pieces), so
+ * their trust ratios may differ in the last bits of a double. TIDE_EINVAL
+ * for a shard outside [0, nparams) or LARS/LAMB without sum on a part. */
+int tide_optim_create_shard(const tide_optim_config_t *config, const tide_tensor_t *tensors, size_t ntensors,
+                            size_t nparams, const tide_optim_shard_t *shard, tide_optim_t **out);
 /* Number of steps applied so far (restored by tide_optim_state_set). */
 int64_t tide_optim_step_count(const tide_optim_t *opt);
 
@@ -347,6 +372,15 @@ int tide_optim_state_get(const tide_optim_t *opt, void *buf, size_t len);
 /* Replaces the state with one from tide_optim_state_get of an optimizer of
  * the same kind and nparams; TIDE_EINVAL (state unchanged) otherwise. */
 int tide_optim_state_set(tide_optim_t *opt, const void *buf, size_t len);
+/* The state blob is the whole model's for a shard too: the header, then
+ * *nbuffers buffers of nparams floats from byte *first. A shard writes its
+ * slice [*offset, *offset + *count) of each buffer and zeroes the rest;
+ * gathering every shard's slices (tide_allgatherv in place, once per
+ * buffer) gives the blob the whole model's optimizer writes, and a shard
+ * restores its slice from such a blob, so a saved state re-shards on
+ * restore (any number of shards, or none). The state a shard keeps is
+ * *nbuffers x *count floats. Outputs may be NULL. */
+int tide_optim_state_layout(const tide_optim_t *opt, size_t *first, int *nbuffers, size_t *offset, size_t *count);
 void tide_optim_destroy(tide_optim_t *opt);
 
 /* "sgd", "momentum", "nesterov", "adam", "adamw", "lars", "lamb"; "?" for
@@ -680,6 +714,11 @@ typedef struct {
   double gns_decay;             /* the monitor's moving averages keep decay^(M/M0) of their
                                    value per step of global batch M (in (0, 1), default 0.99) */
   int tensor_stats;             /* 1: noise scale per tensor too (tide_trainer_tensor_stats) */
+  int pto;                      /* 1: the parallel tensor operation (docs/algorithms.md, "PTO"):
+                                   each rank updates 1/ranks of the parameters, keeps optimizer
+                                   state for that shard alone, and the parameters are
+                                   all-gathered; under dense the gradient is reduce-scattered
+                                   instead of all-reduced. Dense, topk and hitopk only (default 0) */
 } tide_trainer_config_t;
 
 void tide_trainer_config_default(tide_trainer_config_t *out);
@@ -737,8 +776,10 @@ typedef struct {
   double noise_scale;    /* B_simple = trace_sigma / grad_sq (smoothed separately) */
   double gain_ratio;     /* AdaScale's r at this step's scale (1 until known) */
   double compute_s;      /* this rank: data and forward/backward of the step's micro-batches */
-  double exchange_s;     /* this rank: the exchange, waiting for peers included */
-  double optim_s;        /* this rank: averaging, statistics, policies and optimizer */
+  double exchange_s;     /* this rank: the exchange, waiting for peers included (PTO: and
+                            the parameter all-gather) */
+  double optim_s;        /* this rank: averaging, statistics, policies and optimizer (PTO:
+                            on this rank's shard) */
   double step_s;         /* this rank: wall time since the previous step ended */
   double compute_min_s, compute_median_s, compute_max_s; /* this step's compute_s over ranks */
   int slowest_rank;      /* rank with compute_max_s */
@@ -763,12 +804,19 @@ const tide_step_stats_t *tide_trainer_stats(const tide_trainer_t *tr);
 int tide_trainer_tensor_stats(const tide_trainer_t *tr, size_t tensor, double *grad_sq, double *trace_sigma);
 /* The message of the last failure ("" if none). */
 const char *tide_trainer_last_error(const tide_trainer_t *tr);
+/* Bytes of optimizer state (momentum, moments) this rank keeps: the whole
+ * model's, or under config.pto its shard's; 0 for a NULL trainer. */
+size_t tide_trainer_optim_bytes(const tide_trainer_t *tr);
 
 /* State an elastic resize or a checkpoint moves: step, progress, data epoch
  * and position, batch plan, exchange, the monitor's averages, the policies'
  * state, the optimizer's state and this rank's compressor residual (rank
  * specific: error feedback not yet sent). Parameters are the caller's and
- * not included. Host byte order. */
+ * not included. Host byte order. Under config.pto the optimizer state is
+ * still the whole model's: tide_trainer_state_get gathers every rank's
+ * shard (so it is collective then), and tide_trainer_state_set keeps this
+ * rank's shard of it, so a state restores on any number of ranks, with
+ * PTO or without. */
 size_t tide_trainer_state_size(const tide_trainer_t *tr);
 int tide_trainer_state_get(const tide_trainer_t *tr, void *buf, size_t len);
 /* Restores a state from a trainer with the same config, nparams and

@@ -168,6 +168,25 @@ static void eval_every(void) {
   CHECK(strstr(summary, "\"replicas_identical\":true") != NULL);
 }
 
+/* --pto: the same parameters (summary.json's checksum) as the replicated
+ * run for Adam, whose allreduce of the MLP's gradient is the ring PTO's
+ * reduce-scatter halves. */
+static void pto_same(int np) {
+  char sums[2][64];
+  for (int pto = 0; pto <= 1; pto++) {
+    char summary[4096], name[16];
+    snprintf(name, sizeof name, "pto%d", pto);
+    mlp_run(np, pto ? "--epochs 1 --batch 32 --subset 2000 --optim adam --lr 0.001 --threads 1 --pto"
+                    : "--epochs 1 --batch 32 --subset 2000 --optim adam --lr 0.001 --threads 1",
+            name, summary, sizeof summary);
+    const char *at = strstr(summary, "\"checksum\":\"");
+    CHECK(at != NULL && strstr(summary, "\"replicas_identical\":true") != NULL);
+    snprintf(sums[pto], sizeof sums[pto], "%.16s", at + 12);
+  }
+  fprintf(stderr, "np=%d --pto: checksum %s, replicated %s\n", np, sums[1], sums[0]);
+  CHECK(strcmp(sums[0], sums[1]) == 0);
+}
+
 static void refused(const char *args, const char *expect) {
   char cmd[4096], out[65536];
   snprintf(cmd, sizeof cmd, "%s/tiderun -np 1 %s/tide-train %s --runs %s 2>&1", tools, tools, args, runs);
@@ -209,9 +228,11 @@ int main(void) {
   /* each worker's optimizer step, combined by Adasum */
   train(4, "adasum");
   eval_every();
+  pto_same(3);
   refused("--grad hitopk:2", "--grad must be dense, adasum, topk:RHO or hitopk:RHO");
   refused("--grad adasum:0.1", "--grad must be dense, adasum, topk:RHO or hitopk:RHO");
   refused("--stop-at-target", "--stop-at-target needs --target-accuracy");
+  refused("--pto --grad adasum", "config.pto works with the dense, topk and hitopk exchanges only");
   char cmd[2048];
   snprintf(cmd, sizeof cmd, "rm -rf %s", runs);
   return system(cmd) == 0 ? 0 : 1;

@@ -21,6 +21,7 @@
 typedef struct {
   const char *model, *optim, *schedule, *grad, *name, *data, *runs, *adapt, *selector;
   int epochs, batch, max_batch, threads, subset, warmup_epochs, sparse_warmup_epochs, eval_every, save_params;
+  int pto; /* --pto */
   long base_batch;        /* 0: workers x batch */
   double lr, momentum, weight_decay, final_lr; /* momentum < 0: the optimizer's default */
   double target_accuracy; /* 0 = none */
@@ -54,6 +55,9 @@ static void usage(FILE *out) {
           "                           (TopK-AllGather of the top RHO of the gradient, with error\n"
           "                           feedback), hitopk:RHO (hierarchical top-k, HiTopKComm) or\n"
           "                           adasum (each rank steps its optimizer, Adasum combines the updates)\n"
+          "  --pto                    parallel tensor operation: each worker updates 1/N of the\n"
+          "                           parameters and keeps optimizer state for it, then the\n"
+          "                           parameters are all-gathered (dense, topk, hitopk)\n"
           "  --selector NAME          top-k selector: sampled (default), mstopk, exact, randomk\n"
           "  --sparse-warmup-epochs N density warm-up (DGC): epoch e < N uses RHO^((e+1)/(N+1))\n"
           "                           (default 1)\n"
@@ -126,7 +130,8 @@ static int parse_options(int argc, char **argv, options_t *o) {
       {"data", 1, 0, 'd'},     {"subset", 1, 0, 'u'},   {"threads", 1, 0, 't'},      {"warmup-epochs", 1, 0, 'W'},
       {"selector", 1, 0, 'K'}, {"sparse-warmup-epochs", 1, 0, 'P'}, {"eval-every", 1, 0, 'E'},
       {"target-accuracy", 1, 0, 'A'}, {"stop-at-target", 0, 0, 'T'}, {"adapt", 1, 0, 'a'}, {"max-batch", 1, 0, 'B'},
-      {"base-batch", 1, 0, 'Z'}, {"gns-decay", 1, 0, 'G'}, {"save-params", 0, 0, 'V'}, {"help", 0, 0, 'h'},
+      {"base-batch", 1, 0, 'Z'}, {"gns-decay", 1, 0, 'G'}, {"save-params", 0, 0, 'V'}, {"pto", 0, 0, 'p'},
+      {"help", 0, 0, 'h'},
       {0, 0, 0, 0}};
   int c, seed, base = 0;
   opterr = 0;
@@ -157,6 +162,7 @@ static int parse_options(int argc, char **argv, options_t *o) {
       case 'A': if (parse_fraction("--target-accuracy", optarg, &o->target_accuracy)) return -1; break;
       case 'a': o->adapt = optarg; break;
       case 'V': o->save_params = 1; break;
+      case 'p': o->pto = 1; break;
       case 'G': if (parse_fraction("--gns-decay", optarg, &o->gns_decay) || o->gns_decay >= 1) {
                   fprintf(stderr, "tide-train: --gns-decay must be in (0, 1)\n");
                   return -1;
@@ -327,6 +333,7 @@ static int build(job_t *job) {
   c.density = o->density;
   c.sparse_warmup_epochs = o->sparse_warmup_epochs;
   c.gns_decay = o->gns_decay;
+  c.pto = o->pto;
   if (tide_topk_parse(o->selector, &c.selector) != 0) {
     fprintf(stderr, "tide-train: --selector must be sampled, mstopk, exact or randomk, got \"%s\"\n", o->selector);
     return 2;

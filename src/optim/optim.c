@@ -36,7 +36,17 @@ struct tide_optim {
   size_t nparams;
   tensor_t *tensors; /* sorted by offset */
   size_t ntensors;
-  int nbuffers; /* float buffers of nparams each in `state` */
+  /* The elements this optimizer updates: [offset, offset + count) of the
+   * model (0, nparams unless it is a shard), and the tensors that meet
+   * them, [first, last). */
+  size_t offset, count;
+  size_t first, last;
+  /* A shard's per-tensor partial norms (2 per tensor) and how they are
+   * summed over the shards (LARS, LAMB; sum NULL when not a shard). */
+  double *norms;
+  int (*sum)(double *values, size_t count, void *arg);
+  void *sum_arg;
+  int nbuffers; /* float buffers of `count` each in `state` */
   float *state; /* momentum, or first then second moments */
   int64_t step;
 };
@@ -214,42 +224,76 @@ fail:
   return rc;
 }
 
-int tide_optim_create(const tide_optim_config_t *config, const tide_tensor_t *tensors,
-                      size_t ntensors, size_t nparams, tide_optim_t **out) {
+static int create(const char *fn, const tide_optim_config_t *config, const tide_tensor_t *tensors, size_t ntensors,
+                  size_t nparams, const tide_optim_shard_t *shard, tide_optim_t **out) {
   if (out == NULL) {
-    TIDE_ERROR("tide_optim_create: out is NULL");
+    TIDE_ERROR("%s: out is NULL", fn);
     return TIDE_EINVAL;
   }
   TIDE_CHECK(tide_optim_config_check(config));
   if (nparams == 0) {
-    TIDE_ERROR("tide_optim_create: nparams is 0: there is nothing to optimize");
+    TIDE_ERROR("%s: nparams is 0: there is nothing to optimize", fn);
     return TIDE_EINVAL;
   }
   if (ntensors > 0 && tensors == NULL) {
-    TIDE_ERROR("tide_optim_create: tensors is NULL but ntensors=%zu", ntensors);
+    TIDE_ERROR("%s: tensors is NULL but ntensors=%zu", fn, ntensors);
     return TIDE_EINVAL;
+  }
+  size_t offset = 0, count = nparams;
+  if (shard != NULL) {
+    offset = shard->offset, count = shard->count;
+    if (offset > nparams || count > nparams - offset) {
+      TIDE_ERROR("%s: shard [%zu, %zu + %zu) lies outside the %zu parameters", fn, offset, offset, count, nparams);
+      return TIDE_EINVAL;
+    }
+    int layerwise = config->kind == TIDE_OPTIM_LARS || config->kind == TIDE_OPTIM_LAMB;
+    if (layerwise && count < nparams && shard->sum == NULL) {
+      TIDE_ERROR("%s: shard.sum is NULL: %s needs each tensor's norm over all shards (give a sum over the ranks, "
+                 "e.g. an allreduce of doubles)", fn, kind_names[config->kind]);
+      return TIDE_EINVAL;
+    }
   }
   int nbuffers = state_buffers(config->kind);
   if (nbuffers > 0 && nparams > SIZE_MAX / sizeof(float) / (size_t)nbuffers) {
-    TIDE_ERROR("tide_optim_create: nparams=%zu is too large for the optimizer state", nparams);
+    TIDE_ERROR("%s: nparams=%zu is too large for the optimizer state", fn, nparams);
     return TIDE_EINVAL;
   }
   int rc = 0;
   tide_optim_t *opt = tide__calloc(1, sizeof *opt);
   if (opt == NULL) {
-    TIDE_ERROR("tide_optim_create: out of memory");
+    TIDE_ERROR("%s: out of memory", fn);
     return TIDE_ENOMEM;
   }
   opt->config = *config;
   opt->nparams = nparams;
   opt->nbuffers = nbuffers;
+  opt->offset = offset;
+  opt->count = count;
   TIDE_CHECK_GOTO(copy_tensors(config, tensors, ntensors, nparams, &opt->tensors, &opt->ntensors),
                   rc, fail);
+  opt->first = opt->ntensors, opt->last = 0;
+  for (size_t k = 0; k < opt->ntensors; k++) {
+    const tensor_t *t = &opt->tensors[k];
+    if (t->offset < offset + count && t->offset + t->count > offset) {
+      if (opt->first > k) opt->first = k;
+      opt->last = k + 1;
+    }
+  }
+  if (opt->first > opt->last) opt->first = opt->last;
+  if (shard != NULL && count < nparams && shard->sum != NULL) {
+    opt->sum = shard->sum;
+    opt->sum_arg = shard->arg;
+    opt->norms = tide__calloc(2 * opt->ntensors, sizeof *opt->norms);
+    if (opt->norms == NULL) {
+      rc = TIDE_ENOMEM;
+      goto fail;
+    }
+  }
   if (nbuffers > 0) {
-    opt->state = tide__calloc((size_t)nbuffers * nparams, sizeof(float));
+    opt->state = tide__calloc((size_t)nbuffers * (count ? count : 1), sizeof(float));
     if (opt->state == NULL) {
-      TIDE_ERROR("tide_optim_create: cannot allocate %zu bytes of %s state",
-                 (size_t)nbuffers * nparams * sizeof(float), kind_names[config->kind]);
+      TIDE_ERROR("%s: cannot allocate %zu bytes of %s state", fn, (size_t)nbuffers * count * sizeof(float),
+                 kind_names[config->kind]);
       rc = TIDE_ENOMEM;
       goto fail;
     }
@@ -261,9 +305,24 @@ fail:
   return rc;
 }
 
+int tide_optim_create(const tide_optim_config_t *config, const tide_tensor_t *tensors,
+                      size_t ntensors, size_t nparams, tide_optim_t **out) {
+  return create("tide_optim_create", config, tensors, ntensors, nparams, NULL, out);
+}
+
+int tide_optim_create_shard(const tide_optim_config_t *config, const tide_tensor_t *tensors, size_t ntensors,
+                            size_t nparams, const tide_optim_shard_t *shard, tide_optim_t **out) {
+  if (shard == NULL) {
+    TIDE_ERROR("tide_optim_create_shard: shard is NULL (tide_optim_create makes an optimizer of the whole model)");
+    return TIDE_EINVAL;
+  }
+  return create("tide_optim_create_shard", config, tensors, ntensors, nparams, shard, out);
+}
+
 void tide_optim_destroy(tide_optim_t *opt) {
   if (opt == NULL) return;
   free_tensors(opt->tensors, opt->ntensors);
+  tide__free(opt->norms);
   tide__free(opt->state);
   tide__free(opt);
 }
@@ -375,49 +434,119 @@ static void lars_kernel(float *restrict w, const float *restrict g, float *restr
 
 /* ---- one step ---- */
 
-static void step_lars(tide_optim_t *opt, float *params, const float *grads, float lr) {
-  const tide_optim_config_t *c = &opt->config;
-  for (size_t k = 0; k < opt->ntensors; k++) {
-    const tensor_t *t = &opt->tensors[k];
-    float *w = params + t->offset;
-    const float *g = grads + t->offset;
-    float *buf = opt->state + t->offset;
-    double local_lr = 1.0;
-    float wd = t->plain ? 0.0f : c->weight_decay;
-    if (!t->plain) {
-      double w_norm = sqrt(sum_squares(w, t->count));
-      double g_norm = sqrt(sum_squares(g, t->count));
-      double denom = g_norm + (double)wd * w_norm;
-      /* Ratio 1 when either norm is 0: a zero layer must still be able to
-       * move, and a zero update must not divide by zero. */
-      if (w_norm > 0 && denom > 0)
-        local_lr = (double)c->trust_coef * w_norm / (denom + (double)c->eps);
-    }
-    lars_kernel(w, g, buf, t->count, (float)((double)lr * local_lr), wd, c->momentum);
-  }
+/* Tensor k's piece of the elements this optimizer updates: returns its
+ * length, *at its start in the caller's buffers (which hold just those
+ * elements). */
+static size_t piece(const tide_optim_t *opt, size_t k, size_t *at) {
+  const tensor_t *t = &opt->tensors[k];
+  size_t lo = t->offset > opt->offset ? t->offset : opt->offset;
+  size_t end = t->offset + t->count, shard_end = opt->offset + opt->count;
+  size_t hi = end < shard_end ? end : shard_end;
+  *at = lo - opt->offset;
+  return hi > lo ? hi - lo : 0;
 }
 
-static void step_lamb(tide_optim_t *opt, float *params, const float *grads, float lr) {
+/* LARS's squared norms of tensor k's piece: out[0] = |w|^2, out[1] = |g|^2
+ * (0 for an excluded tensor). */
+static void lars_norms(const tide_optim_t *opt, size_t k, const float *params, const float *grads, double *out) {
+  size_t at, n = piece(opt, k, &at);
+  out[0] = out[1] = 0;
+  if (n == 0 || opt->tensors[k].plain) return;
+  out[0] = sum_squares(params + at, n);
+  out[1] = sum_squares(grads + at, n);
+}
+
+static void lars_update(tide_optim_t *opt, size_t k, float *params, const float *grads, float lr,
+                        const double *norms) {
+  const tide_optim_config_t *c = &opt->config;
+  const tensor_t *t = &opt->tensors[k];
+  size_t at, n = piece(opt, k, &at);
+  if (n == 0) return;
+  double local_lr = 1.0;
+  float wd = t->plain ? 0.0f : c->weight_decay;
+  if (!t->plain) {
+    double w_norm = sqrt(norms[0]), g_norm = sqrt(norms[1]);
+    double denom = g_norm + (double)wd * w_norm;
+    /* Ratio 1 when either norm is 0: a zero layer must still be able to
+     * move, and a zero update must not divide by zero. */
+    if (w_norm > 0 && denom > 0) local_lr = (double)c->trust_coef * w_norm / (denom + (double)c->eps);
+  }
+  lars_kernel(params + at, grads + at, opt->state + at, n, (float)((double)lr * local_lr), wd, c->momentum);
+}
+
+/* LAMB: updates the moments of tensor k's piece; out[0] = |u|^2, out[1] =
+ * |w|^2 (0 for an excluded tensor). */
+static void lamb_norms(tide_optim_t *opt, size_t k, const float *params, const float *grads, float inv_bc1,
+                       float sqrt_bc2, double *out) {
+  const tide_optim_config_t *c = &opt->config;
+  const tensor_t *t = &opt->tensors[k];
+  size_t at, n = piece(opt, k, &at);
+  out[0] = out[1] = 0;
+  if (n == 0) return;
+  float wd = t->plain ? 0.0f : c->weight_decay;
+  out[0] = lamb_moments(params + at, grads + at, opt->state + at, opt->state + opt->count + at, n, c->beta1,
+                        c->beta2, c->eps, wd, inv_bc1, sqrt_bc2);
+  if (!t->plain) out[1] = sum_squares(params + at, n);
+}
+
+static void lamb_update(tide_optim_t *opt, size_t k, float *params, float lr, float inv_bc1, float sqrt_bc2,
+                        const double *norms) {
+  const tide_optim_config_t *c = &opt->config;
+  const tensor_t *t = &opt->tensors[k];
+  size_t at, n = piece(opt, k, &at);
+  if (n == 0) return;
+  float wd = t->plain ? 0.0f : c->weight_decay;
+  double u_norm = sqrt(norms[0]), trust = 1.0;
+  if (!t->plain) {
+    double w_norm = sqrt(norms[1]);
+    if (w_norm > 0 && u_norm > 0) trust = w_norm / u_norm;
+  }
+  lamb_apply(params + at, opt->state + at, opt->state + opt->count + at, n, c->eps, wd, inv_bc1, sqrt_bc2,
+             (float)((double)lr * trust));
+}
+
+/* LARS and LAMB need each tensor's norms before its update. The whole
+ * model's optimizer takes them tensor by tensor (the tensor is still in
+ * cache); a shard takes its partial norms of every tensor, has them summed
+ * over the shards in one call, then updates. */
+static int step_layerwise(tide_optim_t *opt, float *params, const float *grads, float lr) {
   const tide_optim_config_t *c = &opt->config;
   double t = (double)opt->step;
   float inv_bc1 = (float)(1.0 / (1.0 - pow((double)c->beta1, t)));
   float sqrt_bc2 = (float)sqrt(1.0 - pow((double)c->beta2, t));
-  for (size_t k = 0; k < opt->ntensors; k++) {
-    const tensor_t *x = &opt->tensors[k];
-    float *w = params + x->offset;
-    const float *g = grads + x->offset;
-    float *m = opt->state + x->offset;
-    float *v = opt->state + opt->nparams + x->offset;
-    float wd = x->plain ? 0.0f : c->weight_decay;
-    double u_norm = sqrt(lamb_moments(w, g, m, v, x->count, c->beta1, c->beta2, c->eps, wd,
-                                      inv_bc1, sqrt_bc2));
-    double trust = 1.0;
-    if (!x->plain) {
-      double w_norm = sqrt(sum_squares(w, x->count));
-      if (w_norm > 0 && u_norm > 0) trust = w_norm / u_norm;
+  int lars = c->kind == TIDE_OPTIM_LARS;
+  if (opt->sum == NULL) {
+    for (size_t k = opt->first; k < opt->last; k++) {
+      double norms[2];
+      if (lars) {
+        lars_norms(opt, k, params, grads, norms);
+        lars_update(opt, k, params, grads, lr, norms);
+      } else {
+        lamb_norms(opt, k, params, grads, inv_bc1, sqrt_bc2, norms);
+        lamb_update(opt, k, params, lr, inv_bc1, sqrt_bc2, norms);
+      }
     }
-    lamb_apply(w, m, v, x->count, c->eps, wd, inv_bc1, sqrt_bc2, (float)((double)lr * trust));
+    return 0;
   }
+  for (size_t k = 0; k < opt->ntensors; k++) {
+    if (lars)
+      lars_norms(opt, k, params, grads, opt->norms + 2 * k);
+    else
+      lamb_norms(opt, k, params, grads, inv_bc1, sqrt_bc2, opt->norms + 2 * k);
+  }
+  int rc = opt->sum(opt->norms, 2 * opt->ntensors, opt->sum_arg);
+  if (rc != 0) {
+    TIDE_ERROR("tide_optim_step: summing the %s norms over the shards failed (%s): the shard's state is part "
+               "updated; restore it from a saved state", kind_names[c->kind], tide_strerror(rc));
+    return rc;
+  }
+  for (size_t k = opt->first; k < opt->last; k++) {
+    if (lars)
+      lars_update(opt, k, params, grads, lr, opt->norms + 2 * k);
+    else
+      lamb_update(opt, k, params, lr, inv_bc1, sqrt_bc2, opt->norms + 2 * k);
+  }
+  return 0;
 }
 
 int tide_optim_step(tide_optim_t *opt, float *params, const float *grads, float lr) {
@@ -431,42 +560,33 @@ int tide_optim_step(tide_optim_t *opt, float *params, const float *grads, float 
   }
   const tide_optim_config_t *c = &opt->config;
   opt->step++;
-  switch (c->kind) {
-    case TIDE_OPTIM_LARS:
-      step_lars(opt, params, grads, lr);
-      return 0;
-    case TIDE_OPTIM_LAMB:
-      step_lamb(opt, params, grads, lr);
-      return 0;
-    default:
-      break;
-  }
+  if (c->kind == TIDE_OPTIM_LARS || c->kind == TIDE_OPTIM_LAMB) return step_layerwise(opt, params, grads, lr);
   /* torch computes the bias corrections in double and the step in float. */
   double t = (double)opt->step;
   float step_size = (float)((double)lr / (1.0 - pow((double)c->beta1, t)));
   float sqrt_bc2 = (float)sqrt(1.0 - pow((double)c->beta2, t));
-  for (size_t k = 0; k < opt->ntensors; k++) {
+  for (size_t k = opt->first; k < opt->last; k++) {
     const tensor_t *x = &opt->tensors[k];
-    float *w = params + x->offset;
-    const float *g = grads + x->offset;
-    float *s0 = opt->state != NULL ? opt->state + x->offset : NULL;
+    size_t at, n = piece(opt, k, &at);
+    float *w = params + at;
+    const float *g = grads + at;
+    float *s0 = opt->state != NULL ? opt->state + at : NULL;
     float wd = x->plain ? 0.0f : c->weight_decay;
     switch (c->kind) {
       case TIDE_OPTIM_SGD:
-        sgd_kernel(w, g, x->count, lr, wd);
+        sgd_kernel(w, g, n, lr, wd);
         break;
       case TIDE_OPTIM_MOMENTUM:
-        momentum_kernel(w, g, s0, x->count, lr, wd, c->momentum);
+        momentum_kernel(w, g, s0, n, lr, wd, c->momentum);
         break;
       case TIDE_OPTIM_NESTEROV:
-        nesterov_kernel(w, g, s0, x->count, lr, wd, c->momentum);
+        nesterov_kernel(w, g, s0, n, lr, wd, c->momentum);
         break;
       case TIDE_OPTIM_ADAM:
-        adam_kernel(w, g, s0, s0 + opt->nparams, x->count, c->beta1, c->beta2, c->eps, wd, 1.0f,
-                    step_size, sqrt_bc2);
+        adam_kernel(w, g, s0, s0 + opt->count, n, c->beta1, c->beta2, c->eps, wd, 1.0f, step_size, sqrt_bc2);
         break;
       case TIDE_OPTIM_ADAMW:
-        adam_kernel(w, g, s0, s0 + opt->nparams, x->count, c->beta1, c->beta2, c->eps, 0.0f,
+        adam_kernel(w, g, s0, s0 + opt->count, n, c->beta1, c->beta2, c->eps, 0.0f,
                     (float)(1.0 - (double)lr * wd), step_size, sqrt_bc2);
         break;
       default:
@@ -498,8 +618,25 @@ int tide_optim_state_get(const tide_optim_t *opt, void *buf, size_t len) {
   state_header_t h = {STATE_MAGIC,       STATE_VERSION, (uint32_t)opt->config.kind,
                       (uint32_t)opt->nbuffers, (uint64_t)opt->nparams, opt->step};
   memcpy(buf, &h, sizeof h);
-  if (opt->nbuffers > 0)
-    memcpy((char *)buf + sizeof h, opt->state, need - sizeof h);
+  /* A shard fills its slice of each buffer and zeroes the rest. */
+  char *data = (char *)buf + sizeof h;
+  if (opt->count < opt->nparams) memset(data, 0, need - sizeof h);
+  for (int b = 0; b < opt->nbuffers; b++)
+    if (opt->count > 0)
+      memcpy(data + ((size_t)b * opt->nparams + opt->offset) * sizeof(float), opt->state + (size_t)b * opt->count,
+             opt->count * sizeof(float));
+  return 0;
+}
+
+int tide_optim_state_layout(const tide_optim_t *opt, size_t *first, int *nbuffers, size_t *offset, size_t *count) {
+  if (opt == NULL) {
+    TIDE_ERROR("tide_optim_state_layout: opt must not be NULL");
+    return TIDE_EINVAL;
+  }
+  if (first != NULL) *first = sizeof(state_header_t);
+  if (nbuffers != NULL) *nbuffers = opt->nbuffers;
+  if (offset != NULL) *offset = opt->offset;
+  if (count != NULL) *count = opt->count;
   return 0;
 }
 
@@ -535,7 +672,11 @@ int tide_optim_state_set(tide_optim_t *opt, const void *buf, size_t len) {
                len, (long long)h.step, need);
     return TIDE_EINVAL;
   }
-  if (opt->nbuffers > 0) memcpy(opt->state, (const char *)buf + sizeof h, need - sizeof h);
+  const char *data = (const char *)buf + sizeof h;
+  for (int b = 0; b < opt->nbuffers; b++)
+    if (opt->count > 0)
+      memcpy(opt->state + (size_t)b * opt->count, data + ((size_t)b * opt->nparams + opt->offset) * sizeof(float),
+             opt->count * sizeof(float));
   opt->step = h.step;
   return 0;
 }

@@ -65,6 +65,10 @@ static int config_check(const tide_trainer_config_t *c) {
     field = "gns_decay", why = "must be in (0, 1)";
   else if (c->tensor_stats != 0 && c->tensor_stats != 1)
     field = "tensor_stats", why = "must be 0 or 1";
+  else if (c->pto != 0 && c->pto != 1)
+    field = "pto", why = "must be 0 or 1";
+  else if (c->pto && !tide__pto_supports(c->exchange))
+    field = "pto", why = "works with the dense, topk and hitopk exchanges only";
   if (field != NULL) {
     TIDE_ERROR("tide_trainer_create: config.%s %s", field, why);
     return TIDE_EINVAL;
@@ -105,6 +109,7 @@ void tide_trainer_destroy(tide_trainer_t *tr) {
   tide__free(tr->times);
   tide__free(tr->scratch);
   tide__free(tr->pending_residual);
+  tide__pto_close(tr);
   tide__free(tr);
 }
 
@@ -136,8 +141,9 @@ int tide_trainer_create(tide_comm_t *comm, const tide_trainer_config_t *config, 
   tr->nodes = tide_comm_node_count(comm);
   if (tr->config.max_batch == 0) tr->config.max_batch = tr->config.batch;
   if (tr->config.base_batch == 0) tr->config.base_batch = (long)tr->config.batch * tr->ranks;
-  /* The optimizer checks the tiling and names a bad tensor. */
-  TIDE_CHECK_GOTO(tide_optim_create(&tr->config.optim, tensors, ntensors, nparams, &tr->optim), rc, fail);
+  tr->nslots = TIDE__SLOT_TIMES + (size_t)tr->ranks + (config->tensor_stats ? (ntensors ? ntensors : 1) : 0);
+  /* The optimizer (a shard under PTO) checks the tiling and names a bad tensor. */
+  TIDE_CHECK_GOTO(tide__pto_optim_create(tr, tensors, ntensors), rc, fail);
   tr->ntensors = ntensors ? ntensors : 1;
   tr->tensors = tide__calloc(tr->ntensors, sizeof *tr->tensors);
   if (tr->tensors == NULL) goto fail;
@@ -153,7 +159,6 @@ int tide_trainer_create(tide_comm_t *comm, const tide_trainer_config_t *config, 
   for (size_t t = 0; t < tr->ntensors; t++)
     if (tr->tensors[t].name == NULL) goto fail;
   TIDE_CHECK_GOTO(tide_sampler_create(config->dataset_size, config->seed, 0, 1, &tr->sampler), rc, fail);
-  tr->nslots = TIDE__SLOT_TIMES + (size_t)tr->ranks + (config->tensor_stats ? tr->ntensors : 0);
   tr->exchange = tide__malloc((nparams + tr->nslots) * sizeof *tr->exchange);
   tr->tensor_sq = tide__calloc(tr->ntensors, sizeof *tr->tensor_sq);
   tr->tensor_gns = tide__calloc(tr->ntensors, sizeof *tr->tensor_gns);
@@ -231,6 +236,9 @@ static int apply(tide_trainer_t *tr, const tide_decision_t *d) {
   if (d->exchange >= 0) {
     if (d->exchange >= TIDE_EXCHANGE_COUNT)
       return tide__trainer_fail(tr, TIDE_EINVAL, "a policy chose exchange %d, not a tide_exchange_t", d->exchange);
+    if (tr->config.pto && !tide__pto_supports(d->exchange))
+      return tide__trainer_fail(tr, TIDE_EINVAL, "a policy chose exchange %s, which PTO does not run (dense, topk "
+                                "and hitopk do)", tide_exchange_name((tide_exchange_t)d->exchange));
     tr->exchange_kind = (tide_exchange_t)d->exchange;
     tr->stats.exchange = tr->exchange_kind;
   }
@@ -326,8 +334,7 @@ static double scale_into(float *restrict x, const float *restrict g, size_t n, f
   return total;
 }
 
-/* x[i] *= c over [0, n); returns sum x[i]^2 after scaling. */
-static double scale_in_place(float *restrict x, size_t n, float c) {
+double tide__scale_in_place(float *restrict x, size_t n, float c) {
   const v4f cv = {c, c, c, c};
   double total = 0;
   for (size_t i = 0; i < n;) {
@@ -371,7 +378,7 @@ static double accumulate(tide_trainer_t *tr, float count, double *tensor_sq) {
 static double average(tide_trainer_t *tr, float inv, double *tensor_sq) {
   double total = 0;
   for (size_t t = 0; t < tr->ntensors; t++) {
-    double sq = scale_in_place(tr->exchange + tr->tensors[t].offset, tr->tensors[t].count, inv);
+    double sq = tide__scale_in_place(tr->exchange + tr->tensors[t].offset, tr->tensors[t].count, inv);
     if (tensor_sq != NULL) tensor_sq[t] = sq;
     total += sq;
   }
@@ -442,7 +449,7 @@ int tide_trainer_step(tide_trainer_t *tr, double loss, tide_step_stats_t *stats)
   void *state = NULL;
   TIDE_CHECK(exchange_state(tr, &state));
   int64_t t1 = tide__now_ns();
-  TIDE_CHECK(ops->run(tr, state));
+  TIDE_CHECK(tide__pto_reduces(tr) ? tide__pto_exchange(tr) : ops->run(tr, state));
   int64_t t2 = tide__now_ns();
 
   /* Statistics. */
@@ -455,8 +462,11 @@ int tide_trainer_step(tide_trainer_t *tr, double loss, tide_step_stats_t *stats)
   /* An exchange that combines updates leaves this rank's own gradient sum,
    * whose mean the rank's optimizer steps on: no |G_big|^2 for the monitor. */
   int combined = ops->update != NULL;
-  double own = combined ? tr->count : total;
-  double sq_big = average(tr, own > 0 ? (float)(1.0 / own) : 0.0f, tr->config.tensor_stats ? tr->tensor_sq : NULL);
+  double own = combined ? tr->count : total, sq_big;
+  if (tide__pto_reduces(tr))
+    TIDE_CHECK(tide__pto_average(tr, (float)(1.0 / total), tr->config.tensor_stats ? tr->tensor_sq : NULL, &sq_big));
+  else
+    sq_big = average(tr, own > 0 ? (float)(1.0 / own) : 0.0f, tr->config.tensor_stats ? tr->tensor_sq : NULL);
   tide_step_stats_t *s = &tr->stats;
   double base = (double)tr->config.base_batch, scale = total / base;
   double micro_total = slots[TIDE__SLOT_FULL_MICRO], keep = pow(tr->config.gns_decay, scale);
@@ -491,8 +501,11 @@ int tide_trainer_step(tide_trainer_t *tr, double loss, tide_step_stats_t *stats)
   s->lr_factor = d.lr_factor > 0 ? d.lr_factor : 1.0;
   s->gain = d.gain > 0 ? d.gain : scale;
   s->lr = (double)tide_lr_at(&tr->config.schedule, (long)floor(tr->progress)) * s->lr_factor;
+  double gather_s = 0;
   if (combined) {
     TIDE_CHECK(ops->update(tr, state, (float)s->lr));
+  } else if (tr->pto) {
+    TIDE_CHECK(tide__pto_update(tr, (float)s->lr, &gather_s));
   } else {
     int rc = tide_optim_step(tr->optim, tr->params, tr->exchange, (float)s->lr);
     if (rc != 0) return tide__trainer_fail(tr, rc, "optimizer step %ld failed", tr->step);
@@ -508,7 +521,10 @@ int tide_trainer_step(tide_trainer_t *tr, double loss, tide_step_stats_t *stats)
   s->epochs_done = tr->progress * base / (double)tr->config.dataset_size;
   s->done = tr->progress >= tr->total_progress;
   s->epoch_end = tr->position >= tr->config.dataset_size;
-  s->optim_s = (double)(t3 - t2) * 1e-9 - (s->exchange_s - (double)(t2 - t1) * 1e-9); /* adasum's is exchange */
+  /* Communication inside the update counts as exchange: adasum's combine
+   * (update adds it to exchange_s) and PTO's parameter all-gather. */
+  s->optim_s = (double)(t3 - t2) * 1e-9 - gather_s - (s->exchange_s - (double)(t2 - t1) * 1e-9);
+  s->exchange_s += gather_s;
   s->step_s = (double)(t3 - tr->last_step_end_ns) * 1e-9;
   s->throughput = s->step_s > 0 ? total / s->step_s : NAN;
   tr->prev_exchange_s = s->exchange_s;
@@ -675,6 +691,7 @@ int tide_trainer_state_get(const tide_trainer_t *tr, void *buf, size_t len) {
     p += n;
   }
   TIDE_CHECK(tide_optim_state_get(tr->optim, p, h.optim_bytes));
+  TIDE_CHECK(tide__pto_gather_state(tr, p));
   p += h.optim_bytes;
   if (residual_len) memcpy(p, residual, residual_len * sizeof(float));
   return 0;

@@ -98,7 +98,42 @@ struct tide_trainer {
   tide__policy_slot_t *policies;
   size_t npolicies;
   char last_error[512];
+
+  /* PTO (src/train/pto.c): config.pto on more than one rank. This rank
+   * updates [shard_offset, shard_offset + shard_len) and keeps optimizer
+   * state for it alone; shard_counts[r] is rank r's length (the shards are
+   * contiguous, in rank order). Under the dense exchange the gradient is
+   * reduce-scattered into shard_grad (block_len floats: the shard, then
+   * statistics slots on the last ranks). shard_sq: per-tensor partial
+   * |G|^2. */
+  int pto;
+  size_t shard_offset, shard_len, block_len;
+  size_t *shard_counts;
+  float *shard_grad;
+  double *shard_sq;
 };
+
+/* x[i] *= c over [0, n); returns sum x[i]^2 after scaling (train.c). */
+double tide__scale_in_place(float *restrict x, size_t n, float c);
+
+/* PTO (src/train/pto.c). Whether PTO runs under this exchange; creates
+ * tr->optim (a shard under PTO, needs tr->nslots); frees PTO's buffers. */
+int tide__pto_supports(int exchange);
+int tide__pto_optim_create(tide_trainer_t *tr, const tide_tensor_t *tensors, size_t ntensors);
+void tide__pto_close(tide_trainer_t *tr);
+/* 1 when this step's exchange is PTO's reduce-scatter (the dense one). */
+int tide__pto_reduces(const tide_trainer_t *tr);
+/* The statistics allreduce and the gradient reduce-scatter into shard_grad. */
+int tide__pto_exchange(tide_trainer_t *tr);
+/* Divides the shard's sum by the sample count (inv = 1/count); |G|^2
+ * summed over the ranks into *sq_out, per tensor into tensor_sq (or NULL). */
+int tide__pto_average(tide_trainer_t *tr, float inv, double *tensor_sq, double *sq_out);
+/* The optimizer on this rank's shard, then the parameter all-gather, whose
+ * seconds go to *gather_s. */
+int tide__pto_update(tide_trainer_t *tr, float lr, double *gather_s);
+/* tide_trainer_state_get under PTO: gathers every rank's slices of the
+ * optimizer state into optim_blob (collective). */
+int tide__pto_gather_state(const tide_trainer_t *tr, void *optim_blob);
 
 /* Records the message of a failure (also logged). */
 int tide__trainer_fail(tide_trainer_t *tr, int rc, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
