@@ -97,6 +97,7 @@ void tide_trainer_destroy(tide_trainer_t *tr) {
   if (tr->tensors != NULL)
     for (size_t t = 0; t < tr->ntensors; t++) tide__free((char *)tr->tensors[t].name);
   tide__free(tr->tensors);
+  tide__kfac_destroy(tr->kfac);
   tide_optim_destroy(tr->optim);
   tide_sampler_destroy(tr->sampler);
   tide__free(tr->exchange);
@@ -417,6 +418,7 @@ int tide_trainer_step(tide_trainer_t *tr, double loss, tide_step_stats_t *stats)
     tr->count += (double)c;
     tr->loss_sum += loss * (double)c;
   }
+  tide__kfac_micro_end(tr->kfac);
   tr->micro++;
   if (tr->micro < tr->micro_count) {
     tr->stats.stepped = 0;
@@ -486,6 +488,8 @@ int tide_trainer_step(tide_trainer_t *tr, double loss, tide_step_stats_t *stats)
   s->lr_factor = d.lr_factor > 0 ? d.lr_factor : 1.0;
   s->gain = d.gain > 0 ? d.gain : scale;
   s->lr = (double)tide_lr_at(&tr->config.schedule, (long)floor(tr->progress)) * s->lr_factor;
+  s->kfac_s = 0;
+  if (tr->kfac != NULL) TIDE_CHECK(tide__kfac_run(tr, (float)s->lr, &s->kfac_s));
   int rc = tide_optim_step(tr->optim, tr->params, tr->exchange, (float)s->lr);
   if (rc != 0) return tide__trainer_fail(tr, rc, "optimizer step %ld failed", tr->step);
   tr->progress += s->gain;

@@ -42,6 +42,16 @@ typedef struct {
   void *state;
 } tide__policy_slot_t;
 
+/* The K-FAC stage (src/train/kfac.c). */
+typedef struct tide__kfac tide__kfac_t;
+void tide__kfac_destroy(tide__kfac_t *k);
+/* At the end of each micro-batch: counts the factors it added to. */
+void tide__kfac_micro_end(tide__kfac_t *k);
+/* Between the exchange and the optimizer: factors, eigendecompositions,
+ * preconditioning of tr->exchange in place, sharing. Collective. *seconds
+ * gets the stage's time plus this step's tide_trainer_kfac_add time. */
+int tide__kfac_run(tide_trainer_t *tr, float lr, double *seconds);
+
 struct tide_trainer {
   tide_comm_t *comm;
   tide_trainer_config_t config;
@@ -93,6 +103,7 @@ struct tide_trainer {
   tide__policy_slot_t *policies;
   size_t npolicies;
   char last_error[512];
+  tide__kfac_t *kfac; /* NULL: no K-FAC */
 };
 
 /* Records the message of a failure (also logged). */
