@@ -49,22 +49,21 @@ void tide_kfac_config_default(tide_kfac_config_t *out) {
                               .kl_clip = 0.001f, .distribute = 1};
 }
 
+/* The first field of c out of range, and why; NULL when all are fine. */
+static const char *config_problem(const tide_kfac_config_t *c, const char **why) {
+  if (c->factor_every < 1) return *why = "must be >= 1", "factor_every";
+  if (c->inverse_every < 1 || c->inverse_every % c->factor_every != 0)
+    return *why = "must be >= 1 and a multiple of factor_every", "inverse_every";
+  if (!(c->damping > 0 && isfinite(c->damping))) return *why = "must be finite and > 0", "damping";
+  if (!(c->factor_decay >= 0 && c->factor_decay < 1)) return *why = "must be in [0, 1)", "factor_decay";
+  if (!(c->kl_clip >= 0 && isfinite(c->kl_clip)))
+    return *why = "must be finite and >= 0 (0 turns clipping off)", "kl_clip";
+  if (c->distribute != 0 && c->distribute != 1) return *why = "must be 0 or 1", "distribute";
+  return NULL;
+}
+
 int tide_kfac_config_check(const tide_kfac_config_t *c) {
-  const char *field = NULL, *why = NULL;
-  if (c == NULL)
-    field = "config", why = "must not be NULL";
-  else if (c->factor_every < 1)
-    field = "factor_every", why = "must be >= 1";
-  else if (c->inverse_every < 1 || c->inverse_every % c->factor_every != 0)
-    field = "inverse_every", why = "must be >= 1 and a multiple of factor_every";
-  else if (!(c->damping > 0 && isfinite(c->damping)))
-    field = "damping", why = "must be finite and > 0";
-  else if (!(c->factor_decay >= 0 && c->factor_decay < 1))
-    field = "factor_decay", why = "must be in [0, 1)";
-  else if (!(c->kl_clip >= 0 && isfinite(c->kl_clip)))
-    field = "kl_clip", why = "must be finite and >= 0 (0 turns clipping off)";
-  else if (c->distribute != 0 && c->distribute != 1)
-    field = "distribute", why = "must be 0 or 1";
+  const char *why = "must not be NULL", *field = c == NULL ? "config" : config_problem(c, &why);
   if (field == NULL) return 0;
   TIDE_ERROR("K-FAC: kfac.%s %s", field, why);
   return TIDE_EINVAL;
@@ -213,8 +212,9 @@ int tide_trainer_kfac(tide_trainer_t *tr, const tide_kfac_config_t *config, cons
                               config == NULL ? "config must not be NULL" : "give at least one layer (layers, nlayers)");
   if (tr->kfac != NULL || tr->step > 0 || tr->in_step)
     return tide__trainer_fail(tr, TIDE_ESTATE, "tide_trainer_kfac: call it once, before the first step");
-  int rc = tide_kfac_config_check(config);
-  if (rc != 0) return tide__trainer_fail(tr, rc, "tide_trainer_kfac: a config field is out of range (logged above)");
+  const char *why, *field = config_problem(config, &why);
+  if (field != NULL) return tide__trainer_fail(tr, TIDE_EINVAL, "tide_trainer_kfac: config.%s %s", field, why);
+  int rc = 0;
   char *used = tide__calloc(tr->ntensors, 1);
   tide__kfac_t *k = tide__calloc(1, sizeof *k);
   if (k != NULL) k->layers = tide__calloc(nlayers, sizeof *k->layers);
