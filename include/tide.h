@@ -744,7 +744,8 @@ typedef struct {
   double mean_step_s;    /* previous step's step_s averaged over ranks */
   double throughput;     /* samples per second: global_batch / step_s */
   double kfac_s;         /* this rank: K-FAC's part of the step (tide_trainer_kfac_add calls,
-                            factor allreduce, eigendecompositions, preconditioning, sharing); 0 without */
+                            factor allreduce, eigendecompositions, preconditioning, sharing; all but
+                            the add calls are inside optim_s); 0 without */
 } tide_step_stats_t;
 
 /* After the caller's forward/backward of the micro-batch tide_trainer_next
@@ -895,9 +896,11 @@ int tide_trainer_kfac_wanted(const tide_trainer_t *tr);
  * For A of a layer with a bias, X gets a ones column first. Call any number
  * of times per micro-batch (e.g. chunk by chunk), between tide_trainer_next
  * and tide_trainer_step; a step's factor is the mean over its micro-batches
- * that added to it, then over the ranks that did. The usual weight is
- * 1/rows for a dense layer and 1/(batch * s^3) for a conv over s = oh*ow
- * output positions (kfac-pytorch's scaling). x is read during the call only.
+ * that added to it, then over the ranks that did. The weight sets the
+ * factors' scale, which the damping is relative to: for the per-sample
+ * Fisher of a mean loss over b samples, A takes 1/rows (a conv's b*oh*ow
+ * positions are rows) and G, from the gradient of the mean loss, takes b
+ * (nn_set_kfac_hook does this). x is read during the call only.
  * TIDE_EINVAL for a bad layer, factor, ld or weight; TIDE_ESTATE outside a
  * factor step's micro-batch. */
 int tide_trainer_kfac_add(tide_trainer_t *tr, size_t layer, tide_kfac_factor_t factor, const float *x, size_t rows,

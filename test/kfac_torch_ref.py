@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """K-FAC reference for test_kfac: recomputes in PyTorch (float64) one step's
-preconditioned gradient of the C model engine's layers, as kfac-pytorch
-defines it (factors, KFC patches for conv, eigenbasis damping, KL clipping),
+preconditioned gradient of the C model engine's layers as kfac-pytorch
+defines it (per-sample Fisher factors, KFC patches for conv, eigenbasis
+damping, KL clipping),
 and compares it with what tide's trainer applied. Exit 77 without torch.
 
 Each input line is a case: arch, lr, damping, kl_clip, decay, the batch
@@ -51,19 +52,22 @@ def build(arch, params):
 
 
 def factors(layer, x, gy):
-    """kfac-pytorch's A and G of one layer from its input and output grad."""
+    """A and G of one layer from its input and output grad: the per-sample
+    Fisher's (kfac-pytorch's batch_averaged convention; conv: KFC, every
+    output position a row of A, G summed over positions)."""
+    batch = x.shape[0]
     if isinstance(layer, torch.nn.Linear):
         a = torch.cat([x, torch.ones(x.shape[0], 1)], 1)
         g = gy
     else:
         k, pad = layer.kernel_size[0], layer.padding[0]
         patches = F.unfold(x, k, padding=pad)              # [N, C*k*k, L]
-        spatial = patches.shape[2]
         a = patches.transpose(1, 2).reshape(-1, patches.shape[1])
-        a = torch.cat([a, torch.ones(a.shape[0], 1)], 1) / spatial
-        g = gy.permute(0, 2, 3, 1).reshape(-1, gy.shape[1]) / spatial
+        a = torch.cat([a, torch.ones(a.shape[0], 1)], 1)
+        g = gy.permute(0, 2, 3, 1).reshape(-1, gy.shape[1])
     A = a.t() @ a / a.shape[0]
-    G = g.t() @ g / g.shape[0]
+    g = g * batch                                          # per-sample gradients of the mean loss
+    G = g.t() @ g / batch
     return (A + A.t()) / 2, (G + G.t()) / 2
 
 

@@ -336,6 +336,46 @@ static int test_reference(void) {
   return rc;
 }
 
+/* tide-train --optim kfac end to end (2 workers, the MLP on a subset), and
+ * a bad --kfac option naming its key. */
+static int shell(const char *cmd, char *out, size_t cap) {
+  FILE *p = popen(cmd, "r");
+  CHECK(p != NULL);
+  size_t n = fread(out, 1, cap - 1, p);
+  out[n] = 0;
+  int status = pclose(p);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128;
+}
+
+static void test_tide_train(void) {
+  const char *tools = getenv("TIDE_TOOLS_DIR");
+  if (tools == NULL) {
+    fprintf(stderr, "test_kfac: TIDE_TOOLS_DIR unset, tide-train part skipped\n");
+    return;
+  }
+  char dir[] = "/tmp/tide-kfac-train-XXXXXX", cmd[2048], out[16384];
+  CHECK(mkdtemp(dir) != NULL);
+  snprintf(cmd, sizeof cmd,
+           "%s/tiderun -np 2 %s/tide-train --model mlp --epochs 1 --batch 32 --subset 2000 --optim kfac "
+           "--kfac factor_every=2,inverse_every=6,damping=0.003 --threads 1 --name k --runs %s 2>&1",
+           tools, tools, dir);
+  int rc = shell(cmd, out, sizeof out);
+  if (rc != 0 || strstr(out, "replicas identical: yes") == NULL) {
+    fprintf(stderr, "%s\n-> exit %d\n%s\n", cmd, rc, out);
+    exit(1);
+  }
+  snprintf(cmd, sizeof cmd, "%s/tiderun -np 1 %s/tide-train --model mlp --epochs 1 --subset 500 --optim kfac "
+           "--kfac damping=-1 --name bad --runs %s 2>&1", tools, tools, dir);
+  rc = shell(cmd, out, sizeof out);
+  CHECK(rc != 0 && strstr(out, "kfac.damping") != NULL);
+  snprintf(cmd, sizeof cmd, "%s/tiderun -np 1 %s/tide-train --model mlp --epochs 1 --subset 500 "
+           "--kfac damping=0.01 --name bad2 --runs %s 2>&1", tools, tools, dir);
+  rc = shell(cmd, out, sizeof out);
+  CHECK(rc != 0 && strstr(out, "needs --optim kfac") != NULL);
+  snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+  CHECK(system(cmd) == 0);
+}
+
 int main(int argc, char **argv) {
   setenv("TIDE_NUM_THREADS", "1", 0);
   if (argc > 1 && strcmp(argv[1], "reference") == 0) {
@@ -346,6 +386,7 @@ int main(int argc, char **argv) {
   harness_opts_t one = {.np = 1, .timeout_s = 60};
   CHECK(harness_run(&one, bad_options, NULL) == 0);
   test_distributed();
+  test_tide_train();
   fprintf(stderr, "test_kfac: ok\n");
   return 0;
 }

@@ -386,25 +386,29 @@ static const float *forward(nn_model_t *m, const float *x, int batch) {
 }
 
 /* Hands K-FAC hook layer `index` (counted over dense and conv layers) its
- * input and its masked output gradient dout. */
+ * input and its masked output gradient dout, weighted so that the factors
+ * are the per-sample Fisher's whatever the batch: dout is the gradient of
+ * the mean loss, batch times smaller than a sample's, so G's weight is
+ * batch^2 / batch; a conv's s = oh*ow positions count as samples for A,
+ * and G keeps their sum (KFC's |T| factor). */
 static int kfac_feed(nn_model_t *m, const layer_t *l, size_t index, const float *dout, int batch) {
   nn_kfac_fn fn = m->kfac_fn;
   int rc;
+  float wg = (float)batch;
   if (l->kind == LAYER_DENSE) {
-    float w = 1.0f / (float)batch;
-    if ((rc = fn(m->kfac_ctx, index, TIDE_KFAC_G, dout, (size_t)batch, (size_t)l->oc, 0, w)) != 0) return rc;
-    return fn(m->kfac_ctx, index, TIDE_KFAC_A, l->in, (size_t)batch, (size_t)l->c, 0, w);
+    if ((rc = fn(m->kfac_ctx, index, TIDE_KFAC_G, dout, (size_t)batch, (size_t)l->oc, 0, wg)) != 0) return rc;
+    return fn(m->kfac_ctx, index, TIDE_KFAC_A, l->in, (size_t)batch, (size_t)l->c, 0, 1.0f / (float)batch);
   }
   const nn__conv_t *c = &l->conv;
   size_t s = (size_t)c->oh * c->ow, n = (size_t)batch * s;
-  float w = (float)(1.0 / ((double)batch * (double)s * (double)s * (double)s));
-  if ((rc = fn(m->kfac_ctx, index, TIDE_KFAC_G, dout, n, n, 1, w)) != 0) return rc;
+  float wa = (float)(1.0 / (double)n);
+  if ((rc = fn(m->kfac_ctx, index, TIDE_KFAC_G, dout, n, n, 1, wg)) != 0) return rc;
   int chunk = nn__conv_chunk(c, batch);
   for (int b0 = 0; b0 < batch; b0 += chunk) {
     int nb = batch - b0 < chunk ? batch - b0 : chunk;
     size_t cols = (size_t)nb * s;
     nn__conv_patches(c, batch, b0, nb, l->in, m->scratch);
-    if ((rc = fn(m->kfac_ctx, index, TIDE_KFAC_A, m->scratch, cols, cols, 1, w)) != 0) return rc;
+    if ((rc = fn(m->kfac_ctx, index, TIDE_KFAC_A, m->scratch, cols, cols, 1, wa)) != 0) return rc;
   }
   return 0;
 }

@@ -98,9 +98,11 @@ int nn_kfac_layers(const nn_model_t *m, tide_kfac_layer_t *out);
  * gets the layer's input, dense [batch][in] rows; conv its im2col patches
  * [in_c*k*k][rows] (transposed), a chunk of the batch at a time. G gets the
  * gradient of the mean loss at the layer's output (behind its ReLU): dense
- * [batch][out], conv [out][batch*oh*ow] (transposed). weight is
- * kfac-pytorch's normalisation: 1/batch for dense, 1/(batch*s^3) for conv
- * with s = oh*ow. x is valid during the call only. A non-zero return stops
+ * [batch][out], conv [out][batch*oh*ow] (transposed). weight makes the
+ * factors the per-sample Fisher's, independent of the batch (kfac-pytorch's
+ * batch_averaged convention): A 1/batch (conv: 1/(batch*oh*ow), every
+ * position a row), G batch (the gradient of a mean loss is batch times
+ * smaller than a sample's). x is valid during the call only. A non-zero return stops
  * the pass and nn_forward_backward returns it. */
 typedef int (*nn_kfac_fn)(void *ctx, size_t layer, tide_kfac_factor_t factor, const float *x, size_t rows,
                           size_t ld, int transposed, float weight);
