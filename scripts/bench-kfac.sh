@@ -40,35 +40,48 @@ train sgd "$epochs" --optim momentum
 train kfac "$epochs" --optim kfac "${kfac_opts[@]}"
 train kfac-replicated "$rep_epochs" --optim kfac "${rep_opts[@]}"
 /usr/bin/python3 - "$runs" <<'PY'
-import json, os, statistics, sys
+import json, os, statistics as st, sys
 runs = sys.argv[1]
 def load(name):
     s = json.load(open(os.path.join(runs, name, "summary.json")))
     steps = [json.loads(l) for l in open(os.path.join(runs, name, "metrics.jsonl")) if '"type":"step"' in l]
     return s, steps
-rows, base_step = [], None
-print("| run | epochs to %s | wall s to it | final accuracy | median step s | K-FAC stage s (rank 0) | step time K-FAC adds |"
-      % "target")
-print("|---|---|---|---|---|---|---|")
+# Figures per run from rank 0's steps (medians: evaluations and the eigendecomposition steps are
+# outliers). compute_s is the same forward/backward in every run: it shows the machine's load.
+print("| run | epochs to target | steps to it | wall s to it | final accuracy | median step s | median compute s "
+      "| median K-FAC stage s | K-FAC share of the step | K-FAC s on inverse steps |")
+print("|---|---|---|---|---|---|---|---|---|---|")
+got = {}
 for name in ("sgd", "kfac", "kfac-replicated"):
     try:
         s, steps = load(name)
     except OSError:
-        print("| %s | failed (see %s.log) | | | | | |" % (name, name)); continue
-    step = statistics.median(x["step_s"] for x in steps)
-    stage = statistics.median(x.get("kfac_s", 0) or 0 for x in steps)
-    if base_step is None: base_step = step
+        print("| %s | failed (see %s.log) |||||||||" % (name, name)); continue
+    got[name] = (s, steps)
+    med = lambda k: st.median((x.get(k) or 0) for x in steps)
+    share = st.median((x.get("kfac_s") or 0) / x["step_s"] for x in steps)
+    inverse = [x.get("kfac_s") or 0 for x in steps if x.get("kfac_s") and x["step"] % 100 == 0]
     reach = "%.2f" % s["epoch_to_target"] if s["epoch_to_target"] is not None else "not reached"
+    nsteps = str(s["step_to_target"]) if s["step_to_target"] is not None else "-"
     wall = "%.1f" % s["time_to_target_s"] if s["time_to_target_s"] is not None else "-"
-    if name == "kfac-replicated": reach, wall = "(timing run, %d epoch%s)" % (s["epochs"], "s"[:s["epochs"] > 1]), "-"
-    added = "" if name == "sgd" else "%.0f%%" % (100 * (step - base_step) / step)
-    print("| %s | %s | %s | %.2f%% | %.4f | %.4f | %s |" % (name, reach, wall, 100 * s["final_test_accuracy"], step,
-          stage, added))
-try:
-    sgd, kf = load("sgd")[0], load("kfac")[0]
+    if name == "kfac-replicated": reach, nsteps, wall = "(timing run, %g epoch%s)" % (s["epochs"], "s"[:s["epochs"] != 1]), "-", "-"
+    print("| %s | %s | %s | %s | %.2f%% | %.4f | %.4f | %.4f | %s | %s |" % (name, reach, nsteps, wall,
+          100 * s["final_test_accuracy"], med("step_s"), med("compute_s"), med("kfac_s"),
+          "%.0f%%" % (100 * share) if name != "sgd" else "-",
+          "median %.1f, max %.1f" % (st.median(inverse), max(inverse)) if inverse else "-"))
+if "sgd" in got and "kfac" in got:
+    sgd, kf = got["sgd"][0], got["kfac"][0]
     if sgd["epoch_to_target"] and kf["epoch_to_target"]:
-        print("\nK-FAC / SGD epochs to target: %.2fx; wall time: %.2fx" % (kf["epoch_to_target"] / sgd["epoch_to_target"],
-              kf["time_to_target_s"] / sgd["time_to_target_s"]))
-except OSError:
-    pass
+        print("\nK-FAC / SGD to target: epochs %.2fx, steps %.2fx, wall time %.2fx (as measured, each under the "
+              "load of its own minutes)" % (kf["epoch_to_target"] / sgd["epoch_to_target"],
+              kf["step_to_target"] / sgd["step_to_target"], kf["time_to_target_s"] / sgd["time_to_target_s"]))
+        # At the K-FAC run's load: an SGD step costs what the K-FAC run's steps cost without the stage.
+        steps = got["kfac"][1]
+        kfac_wall = sum(x["step_s"] for x in steps if x["step"] < kf["step_to_target"])
+        plain = sum(x["step_s"] - (x.get("kfac_s") or 0) for x in steps if x["step"] < kf["step_to_target"])
+        per_step = plain / kf["step_to_target"]
+        print("At the K-FAC run's load (its step time minus its K-FAC stage standing in for an SGD step): "
+              "K-FAC %.0f s of steps to target, SGD %d steps x %.3f s = %.0f s: %.2fx" % (kfac_wall,
+              sgd["step_to_target"], per_step, sgd["step_to_target"] * per_step,
+              kfac_wall / (sgd["step_to_target"] * per_step)))
 PY
