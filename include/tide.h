@@ -786,6 +786,9 @@ typedef struct {
   double comm_share;     /* previous step's exchange_s / step_s over all ranks (sums) */
   double mean_step_s;    /* previous step's step_s averaged over ranks */
   double throughput;     /* samples per second: global_batch / step_s */
+  double kfac_s;         /* this rank: K-FAC's part of the step (tide_trainer_kfac_add calls,
+                            factor allreduce, eigendecompositions, preconditioning, sharing; all but
+                            the add calls are inside optim_s); 0 without */
 } tide_step_stats_t;
 
 /* After the caller's forward/backward of the micro-batch tide_trainer_next
@@ -868,6 +871,90 @@ int tide_trainer_add_policy(tide_trainer_t *tr, const tide_policy_ops_t *ops, vo
  *   exchange   dense or hitopk from the measured communication share
  * TIDE_EINVAL names an unknown policy or key, or a bad value. */
 int tide_trainer_adapt(tide_trainer_t *tr, const char *list);
+
+/* ---- K-FAC gradient preconditioning ------------------------------------- */
+
+/* Distributed K-FAC (Martens & Grosse 2015; Osawa et al. CVPR 2019; KAISA,
+ * Pauloski et al. SC20), a stage of the step that runs after the gradient
+ * exchange and before the optimizer (docs/algorithms.md, "K-FAC"). Each
+ * dense or conv layer's Fisher block is approximated as A (x) G: A the
+ * covariance of the layer's inputs (conv: im2col patches, the KFC
+ * approximation; a ones column when it has a bias), G that of the
+ * gradients at its outputs. Factors are running averages,
+ * F = decay*F + (1-decay)*F_step starting from I, averaged over the ranks;
+ * every inverse_every steps each factor is eigendecomposed (LAPACK ssyevd),
+ * F = Q diag(d) Q^T, d clamped >= 0; every step the layer's gradient M
+ * ([out, in (+1 bias column)]) becomes
+ *   P = Q_G ((Q_G^T M Q_A) ./ (d_G d_A^T + damping)) Q_A^T
+ * and with kl_clip > 0 all of them are scaled by
+ *   nu = min(1, sqrt(kl_clip / |sum over layers of sum(P .* M) * lr^2|)).
+ * Tensors outside the layers keep their plain gradient. The optimizer
+ * (momentum-SGD in tide-train --optim kfac) then applies the result. */
+typedef struct {
+  int factor_every;   /* steps between factor updates (>= 1, default 10); a step updates its
+                         factors when step % factor_every == 0 */
+  int inverse_every;  /* steps between eigendecompositions (a multiple of factor_every,
+                         default 100) */
+  float damping;      /* > 0, added to d_G d_A^T (default 0.001) */
+  float factor_decay; /* running-average decay, [0, 1) (default 0.95) */
+  float kl_clip;      /* > 0: KL clipping as above; 0: off (default 0.001) */
+  int distribute;     /* 1 (default): KAISA's layer-wise distribution: each layer's
+                         eigendecompositions and preconditioning run on one rank
+                         (greedy by cost, dim_A^3 + dim_G^3) and the preconditioned
+                         gradients are all-gathered. 0: every rank does every layer */
+} tide_kfac_config_t;
+
+/* One dense or conv layer: its weight tensor [out, in] or [out, c, kh, kw]
+ * (in = c*kh*kw) and optionally its bias [out], as indices into the
+ * trainer's tensors. in_dim and out_dim are the weight's; A is
+ * (in_dim + 1 with a bias) square and G out_dim square. */
+typedef struct {
+  size_t weight;  /* tensor index of the weight (count = out_dim * in_dim) */
+  long bias;      /* tensor index of the bias (count = out_dim), or -1 */
+  int in_dim, out_dim;
+} tide_kfac_layer_t;
+
+typedef enum { TIDE_KFAC_A = 0, TIDE_KFAC_G = 1 } tide_kfac_factor_t;
+
+/* Writes the defaults above. */
+void tide_kfac_config_default(tide_kfac_config_t *out);
+/* TIDE_EINVAL and a log line naming the field (e.g. "kfac.damping") for a
+ * value out of range. */
+int tide_kfac_config_check(const tide_kfac_config_t *config);
+/* Sets the fields named in text, "key=value" pairs separated by ',' or ':'
+ * with the keys factor_every, inverse_every, damping, factor_decay, kl_clip
+ * and distribute (e.g. "damping=0.003,inverse_every=50"); the others keep
+ * their value. Then checks the whole config. TIDE_EINVAL names an unknown
+ * key or a bad value (*inout unchanged). */
+int tide_kfac_config_parse(const char *text, tide_kfac_config_t *inout);
+
+/* Turns K-FAC on for the trainer's layers[0..nlayers) (copied). Checked
+ * against the trainer's tensors: TIDE_EINVAL names the bad field or layer
+ * (tide_trainer_last_error says why) and nothing changes. Call before the
+ * first step, with the same arguments on every rank (collective: the
+ * layer-to-rank assignment is checked to agree). */
+int tide_trainer_kfac(tide_trainer_t *tr, const tide_kfac_config_t *config, const tide_kfac_layer_t *layers,
+                      size_t nlayers);
+/* 1 when the step being accumulated updates the factors, so the caller
+ * should hand its activations and output gradients to tide_trainer_kfac_add
+ * for each micro-batch; 0 otherwise (or without K-FAC). */
+int tide_trainer_kfac_wanted(const tide_trainer_t *tr);
+/* Adds weight * X^T X to this micro-batch's factor `factor` of `layer`,
+ * where X has `rows` rows of the factor's dimension without the bias
+ * (in_dim for A, out_dim for G): row r, column j at x[r*ld + j], or at
+ * x[j*ld + r] when transposed (feature-major data such as im2col patches).
+ * For A of a layer with a bias, X gets a ones column first. Call any number
+ * of times per micro-batch (e.g. chunk by chunk), between tide_trainer_next
+ * and tide_trainer_step; a step's factor is the mean over its micro-batches
+ * that added to it, then over the ranks that did. The weight sets the
+ * factors' scale, which the damping is relative to: for the per-sample
+ * Fisher of a mean loss over b samples, A takes 1/rows (a conv's b*oh*ow
+ * positions are rows) and G, from the gradient of the mean loss, takes b
+ * (nn_set_kfac_hook does this). x is read during the call only.
+ * TIDE_EINVAL for a bad layer, factor, ld or weight; TIDE_ESTATE outside a
+ * factor step's micro-batch. */
+int tide_trainer_kfac_add(tide_trainer_t *tr, size_t layer, tide_kfac_factor_t factor, const float *x, size_t rows,
+                          size_t ld, int transposed, float weight);
 
 #ifdef __cplusplus
 }

@@ -7,7 +7,7 @@ set -euo pipefail
 # Open MPI is the default mpicc/mpirun; MPICH (mpicc.mpich, mpirun.mpich)
 # sits beside it for test_mpi_mpich. clang and libclang-rt-dev build the
 # libFuzzer harnesses (scripts/fuzz.sh, make fuzz).
-packages=(build-essential cmake pkg-config zlib1g-dev libopenblas-dev libhwloc-dev clang libclang-rt-dev
+packages=(build-essential cmake pkg-config zlib1g-dev libopenblas-dev liblapacke-dev libhwloc-dev clang libclang-rt-dev
           openmpi-bin libopenmpi-dev mpich libmpich-dev libgloo-dev iproute2
           iptables libnetfilter-queue-dev
           dataset-fashion-mnist gnuplot-nox libnlopt-dev

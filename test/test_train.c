@@ -169,21 +169,21 @@ static void eval_every(void) {
 }
 
 /* --pto: the same parameters (summary.json's checksum) as the replicated
- * run for Adam, whose allreduce of the MLP's gradient is the ring PTO's
- * reduce-scatter halves. */
-static void pto_same(int np) {
+ * run with args: for Adam, the MLP's gradient allreduce is the ring whose
+ * reduce-scatter half PTO runs; under K-FAC, PTO takes the allreduce and
+ * shards only the update. */
+static void pto_same(int np, const char *args) {
   char sums[2][64];
   for (int pto = 0; pto <= 1; pto++) {
-    char summary[4096], name[16];
+    char summary[4096], name[16], all[512];
     snprintf(name, sizeof name, "pto%d", pto);
-    mlp_run(np, pto ? "--epochs 1 --batch 32 --subset 2000 --optim adam --lr 0.001 --threads 1 --pto"
-                    : "--epochs 1 --batch 32 --subset 2000 --optim adam --lr 0.001 --threads 1",
-            name, summary, sizeof summary);
+    snprintf(all, sizeof all, "--epochs 1 --batch 32 --subset 2000 --threads 1 %s%s", args, pto ? " --pto" : "");
+    mlp_run(np, all, name, summary, sizeof summary);
     const char *at = strstr(summary, "\"checksum\":\"");
     CHECK(at != NULL && strstr(summary, "\"replicas_identical\":true") != NULL);
     snprintf(sums[pto], sizeof sums[pto], "%.16s", at + 12);
   }
-  fprintf(stderr, "np=%d --pto: checksum %s, replicated %s\n", np, sums[1], sums[0]);
+  fprintf(stderr, "np=%d %s --pto: checksum %s, replicated %s\n", np, args, sums[1], sums[0]);
   CHECK(strcmp(sums[0], sums[1]) == 0);
 }
 
@@ -228,7 +228,8 @@ int main(void) {
   /* each worker's optimizer step, combined by Adasum */
   train(4, "adasum");
   eval_every();
-  pto_same(3);
+  pto_same(3, "--optim adam --lr 0.001");
+  pto_same(2, "--optim kfac --lr 0.02"); /* K-FAC preconditions, PTO shards the update */
   refused("--grad hitopk:2", "--grad must be dense, adasum, topk:RHO or hitopk:RHO");
   refused("--grad adasum:0.1", "--grad must be dense, adasum, topk:RHO or hitopk:RHO");
   refused("--stop-at-target", "--stop-at-target needs --target-accuracy");

@@ -19,7 +19,7 @@
 #include "tide.h"
 
 typedef struct {
-  const char *model, *optim, *schedule, *grad, *name, *data, *runs, *adapt, *selector;
+  const char *model, *optim, *schedule, *grad, *name, *data, *runs, *adapt, *selector, *kfac;
   int epochs, batch, max_batch, threads, subset, warmup_epochs, sparse_warmup_epochs, eval_every, save_params;
   int pto; /* --pto */
   long base_batch;        /* 0: workers x batch */
@@ -44,7 +44,10 @@ static void usage(FILE *out) {
           "                           256 when --adapt changes the batch)\n"
           "  --base-batch M           global batch the learning rate and schedule were tuned for\n"
           "                           (default: workers x --batch); AdaScale scales from it\n"
-          "  --optim NAME             sgd, momentum, nesterov, adam, adamw, lars, lamb (default momentum)\n"
+          "  --optim NAME             sgd, momentum, nesterov, adam, adamw, lars, lamb, or kfac: momentum\n"
+          "                           on K-FAC-preconditioned gradients (default momentum)\n"
+          "  --kfac OPTS              K-FAC options, key=value,...: factor_every (10), inverse_every (100),\n"
+          "                           damping (0.001), factor_decay (0.95), kl_clip (0.001), distribute (1)\n"
           "  --lr X                   base learning rate, for the base batch (default 0.05)\n"
           "  --momentum X             momentum of momentum, nesterov and lars (default: the\n"
           "                           optimizer's, 0.9)\n"
@@ -131,7 +134,7 @@ static int parse_options(int argc, char **argv, options_t *o) {
       {"selector", 1, 0, 'K'}, {"sparse-warmup-epochs", 1, 0, 'P'}, {"eval-every", 1, 0, 'E'},
       {"target-accuracy", 1, 0, 'A'}, {"stop-at-target", 0, 0, 'T'}, {"adapt", 1, 0, 'a'}, {"max-batch", 1, 0, 'B'},
       {"base-batch", 1, 0, 'Z'}, {"gns-decay", 1, 0, 'G'}, {"save-params", 0, 0, 'V'}, {"pto", 0, 0, 'p'},
-      {"help", 0, 0, 'h'},
+      {"kfac", 1, 0, 'F'},       {"help", 0, 0, 'h'},
       {0, 0, 0, 0}};
   int c, seed, base = 0;
   opterr = 0;
@@ -161,6 +164,7 @@ static int parse_options(int argc, char **argv, options_t *o) {
       case 'T': o->stop_at_target = 1; break;
       case 'A': if (parse_fraction("--target-accuracy", optarg, &o->target_accuracy)) return -1; break;
       case 'a': o->adapt = optarg; break;
+      case 'F': o->kfac = optarg; break;
       case 'V': o->save_params = 1; break;
       case 'p': o->pto = 1; break;
       case 'G': if (parse_fraction("--gns-decay", optarg, &o->gns_decay) || o->gns_decay >= 1) {
@@ -339,8 +343,10 @@ static int build(job_t *job) {
     return 2;
   }
   tide_optim_kind_t kind;
-  if (tide_optim_parse(o->optim, &kind) != 0) {
-    fprintf(stderr, "tide-train: --optim must be sgd, momentum, nesterov, adam, adamw, lars or lamb, got \"%s\"\n",
+  int kfac = strcmp(o->optim, "kfac") == 0;
+  if (kfac) kind = TIDE_OPTIM_MOMENTUM; /* on K-FAC's preconditioned gradients */
+  if (!kfac && tide_optim_parse(o->optim, &kind) != 0) {
+    fprintf(stderr, "tide-train: --optim must be sgd, momentum, nesterov, adam, adamw, lars, lamb or kfac, got \"%s\"\n",
             o->optim);
     return 2;
   }
@@ -366,6 +372,18 @@ static int build(job_t *job) {
     fprintf(stderr, "tide-train: bad training settings: %s (the log line above names the field)\n",
             tide_strerror(rc));
     return 2;
+  }
+  if (kfac || o->kfac != NULL) {
+    tide_kfac_config_t kc;
+    tide_kfac_layer_t layers[64];
+    tide_kfac_config_default(&kc);
+    if (!kfac || (o->kfac != NULL && tide_kfac_config_parse(o->kfac, &kc) != 0) ||
+        nn_kfac_layer_count(job->model) > 64 || nn_kfac_layers(job->model, layers) != 0 ||
+        (rc = tide_trainer_kfac(job->trainer, &kc, layers, nn_kfac_layer_count(job->model))) != 0) {
+      fprintf(stderr, "tide-train: --kfac %s: %s\n", o->kfac ? o->kfac : "",
+              kfac ? "bad K-FAC options (the log line above says why)" : "needs --optim kfac");
+      return 2;
+    }
   }
   if (o->adapt != NULL && (rc = tide_trainer_adapt(job->trainer, o->adapt)) != 0) {
     fprintf(stderr, "tide-train: --adapt %s: %s (the log line above says why)\n", o->adapt, tide_strerror(rc));
@@ -478,6 +496,7 @@ static void log_step(job_t *job, const tide_step_stats_t *s) {
   json_number(f, "gain_ratio", s->gain_ratio);
   json_number(f, "lr_factor", s->lr_factor);
   json_number(f, "gain", s->gain);
+  json_number(f, "kfac_s", s->kfac_s);
   json_number(f, "comm_share", s->comm_share);
   json_number(f, "rank_compute_min_s", s->compute_min_s);
   json_number(f, "rank_compute_median_s", s->compute_median_s);
@@ -527,6 +546,12 @@ fail:
   return 1;
 }
 
+/* K-FAC: the model's hook hands each layer's factor data to the trainer. */
+static int kfac_hook(void *trainer, size_t layer, tide_kfac_factor_t factor, const float *x, size_t rows, size_t ld,
+                     int transposed, float weight) {
+  return tide_trainer_kfac_add(trainer, layer, factor, x, rows, ld, transposed, weight);
+}
+
 /* The training loop: the trainer says which samples, this program runs the
  * model on them. */
 static int train(job_t *job) {
@@ -543,6 +568,7 @@ static int train(job_t *job) {
              NN_IMAGE_SIZE * sizeof *job->images);
       job->labels[i] = all_labels[batch.indices[i]];
     }
+    nn_set_kfac_hook(job->model, tide_trainer_kfac_wanted(job->trainer) ? kfac_hook : NULL, job->trainer);
     if (batch.count > 0 &&
         (rc = nn_forward_backward(job->model, job->images, job->labels, (int)batch.count, &loss)) != 0)
       return fail(job, rc, "forward/backward");

@@ -298,6 +298,12 @@ NN_HOT static void col2im(const nn__conv_t *c, int batch, int b0, int nb, float 
   }
 }
 
+int nn__conv_chunk(const nn__conv_t *c, int batch) { return chunk_samples(c, batch); }
+
+void nn__conv_patches(const nn__conv_t *c, int batch, int b0, int nb, const float *x, float *col) {
+  im2col(c, batch, b0, nb, x, col);
+}
+
 /* Rows of y (stride ld) get their bias over columns [0, n). */
 NN_HOT static void fill_rows(float *y, int rows, size_t ld, size_t n, const float *value) {
   for (int r = 0; r < rows; r++) {

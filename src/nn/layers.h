@@ -53,6 +53,12 @@ void nn__conv_forward(const nn__conv_t *c, int batch, const float *x, const floa
 void nn__conv_backward(const nn__conv_t *c, int batch, const float *x, float *scratch, const float *w,
                        const float *dy, float *dw, float *db, float *dx);
 
+/* K-FAC's view of a convolution (KFC): samples per im2col chunk for a
+ * batch, and the chunk of nb samples from b0 as col[(ci,kh,kw)][nb*oh*ow]
+ * (nn__conv_scratch_size floats suffice). */
+int nn__conv_chunk(const nn__conv_t *c, int batch);
+void nn__conv_patches(const nn__conv_t *c, int batch, int b0, int nb, const float *x, float *col);
+
 /* ---- max-pool 2x2 stride 2 over planes [P][h][w] -> [P][h/2][w/2] ----------- */
 /* A last odd row or column is dropped, as PyTorch does. arg keeps which of
  * the four won (0..3, row-major; the first of equal values). relu != 0 applies

@@ -46,6 +46,8 @@ struct nn_model {
   tide_tensor_t tensors[2 * MAX_LAYERS];
   char names[2 * MAX_LAYERS][24];
   void *arena;
+  nn_kfac_fn kfac_fn; /* NULL: no K-FAC hook */
+  void *kfac_ctx;
 };
 
 static const struct {
@@ -383,9 +385,40 @@ static const float *forward(nn_model_t *m, const float *x, int batch) {
   return in;
 }
 
+/* Hands K-FAC hook layer `index` (counted over dense and conv layers) its
+ * input and its masked output gradient dout, weighted so that the factors
+ * are the per-sample Fisher's whatever the batch: dout is the gradient of
+ * the mean loss, batch times smaller than a sample's, so G's weight is
+ * batch^2 / batch; a conv's s = oh*ow positions count as samples for A,
+ * and G keeps their sum (KFC's |T| factor). */
+static int kfac_feed(nn_model_t *m, const layer_t *l, size_t index, const float *dout, int batch) {
+  nn_kfac_fn fn = m->kfac_fn;
+  int rc;
+  float wg = (float)batch;
+  if (l->kind == LAYER_DENSE) {
+    if ((rc = fn(m->kfac_ctx, index, TIDE_KFAC_G, dout, (size_t)batch, (size_t)l->oc, 0, wg)) != 0) return rc;
+    return fn(m->kfac_ctx, index, TIDE_KFAC_A, l->in, (size_t)batch, (size_t)l->c, 0, 1.0f / (float)batch);
+  }
+  const nn__conv_t *c = &l->conv;
+  size_t s = (size_t)c->oh * c->ow, n = (size_t)batch * s;
+  float wa = (float)(1.0 / (double)n);
+  if ((rc = fn(m->kfac_ctx, index, TIDE_KFAC_G, dout, n, n, 1, wg)) != 0) return rc;
+  int chunk = nn__conv_chunk(c, batch);
+  for (int b0 = 0; b0 < batch; b0 += chunk) {
+    int nb = batch - b0 < chunk ? batch - b0 : chunk;
+    size_t cols = (size_t)nb * s;
+    nn__conv_patches(c, batch, b0, nb, l->in, m->scratch);
+    if ((rc = fn(m->kfac_ctx, index, TIDE_KFAC_A, m->scratch, cols, cols, 1, wa)) != 0) return rc;
+  }
+  return 0;
+}
+
 /* dlogits is in m->dbuf[0]. */
-static void backward(nn_model_t *m, int batch) {
+static int backward(nn_model_t *m, int batch) {
   float *dout = m->dbuf[0];
+  size_t kfac_index = 0;
+  if (m->kfac_fn != NULL)
+    for (int i = 0; i < m->nlayers; i++) kfac_index += m->layers[i].kind == LAYER_CONV || m->layers[i].kind == LAYER_DENSE;
   for (int i = m->nlayers - 1; i >= m->first_param; i--) {
     layer_t *l = &m->layers[i];
     const float *wt = m->params + l->w_off;
@@ -395,6 +428,7 @@ static void backward(nn_model_t *m, int batch) {
     switch (l->kind) {
       case LAYER_CONV:
         if (l->relu && !l->relu_by_pool) nn__relu_backward(l->y, dout, outs);
+        if (m->kfac_fn != NULL) TIDE_CHECK(kfac_feed(m, l, --kfac_index, dout, batch));
         nn__conv_backward(&l->conv, batch, l->in, m->scratch, wt, dout, gw, gb, dx);
         break;
       case LAYER_POOL:
@@ -408,11 +442,13 @@ static void backward(nn_model_t *m, int batch) {
         break;
       case LAYER_DENSE:
         if (l->relu) nn__relu_backward(l->y, dout, outs);
+        if (m->kfac_fn != NULL) TIDE_CHECK(kfac_feed(m, l, --kfac_index, dout, batch));
         nn__dense_backward(l->in, wt, dout, batch, l->c, l->oc, gw, gb, dx);
         break;
     }
     dout = dx;
   }
+  return 0;
 }
 
 /* need_labels 0: nn_forward. chunked: n may exceed max_batch (nn_evaluate). */
@@ -442,7 +478,7 @@ int nn_forward_backward(nn_model_t *m, const float *x, const int32_t *labels, in
   TIDE_CHECK(check_call("nn_forward_backward", m, x, labels, 1, batch, 0));
   const float *logits = forward(m, x, batch);
   double loss = nn__softmax_xent(logits, labels, batch, NN_CLASSES, m->dbuf[0], NULL);
-  backward(m, batch);
+  TIDE_CHECK(backward(m, batch));
   if (loss_out != NULL) *loss_out = (float)loss;
   return 0;
 }
@@ -471,6 +507,30 @@ int nn_forward(nn_model_t *m, const float *x, int batch, float *logits_out) {
   }
   memcpy(logits_out, forward(m, x, batch), (size_t)batch * NN_CLASSES * sizeof *logits_out);
   return 0;
+}
+
+/* ---- K-FAC ------------------------------------------------------------------------------ */
+
+size_t nn_kfac_layer_count(const nn_model_t *m) { return m != NULL ? m->ntensors / 2 : 0; }
+
+int nn_kfac_layers(const nn_model_t *m, tide_kfac_layer_t *out) {
+  if (m == NULL || out == NULL) {
+    TIDE_ERROR("nn_kfac_layers: %s must not be NULL", m == NULL ? "model" : "out");
+    return TIDE_EINVAL;
+  }
+  /* name_tensors lays out weight, bias per dense or conv layer. */
+  for (size_t t = 0; t < m->ntensors; t += 2) {
+    const tide_tensor_t *w = &m->tensors[t];
+    out[t / 2] = (tide_kfac_layer_t){.weight = t, .bias = (long)t + 1, .in_dim = (int)(w->count / (size_t)w->shape[0]),
+                                     .out_dim = w->shape[0]};
+  }
+  return 0;
+}
+
+void nn_set_kfac_hook(nn_model_t *m, nn_kfac_fn fn, void *ctx) {
+  if (m == NULL) return;
+  m->kfac_fn = fn;
+  m->kfac_ctx = ctx;
 }
 
 /* ---- BLAS ------------------------------------------------------------------------------ */

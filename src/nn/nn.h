@@ -84,6 +84,32 @@ int nn_evaluate(nn_model_t *m, const float *x, const int32_t *labels, int n, flo
  * logits_out[batch * 10]. */
 int nn_forward(nn_model_t *m, const float *x, int batch, float *logits_out);
 
+/* ---- K-FAC: each layer's inputs and output gradients ------------------------ */
+
+/* The dense and conv layers, in order, as K-FAC layers (tide.h): tensor
+ * indices into nn_tensors, in_dim = inputs (conv: in_c*k*k), out_dim =
+ * outputs, every one with its bias. nn_kfac_layer_count gives how many
+ * entries out must hold. */
+size_t nn_kfac_layer_count(const nn_model_t *m);
+int nn_kfac_layers(const nn_model_t *m, tide_kfac_layer_t *out);
+
+/* Receives one layer's factor data during nn_forward_backward, in the
+ * form tide_trainer_kfac_add takes (so a hook may just forward to it): A
+ * gets the layer's input, dense [batch][in] rows; conv its im2col patches
+ * [in_c*k*k][rows] (transposed), a chunk of the batch at a time. G gets the
+ * gradient of the mean loss at the layer's output (behind its ReLU): dense
+ * [batch][out], conv [out][batch*oh*ow] (transposed). weight makes the
+ * factors the per-sample Fisher's, independent of the batch (kfac-pytorch's
+ * batch_averaged convention): A 1/batch (conv: 1/(batch*oh*ow), every
+ * position a row), G batch (the gradient of a mean loss is batch times
+ * smaller than a sample's). x is valid during the call only. A non-zero return stops
+ * the pass and nn_forward_backward returns it. */
+typedef int (*nn_kfac_fn)(void *ctx, size_t layer, tide_kfac_factor_t factor, const float *x, size_t rows,
+                          size_t ld, int transposed, float weight);
+/* Sets the hook the following nn_forward_backward calls run (fn NULL:
+ * none, the default). The model borrows ctx. */
+void nn_set_kfac_hook(nn_model_t *m, nn_kfac_fn fn, void *ctx);
+
 /* Threads OpenBLAS uses for the matrix products (process-wide; n >= 1).
  * Without OpenBLAS (built against another BLAS, or the fallback kernel) it
  * does nothing. */

@@ -62,7 +62,11 @@ void tide__pto_close(tide_trainer_t *tr) {
   tide__free(tr->shard_sq);
 }
 
-int tide__pto_reduces(const tide_trainer_t *tr) { return tr->pto && tr->exchange_kind == TIDE_EXCHANGE_DENSE; }
+/* Not under K-FAC, which needs the whole averaged gradient on every rank:
+ * then PTO shards only the update. */
+int tide__pto_reduces(const tide_trainer_t *tr) {
+  return tr->pto && tr->exchange_kind == TIDE_EXCHANGE_DENSE && tr->kfac == NULL;
+}
 
 int tide__pto_exchange(tide_trainer_t *tr) {
   float *slots = tr->exchange + tr->nparams;

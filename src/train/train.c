@@ -101,6 +101,7 @@ void tide_trainer_destroy(tide_trainer_t *tr) {
   if (tr->tensors != NULL)
     for (size_t t = 0; t < tr->ntensors; t++) tide__free((char *)tr->tensors[t].name);
   tide__free(tr->tensors);
+  tide__kfac_destroy(tr->kfac);
   tide_optim_destroy(tr->optim);
   tide_sampler_destroy(tr->sampler);
   tide__free(tr->exchange);
@@ -239,6 +240,9 @@ static int apply(tide_trainer_t *tr, const tide_decision_t *d) {
     if (tr->config.pto && !tide__pto_supports(d->exchange))
       return tide__trainer_fail(tr, TIDE_EINVAL, "a policy chose exchange %s, which PTO does not run (dense, topk "
                                 "and hitopk do)", tide_exchange_name((tide_exchange_t)d->exchange));
+    if (tr->kfac != NULL && d->exchange == TIDE_EXCHANGE_ADASUM)
+      return tide__trainer_fail(tr, TIDE_EINVAL, "a policy chose the adasum exchange, which K-FAC does not run "
+                                "with (it preconditions the averaged gradient)");
     tr->exchange_kind = (tide_exchange_t)d->exchange;
     tr->stats.exchange = tr->exchange_kind;
   }
@@ -424,6 +428,7 @@ int tide_trainer_step(tide_trainer_t *tr, double loss, tide_step_stats_t *stats)
     tr->count += (double)c;
     tr->loss_sum += loss * (double)c;
   }
+  tide__kfac_micro_end(tr->kfac);
   tr->micro++;
   if (tr->micro < tr->micro_count) {
     tr->stats.stepped = 0;
@@ -502,13 +507,19 @@ int tide_trainer_step(tide_trainer_t *tr, double loss, tide_step_stats_t *stats)
   s->gain = d.gain > 0 ? d.gain : scale;
   s->lr = (double)tide_lr_at(&tr->config.schedule, (long)floor(tr->progress)) * s->lr_factor;
   double gather_s = 0;
+  s->kfac_s = 0;
   if (combined) {
     TIDE_CHECK(ops->update(tr, state, (float)s->lr));
-  } else if (tr->pto) {
-    TIDE_CHECK(tide__pto_update(tr, (float)s->lr, &gather_s));
   } else {
-    int rc = tide_optim_step(tr->optim, tr->params, tr->exchange, (float)s->lr);
-    if (rc != 0) return tide__trainer_fail(tr, rc, "optimizer step %ld failed", tr->step);
+    /* K-FAC preconditions the whole averaged gradient in place, then the
+     * optimizer runs, on this rank's shard under PTO. */
+    if (tr->kfac != NULL) TIDE_CHECK(tide__kfac_run(tr, (float)s->lr, &s->kfac_s));
+    if (tr->pto) {
+      TIDE_CHECK(tide__pto_update(tr, (float)s->lr, &gather_s));
+    } else {
+      int rc = tide_optim_step(tr->optim, tr->params, tr->exchange, (float)s->lr);
+      if (rc != 0) return tide__trainer_fail(tr, rc, "optimizer step %ld failed", tr->step);
+    }
   }
   tr->progress += s->gain;
   tr->step++;

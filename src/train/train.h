@@ -47,6 +47,16 @@ typedef struct {
   void *state;
 } tide__policy_slot_t;
 
+/* The K-FAC stage (src/train/kfac.c). */
+typedef struct tide__kfac tide__kfac_t;
+void tide__kfac_destroy(tide__kfac_t *k);
+/* At the end of each micro-batch: counts the factors it added to. */
+void tide__kfac_micro_end(tide__kfac_t *k);
+/* Between the exchange and the optimizer: factors, eigendecompositions,
+ * preconditioning of tr->exchange in place, sharing. Collective. *seconds
+ * gets the stage's time plus this step's tide_trainer_kfac_add time. */
+int tide__kfac_run(tide_trainer_t *tr, float lr, double *seconds);
+
 struct tide_trainer {
   tide_comm_t *comm;
   tide_trainer_config_t config;
@@ -111,6 +121,8 @@ struct tide_trainer {
   size_t *shard_counts;
   float *shard_grad;
   double *shard_sq;
+
+  tide__kfac_t *kfac; /* NULL: no K-FAC */
 };
 
 /* x[i] *= c over [0, n); returns sum x[i]^2 after scaling (train.c). */
@@ -121,7 +133,8 @@ double tide__scale_in_place(float *restrict x, size_t n, float c);
 int tide__pto_supports(int exchange);
 int tide__pto_optim_create(tide_trainer_t *tr, const tide_tensor_t *tensors, size_t ntensors);
 void tide__pto_close(tide_trainer_t *tr);
-/* 1 when this step's exchange is PTO's reduce-scatter (the dense one). */
+/* 1 when this step's exchange is PTO's reduce-scatter (the dense one,
+ * without K-FAC). */
 int tide__pto_reduces(const tide_trainer_t *tr);
 /* The statistics allreduce and the gradient reduce-scatter into shard_grad. */
 int tide__pto_exchange(tide_trainer_t *tr);

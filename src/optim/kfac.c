@@ -1,0 +1,96 @@
+/* K-FAC's arithmetic (see kfac.h): factor sums by SYRK, the running
+ * averages, LAPACK's divide-and-conquer eigensolver, and the eigenbasis
+ * preconditioner of kfac-pytorch's EIGEN method (damping on the Kronecker
+ * product's eigenvalues). */
+#include "optim/kfac.h"
+
+#include <cblas.h>
+#include <lapacke.h>
+#include <string.h>
+
+#include "core/core.h"
+
+void tide__kfac_syrk(float *upper, int dim, int bias, const float *x, size_t rows, size_t ld, int transposed,
+                     float weight) {
+  int cols = bias ? dim - 1 : dim;
+  if (rows == 0) return;
+  /* Row-major C = alpha A^T A over an A of rows x cols, or A A^T over a
+   * feature-major cols x rows. */
+  cblas_ssyrk(CblasRowMajor, CblasUpper, transposed ? CblasNoTrans : CblasTrans, cols, (int)rows, weight, x,
+              (int)ld, 1.0f, upper, dim);
+  if (!bias) return;
+  /* The ones column: X^T 1 (column sums) and 1^T 1 = rows. */
+  float *last = upper; /* upper[c*dim + cols] */
+  for (int c = 0; c < cols; c++) {
+    double sum = 0;
+    if (transposed) {
+      const float *xc = x + (size_t)c * ld;
+      for (size_t r = 0; r < rows; r++) sum += xc[r];
+    } else {
+      for (size_t r = 0; r < rows; r++) sum += x[r * ld + (size_t)c];
+    }
+    last[(size_t)c * dim + (size_t)cols] += weight * (float)sum;
+  }
+  upper[(size_t)cols * dim + (size_t)cols] += weight * (float)rows;
+}
+
+void tide__kfac_pack(const float *upper, int dim, float scale, float *packed) {
+  for (int i = 0; i < dim; i++) {
+    const float *row = upper + (size_t)i * dim;
+    for (int j = i; j < dim; j++) *packed++ = row[j] * scale;
+  }
+}
+
+void tide__kfac_blend(float *running, int dim, const float *packed, float scale, float decay) {
+  float keep = decay, take = (1.0f - decay) * scale;
+  for (int i = 0; i < dim; i++)
+    for (int j = i; j < dim; j++) {
+      float v = keep * running[(size_t)i * dim + j] + take * *packed++;
+      running[(size_t)i * dim + j] = v;
+      running[(size_t)j * dim + i] = v;
+    }
+}
+
+int tide__kfac_eigen(const float *f, int dim, float *q, float *d) {
+  /* LAPACKE_ssyevd's own workspace query rounds its size through a float,
+   * which comes out too small past dim ~ 3000: size it here. */
+  lapack_int n = dim, lwork = 1 + 6 * n + 2 * n * n, liwork = 3 + 5 * n;
+  float *work = tide__malloc((size_t)lwork * sizeof *work);
+  lapack_int *iwork = tide__malloc((size_t)liwork * sizeof *iwork);
+  if (work == NULL || iwork == NULL) {
+    tide__free(work);
+    tide__free(iwork);
+    return TIDE_ENOMEM;
+  }
+  memcpy(q, f, (size_t)dim * dim * sizeof *q);
+  /* f is symmetric, so its row-major storage is its column-major one; the
+   * column-major eigenvectors read row-major are Q^T. */
+  lapack_int info = LAPACKE_ssyevd_work(LAPACK_COL_MAJOR, 'V', 'U', n, q, n, d, work, lwork, iwork, liwork);
+  tide__free(work);
+  tide__free(iwork);
+  if (info != 0) {
+    TIDE_ERROR("K-FAC: ssyevd failed (info %d) on a %d x %d factor: non-finite values in the factor?", (int)info,
+               dim, dim);
+    return TIDE_EINVAL;
+  }
+  for (int j = 0; j < dim; j++)
+    if (!(d[j] > 0.0f)) d[j] = 0.0f;
+  return 0;
+}
+
+void tide__kfac_precondition(const float *qg, const float *dg, int dim_g, const float *qa, const float *da,
+                             int dim_a, float damping, const float *m, float *p, float *work) {
+  /* qg holds Q_G^T (rows = eigenvectors), so Q_G^T m is qg . m. */
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, dim_g, dim_a, dim_g, 1.0f, qg, dim_g, m, dim_a, 0.0f, work,
+              dim_a);
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, dim_g, dim_a, dim_a, 1.0f, work, dim_a, qa, dim_a, 0.0f, p,
+              dim_a);
+  for (int i = 0; i < dim_g; i++) {
+    float *row = p + (size_t)i * dim_a, gi = dg[i];
+    for (int j = 0; j < dim_a; j++) row[j] /= gi * da[j] + damping;
+  }
+  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, dim_g, dim_a, dim_g, 1.0f, qg, dim_g, p, dim_a, 0.0f, work,
+              dim_a);
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, dim_g, dim_a, dim_a, 1.0f, work, dim_a, qa, dim_a, 0.0f, p,
+              dim_a);
+}

@@ -1,0 +1,42 @@
+/* K-FAC's arithmetic (src/optim/kfac.c): Kronecker factors, their
+ * eigendecompositions and the preconditioned gradient of one layer. Pure
+ * computation on caller-owned buffers (CBLAS, LAPACKE); the trainer's K-FAC
+ * stage (src/train/kfac.c) owns the buffers and does the communication.
+ * This header is optim's declared interface to train. Any thread; calls on
+ * distinct buffers may run at once. Matrices are row-major, dim x dim. */
+#ifndef TIDE_OPTIM_KFAC_H
+#define TIDE_OPTIM_KFAC_H
+
+#include <stddef.h>
+
+/* The largest factor dimension accepted (a 8193^2 float matrix is 256 MiB). */
+enum { TIDE__KFAC_MAX_DIM = 8193 };
+
+/* upper (dim x dim, upper triangle used) += weight * Xb^T Xb, Xb = X with
+ * a ones column appended when bias (then X has dim - 1 columns). X is
+ * rows x cols at x[r*ld + c], or at x[c*ld + r] when transposed. */
+void tide__kfac_syrk(float *upper, int dim, int bias, const float *x, size_t rows, size_t ld, int transposed,
+                     float weight);
+
+/* The upper triangle of `upper` times scale, row by row, into packed
+ * (dim*(dim+1)/2 floats). */
+void tide__kfac_pack(const float *upper, int dim, float scale, float *packed);
+/* running = decay*running + (1-decay)*S, S the symmetric matrix whose
+ * upper triangle is packed * scale. */
+void tide__kfac_blend(float *running, int dim, const float *packed, float scale, float decay);
+/* Packed floats of a dim x dim factor. */
+static inline size_t tide__kfac_packed(int dim) { return (size_t)dim * ((size_t)dim + 1) / 2; }
+
+/* Eigendecomposition of the symmetric f (dim x dim, not changed):
+ * q[j*dim .. j*dim+dim) is eigenvector j (q holds Q^T) and d[j] its
+ * eigenvalue, clamped to >= 0. Allocates LAPACK's workspace for the call.
+ * 0, TIDE_ENOMEM, or TIDE_EINVAL when LAPACK fails (non-finite input). */
+int tide__kfac_eigen(const float *f, int dim, float *q, float *d);
+
+/* p (dim_g x dim_a) = Q_G ((Q_G^T m Q_A) ./ (d_G d_A^T + damping)) Q_A^T
+ * for the layer gradient m (dim_g x dim_a); qg, qa as tide__kfac_eigen
+ * writes them. work holds dim_g * dim_a floats. m and p may not alias. */
+void tide__kfac_precondition(const float *qg, const float *dg, int dim_g, const float *qa, const float *da,
+                             int dim_a, float damping, const float *m, float *p, float *work);
+
+#endif

@@ -1,0 +1,494 @@
+/* The trainer's K-FAC stage (tide.h, "K-FAC gradient preconditioning";
+ * docs/algorithms.md): collects the caller's factor contributions during a
+ * step, and between the gradient exchange and the optimizer all-reduces the
+ * factors, refreshes the eigendecompositions, preconditions the averaged
+ * gradient and shares the result (KAISA's layer-wise distribution, or every
+ * rank doing every layer). The arithmetic is src/optim/kfac.c. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "optim/kfac.h"
+#include "train/train.h"
+
+typedef struct {
+  tide_kfac_layer_t desc;
+  size_t w_off, b_off; /* into the flat gradient */
+  int dim_a, dim_g;
+  int owner;           /* the rank that decomposes and preconditions (distribute = 1) */
+  float *a, *g;        /* running averages */
+  float *sum[2];       /* this step's sums over micro-batches (upper triangles) */
+  int added[2];        /* this micro-batch added to A / G */
+  int micros[2];       /* micro-batches of this step that added */
+  float *q[2], *d[2];  /* eigenvectors (rows) and eigenvalues; NULL where not ours */
+  int decomposed;
+} layer_t;
+
+struct tide__kfac {
+  tide_kfac_config_t config;
+  size_t nlayers;
+  layer_t *layers;
+  int rank, ranks;
+  float *pack;       /* factor allreduce: every packed factor, then 2 * nlayers counts */
+  size_t pack_len;
+  float *m, *p, *work; /* one layer's gradient, result and product scratch */
+  float *send, *recv;  /* allgatherv of [P_l, dot_l] per layer, owners in rank order */
+  size_t *counts;
+  double *dots;
+  double add_s;      /* this step's time in tide_trainer_kfac_add */
+};
+
+static int mine(const tide__kfac_t *k, const layer_t *l) { return !k->config.distribute || l->owner == k->rank; }
+
+static size_t layer_floats(const layer_t *l) { return (size_t)l->dim_g * l->dim_a; }
+
+void tide_kfac_config_default(tide_kfac_config_t *out) {
+  if (out == NULL) return;
+  *out = (tide_kfac_config_t){.factor_every = 10, .inverse_every = 100, .damping = 0.001f, .factor_decay = 0.95f,
+                              .kl_clip = 0.001f, .distribute = 1};
+}
+
+/* The first field of c out of range, and why; NULL when all are fine. */
+static const char *config_problem(const tide_kfac_config_t *c, const char **why) {
+  if (c->factor_every < 1) return *why = "must be >= 1", "factor_every";
+  if (c->inverse_every < 1 || c->inverse_every % c->factor_every != 0)
+    return *why = "must be >= 1 and a multiple of factor_every", "inverse_every";
+  if (!(c->damping > 0 && isfinite(c->damping))) return *why = "must be finite and > 0", "damping";
+  if (!(c->factor_decay >= 0 && c->factor_decay < 1)) return *why = "must be in [0, 1)", "factor_decay";
+  if (!(c->kl_clip >= 0 && isfinite(c->kl_clip)))
+    return *why = "must be finite and >= 0 (0 turns clipping off)", "kl_clip";
+  if (c->distribute != 0 && c->distribute != 1) return *why = "must be 0 or 1", "distribute";
+  return NULL;
+}
+
+int tide_kfac_config_check(const tide_kfac_config_t *c) {
+  const char *why = "must not be NULL", *field = c == NULL ? "config" : config_problem(c, &why);
+  if (field == NULL) return 0;
+  TIDE_ERROR("K-FAC: kfac.%s %s", field, why);
+  return TIDE_EINVAL;
+}
+
+int tide_kfac_config_parse(const char *text, tide_kfac_config_t *inout) {
+  if (text == NULL || inout == NULL) {
+    TIDE_ERROR("tide_kfac_config_parse: %s must not be NULL", text == NULL ? "text" : "inout");
+    return TIDE_EINVAL;
+  }
+  tide_kfac_config_t c = *inout;
+  for (const char *p = text; *p;) {
+    size_t n = strcspn(p, ",:"), eq = strcspn(p, "=");
+    char key[32], *end;
+    if (eq >= n || eq == 0 || eq >= sizeof key) {
+      TIDE_ERROR("K-FAC options \"%s\": \"%.*s\" is not key=value", text, (int)n, p);
+      return TIDE_EINVAL;
+    }
+    memcpy(key, p, eq);
+    key[eq] = 0;
+    double v = strtod(p + eq + 1, &end);
+    int is_int = strcmp(key, "factor_every") == 0 || strcmp(key, "inverse_every") == 0 || strcmp(key, "distribute") == 0;
+    if (end != p + n || end == p + eq + 1 || !isfinite(v) || (is_int && (v != floor(v) || fabs(v) > 1e9))) {
+      TIDE_ERROR("K-FAC options: kfac.%s: \"%.*s\" is not a%s number", key, (int)(n - eq - 1), p + eq + 1,
+                 is_int ? "n integer" : "");
+      return TIDE_EINVAL;
+    }
+    if (strcmp(key, "factor_every") == 0)
+      c.factor_every = (int)v;
+    else if (strcmp(key, "inverse_every") == 0)
+      c.inverse_every = (int)v;
+    else if (strcmp(key, "distribute") == 0)
+      c.distribute = (int)v;
+    else if (strcmp(key, "damping") == 0)
+      c.damping = (float)v;
+    else if (strcmp(key, "factor_decay") == 0)
+      c.factor_decay = (float)v;
+    else if (strcmp(key, "kl_clip") == 0)
+      c.kl_clip = (float)v;
+    else {
+      TIDE_ERROR("K-FAC options: unknown key \"%s\" (use factor_every, inverse_every, damping, factor_decay, "
+                 "kl_clip, distribute)", key);
+      return TIDE_EINVAL;
+    }
+    p += n;
+    if (*p) p++;
+  }
+  TIDE_CHECK(tide_kfac_config_check(&c));
+  *inout = c;
+  return 0;
+}
+
+void tide__kfac_destroy(tide__kfac_t *k) {
+  if (k == NULL) return;
+  for (size_t i = 0; k->layers != NULL && i < k->nlayers; i++) {
+    layer_t *l = &k->layers[i];
+    tide__free(l->a);
+    tide__free(l->g);
+    for (int f = 0; f < 2; f++) {
+      tide__free(l->sum[f]);
+      tide__free(l->q[f]);
+      tide__free(l->d[f]);
+    }
+  }
+  tide__free(k->layers);
+  tide__free(k->pack);
+  tide__free(k->m);
+  tide__free(k->p);
+  tide__free(k->work);
+  tide__free(k->send);
+  tide__free(k->recv);
+  tide__free(k->counts);
+  tide__free(k->dots);
+  tide__free(k);
+}
+
+/* Checks a layer against the trainer's tensors; 0 or TIDE_EINVAL with the
+ * reason in the trainer's last error. used marks tensors already taken. */
+static int check_layer(tide_trainer_t *tr, size_t i, const tide_kfac_layer_t *d, char *used) {
+  const char *why = NULL;
+  char buf[160];
+  if (d->in_dim < 1 || d->out_dim < 1 || d->in_dim + (d->bias >= 0) > TIDE__KFAC_MAX_DIM ||
+      d->out_dim > TIDE__KFAC_MAX_DIM) {
+    snprintf(buf, sizeof buf, "in_dim %d and out_dim %d must be in [1, %d] (leave larger layers out)", d->in_dim,
+             d->out_dim, TIDE__KFAC_MAX_DIM - 1);
+    why = buf;
+  } else if (d->weight >= tr->ntensors || (d->bias >= 0 && (size_t)d->bias >= tr->ntensors) || d->bias < -1) {
+    snprintf(buf, sizeof buf, "weight %zu or bias %ld is not a tensor index (the trainer has %zu)", d->weight,
+             d->bias, tr->ntensors);
+    why = buf;
+  } else if (tr->tensors[d->weight].count != (size_t)d->in_dim * d->out_dim) {
+    snprintf(buf, sizeof buf, "weight tensor %s has %zu elements, not out_dim x in_dim = %d x %d",
+             tr->tensors[d->weight].name, tr->tensors[d->weight].count, d->out_dim, d->in_dim);
+    why = buf;
+  } else if (d->bias >= 0 && tr->tensors[d->bias].count != (size_t)d->out_dim) {
+    snprintf(buf, sizeof buf, "bias tensor %s has %zu elements, not out_dim = %d", tr->tensors[d->bias].name,
+             tr->tensors[d->bias].count, d->out_dim);
+    why = buf;
+  } else if (used[d->weight] || (d->bias >= 0 && used[d->bias]) || (size_t)d->bias == d->weight) {
+    why = "uses a tensor another layer (or its own weight) already uses";
+  }
+  if (why != NULL) return tide__trainer_fail(tr, TIDE_EINVAL, "tide_trainer_kfac: layers[%zu]: %s", i, why);
+  used[d->weight] = 1;
+  if (d->bias >= 0) used[d->bias] = 1;
+  return 0;
+}
+
+/* KAISA's greedy assignment: layers by cost (dim_A^3 + dim_G^3) from the
+ * largest, each to the least loaded rank (the lowest on ties). */
+static int assign(tide__kfac_t *k) {
+  double *load = tide__calloc((size_t)k->ranks, sizeof *load);
+  char *done = tide__calloc(k->nlayers, 1);
+  if (load == NULL || done == NULL) {
+    tide__free(load);
+    tide__free(done);
+    return TIDE_ENOMEM;
+  }
+  for (size_t n = 0; n < k->nlayers; n++) {
+    size_t best = 0;
+    double best_cost = -1;
+    for (size_t i = 0; i < k->nlayers; i++) {
+      const layer_t *l = &k->layers[i];
+      double cost = pow(l->dim_a, 3) + pow(l->dim_g, 3);
+      if (!done[i] && cost > best_cost) best = i, best_cost = cost;
+    }
+    int r = 0;
+    for (int q = 1; q < k->ranks; q++)
+      if (load[q] < load[r]) r = q;
+    done[best] = 1;
+    load[r] += best_cost;
+    k->layers[best].owner = r;
+  }
+  tide__free(load);
+  tide__free(done);
+  return 0;
+}
+
+int tide_trainer_kfac(tide_trainer_t *tr, const tide_kfac_config_t *config, const tide_kfac_layer_t *layers,
+                      size_t nlayers) {
+  if (tr == NULL) {
+    TIDE_ERROR("tide_trainer_kfac: trainer must not be NULL");
+    return TIDE_EINVAL;
+  }
+  if (config == NULL || (nlayers > 0 && layers == NULL) || nlayers == 0)
+    return tide__trainer_fail(tr, TIDE_EINVAL, "tide_trainer_kfac: %s",
+                              config == NULL ? "config must not be NULL" : "give at least one layer (layers, nlayers)");
+  if (tr->kfac != NULL || tr->step > 0 || tr->in_step)
+    return tide__trainer_fail(tr, TIDE_ESTATE, "tide_trainer_kfac: call it once, before the first step");
+  if (tr->exchange_kind == TIDE_EXCHANGE_ADASUM)
+    return tide__trainer_fail(tr, TIDE_EINVAL, "tide_trainer_kfac: K-FAC preconditions the averaged gradient, and the "
+                              "adasum exchange has none (each rank steps on its own): use dense, topk or hitopk");
+  const char *why, *field = config_problem(config, &why);
+  if (field != NULL) return tide__trainer_fail(tr, TIDE_EINVAL, "tide_trainer_kfac: config.%s %s", field, why);
+  int rc = 0;
+  char *used = tide__calloc(tr->ntensors, 1);
+  tide__kfac_t *k = tide__calloc(1, sizeof *k);
+  if (k != NULL) k->layers = tide__calloc(nlayers, sizeof *k->layers);
+  if (used == NULL || k == NULL || k->layers == NULL) {
+    tide__free(used);
+    tide__kfac_destroy(k);
+    return TIDE_ENOMEM;
+  }
+  k->config = *config;
+  k->nlayers = nlayers;
+  k->rank = tr->rank;
+  k->ranks = tr->ranks;
+  size_t biggest = 0, packed = 0, total = 0;
+  for (size_t i = 0; i < nlayers && rc == 0; i++) {
+    if ((rc = check_layer(tr, i, &layers[i], used)) != 0) break;
+    layer_t *l = &k->layers[i];
+    l->desc = layers[i];
+    l->w_off = tr->tensors[layers[i].weight].offset;
+    l->b_off = layers[i].bias >= 0 ? tr->tensors[layers[i].bias].offset : 0;
+    l->dim_a = layers[i].in_dim + (layers[i].bias >= 0);
+    l->dim_g = layers[i].out_dim;
+    if (layer_floats(l) > biggest) biggest = layer_floats(l);
+    packed += tide__kfac_packed(l->dim_a) + tide__kfac_packed(l->dim_g);
+    total += layer_floats(l) + 1;
+  }
+  tide__free(used);
+  if (rc == 0) rc = assign(k);
+  /* Every rank must run the same layers and options: compare a digest. */
+  if (rc == 0) {
+    uint64_t digest = tide__fnv1a(config, sizeof *config) ^ tide__fnv1a(layers, nlayers * sizeof *layers);
+    /* min of x and of -x: the ranks agree when min == max. */
+    double lo_hi[2] = {(double)(digest >> 11), -(double)(digest >> 11)};
+    if ((rc = tide_allreduce(tr->comm, lo_hi, lo_hi, 2, TIDE_F64, TIDE_MIN)) != 0)
+      rc = tide__trainer_fail(tr, rc, "tide_trainer_kfac: allreduce: %s", tide_comm_last_error(tr->comm));
+    else if (lo_hi[0] != -lo_hi[1])
+      rc = tide__trainer_fail(tr, TIDE_EINVAL, "tide_trainer_kfac: ranks passed different configs or layers");
+  }
+  k->pack_len = packed + 2 * nlayers;
+  size_t own = 0;
+  for (size_t i = 0; i < nlayers && rc == 0; i++) {
+    layer_t *l = &k->layers[i];
+    size_t na = (size_t)l->dim_a * l->dim_a, ng = (size_t)l->dim_g * l->dim_g;
+    l->a = tide__calloc(na, sizeof *l->a);
+    l->g = tide__calloc(ng, sizeof *l->g);
+    l->sum[TIDE_KFAC_A] = tide__calloc(na, sizeof(float));
+    l->sum[TIDE_KFAC_G] = tide__calloc(ng, sizeof(float));
+    if (mine(k, l)) {
+      own += layer_floats(l) + 1;
+      l->q[TIDE_KFAC_A] = tide__malloc(na * sizeof(float));
+      l->q[TIDE_KFAC_G] = tide__malloc(ng * sizeof(float));
+      l->d[TIDE_KFAC_A] = tide__malloc((size_t)l->dim_a * sizeof(float));
+      l->d[TIDE_KFAC_G] = tide__malloc((size_t)l->dim_g * sizeof(float));
+      if (l->q[0] == NULL || l->q[1] == NULL || l->d[0] == NULL || l->d[1] == NULL) rc = TIDE_ENOMEM;
+    }
+    if (l->a == NULL || l->g == NULL || l->sum[0] == NULL || l->sum[1] == NULL) rc = TIDE_ENOMEM;
+    if (rc != 0) break;
+    /* The running averages start from I (kfac-pytorch). */
+    for (int j = 0; j < l->dim_a; j++) l->a[(size_t)j * l->dim_a + j] = 1.0f;
+    for (int j = 0; j < l->dim_g; j++) l->g[(size_t)j * l->dim_g + j] = 1.0f;
+  }
+  if (rc == 0) {
+    k->pack = tide__malloc(k->pack_len * sizeof *k->pack);
+    k->m = tide__malloc(biggest * sizeof *k->m);
+    k->p = tide__malloc(biggest * sizeof *k->p);
+    k->work = tide__malloc(biggest * sizeof *k->work);
+    k->send = tide__malloc((own ? own : 1) * sizeof *k->send);
+    k->recv = tide__malloc(total * sizeof *k->recv);
+    k->counts = tide__calloc((size_t)k->ranks, sizeof *k->counts);
+    k->dots = tide__calloc(nlayers, sizeof *k->dots);
+    if (k->pack == NULL || k->m == NULL || k->p == NULL || k->work == NULL || k->send == NULL || k->recv == NULL ||
+        k->counts == NULL || k->dots == NULL)
+      rc = TIDE_ENOMEM;
+  }
+  if (rc != 0) {
+    tide__kfac_destroy(k);
+    return rc == TIDE_ENOMEM ? tide__trainer_fail(tr, rc, "tide_trainer_kfac: out of memory for the factors") : rc;
+  }
+  for (size_t i = 0; i < nlayers; i++) {
+    const layer_t *l = &k->layers[i];
+    k->counts[l->owner] += layer_floats(l) + 1;
+  }
+  tr->kfac = k;
+  if (tr->rank == 0)
+    for (size_t i = 0; i < nlayers; i++)
+      TIDE_INFO("K-FAC: layer %zu (%s): A %d x %d, G %d x %d, rank %d", i, tr->tensors[layers[i].weight].name,
+                k->layers[i].dim_a, k->layers[i].dim_a, k->layers[i].dim_g, k->layers[i].dim_g,
+                config->distribute ? k->layers[i].owner : -1);
+  return 0;
+}
+
+static int factor_step(const tide_trainer_t *tr) {
+  return tr->kfac != NULL && tr->step % tr->kfac->config.factor_every == 0;
+}
+
+int tide_trainer_kfac_wanted(const tide_trainer_t *tr) {
+  return tr != NULL && tr->in_step && factor_step(tr);
+}
+
+int tide_trainer_kfac_add(tide_trainer_t *tr, size_t layer, tide_kfac_factor_t factor, const float *x, size_t rows,
+                          size_t ld, int transposed, float weight) {
+  if (tr == NULL) {
+    TIDE_ERROR("tide_trainer_kfac_add: trainer must not be NULL");
+    return TIDE_EINVAL;
+  }
+  tide__kfac_t *k = tr->kfac;
+  if (k == NULL || !tr->micro_handed || !factor_step(tr))
+    return tide__trainer_fail(tr, TIDE_ESTATE, "tide_trainer_kfac_add: %s",
+                              k == NULL ? "K-FAC is off (tide_trainer_kfac first)"
+                                        : "only between tide_trainer_next and tide_trainer_step of a step that "
+                                          "updates factors (tide_trainer_kfac_wanted)");
+  const char *why = NULL;
+  if (layer >= k->nlayers)
+    why = "layer is out of range";
+  else if (factor != TIDE_KFAC_A && factor != TIDE_KFAC_G)
+    why = "factor must be TIDE_KFAC_A or TIDE_KFAC_G";
+  else if (rows > 0 && x == NULL)
+    why = "x must not be NULL";
+  else if (!(weight >= 0 && isfinite(weight)))
+    why = "weight must be finite and >= 0";
+  else if (rows > INT32_MAX)
+    why = "rows must be below 2^31";
+  if (why == NULL) {
+    const layer_t *l = &k->layers[layer];
+    size_t cols = factor == TIDE_KFAC_A ? (size_t)l->desc.in_dim : (size_t)l->dim_g;
+    if (transposed ? ld < rows : ld < cols) why = "ld is below the row length (rows when transposed, else the dimension)";
+  }
+  if (why != NULL)
+    return tide__trainer_fail(tr, TIDE_EINVAL, "tide_trainer_kfac_add(layer %zu, factor %d): %s", layer, (int)factor,
+                              why);
+  int64_t t0 = tide__now_ns();
+  layer_t *l = &k->layers[layer];
+  int dim = factor == TIDE_KFAC_A ? l->dim_a : l->dim_g;
+  tide__kfac_syrk(l->sum[factor], dim, factor == TIDE_KFAC_A && l->desc.bias >= 0, x, rows, ld, transposed, weight);
+  l->added[factor] = 1;
+  k->add_s += (double)(tide__now_ns() - t0) * 1e-9;
+  return 0;
+}
+
+void tide__kfac_micro_end(tide__kfac_t *k) {
+  if (k == NULL) return;
+  for (size_t i = 0; i < k->nlayers; i++)
+    for (int f = 0; f < 2; f++) {
+      k->layers[i].micros[f] += k->layers[i].added[f];
+      k->layers[i].added[f] = 0;
+    }
+}
+
+/* All-reduces the step's factors and folds them into the running averages. */
+static int update_factors(tide_trainer_t *tr, tide__kfac_t *k) {
+  float *p = k->pack, *counts = k->pack + k->pack_len - 2 * k->nlayers;
+  for (size_t i = 0; i < k->nlayers; i++) {
+    layer_t *l = &k->layers[i];
+    for (int f = 0; f < 2; f++) {
+      int dim = f == TIDE_KFAC_A ? l->dim_a : l->dim_g;
+      int n = l->micros[f];
+      tide__kfac_pack(l->sum[f], dim, n > 0 ? 1.0f / (float)n : 0.0f, p);
+      p += tide__kfac_packed(dim);
+      counts[2 * i + f] = n > 0 ? 1.0f : 0.0f;
+    }
+  }
+  int rc = tide_allreduce(tr->comm, k->pack, k->pack, k->pack_len, TIDE_F32, TIDE_SUM);
+  if (rc != 0) return tide__trainer_fail(tr, rc, "K-FAC factor allreduce: %s", tide_comm_last_error(tr->comm));
+  p = k->pack;
+  for (size_t i = 0; i < k->nlayers; i++) {
+    layer_t *l = &k->layers[i];
+    for (int f = 0; f < 2; f++) {
+      int dim = f == TIDE_KFAC_A ? l->dim_a : l->dim_g;
+      float ranks = counts[2 * i + f];
+      /* No rank added this factor: the average keeps its value. */
+      if (ranks > 0) tide__kfac_blend(f == TIDE_KFAC_A ? l->a : l->g, dim, p, 1.0f / ranks, k->config.factor_decay);
+      p += tide__kfac_packed(dim);
+      memset(l->sum[f], 0, (size_t)dim * dim * sizeof(float));
+      l->micros[f] = 0;
+    }
+  }
+  return 0;
+}
+
+/* The layer's gradient as [out, in | bias] from the flat buffer, and back. */
+static void gather(const layer_t *l, const float *grad, float *m) {
+  int in = l->desc.in_dim;
+  for (int o = 0; o < l->dim_g; o++) {
+    memcpy(m + (size_t)o * l->dim_a, grad + l->w_off + (size_t)o * in, (size_t)in * sizeof *m);
+    if (l->desc.bias >= 0) m[(size_t)o * l->dim_a + in] = grad[l->b_off + o];
+  }
+}
+
+static void scatter(const layer_t *l, const float *p, float scale, float *grad) {
+  int in = l->desc.in_dim;
+  for (int o = 0; o < l->dim_g; o++) {
+    const float *row = p + (size_t)o * l->dim_a;
+    float *w = grad + l->w_off + (size_t)o * in;
+    for (int j = 0; j < in; j++) w[j] = row[j] * scale;
+    if (l->desc.bias >= 0) grad[l->b_off + o] = row[in] * scale;
+  }
+}
+
+/* Preconditions layer l of grad into out (layer_floats floats) and returns
+ * sum(P .* M). */
+static double precondition(tide__kfac_t *k, const layer_t *l, const float *grad, float *out) {
+  gather(l, grad, k->m);
+  tide__kfac_precondition(l->q[TIDE_KFAC_G], l->d[TIDE_KFAC_G], l->dim_g, l->q[TIDE_KFAC_A], l->d[TIDE_KFAC_A],
+                          l->dim_a, k->config.damping, k->m, out, k->work);
+  double dot = 0;
+  for (size_t j = 0, n = layer_floats(l); j < n; j++) dot += (double)out[j] * k->m[j];
+  return dot;
+}
+
+int tide__kfac_run(tide_trainer_t *tr, float lr, double *seconds) {
+  tide__kfac_t *k = tr->kfac;
+  int64_t t0 = tide__now_ns();
+  int rc;
+  float *grad = tr->exchange;
+  if (factor_step(tr) && (rc = update_factors(tr, k)) != 0) return rc;
+  int refresh = tr->step % k->config.inverse_every == 0;
+  for (size_t i = 0; i < k->nlayers; i++) {
+    layer_t *l = &k->layers[i];
+    if (!mine(k, l) || (!refresh && l->decomposed)) continue;
+    if ((rc = tide__kfac_eigen(l->a, l->dim_a, l->q[TIDE_KFAC_A], l->d[TIDE_KFAC_A])) != 0 ||
+        (rc = tide__kfac_eigen(l->g, l->dim_g, l->q[TIDE_KFAC_G], l->d[TIDE_KFAC_G])) != 0)
+      return tide__trainer_fail(tr, rc, "K-FAC: eigendecomposition of layer %zu's factors failed at step %ld", i,
+                                tr->step);
+    l->decomposed = 1;
+  }
+  if (k->config.distribute && k->ranks > 1) {
+    /* Each owner preconditions its layers; one allgatherv shares them. */
+    float *s = k->send;
+    for (size_t i = 0; i < k->nlayers; i++) {
+      const layer_t *l = &k->layers[i];
+      if (l->owner != k->rank) continue;
+      s[layer_floats(l)] = (float)precondition(k, l, grad, s);
+      s += layer_floats(l) + 1;
+    }
+    if ((rc = tide_allgatherv(tr->comm, k->send, k->counts[k->rank], k->recv, k->counts, TIDE_F32)) != 0)
+      return tide__trainer_fail(tr, rc, "K-FAC allgatherv of the preconditioned gradients: %s",
+                                tide_comm_last_error(tr->comm));
+  } else {
+    float *s = k->recv;
+    for (size_t i = 0; i < k->nlayers; i++) {
+      const layer_t *l = &k->layers[i];
+      s[layer_floats(l)] = (float)precondition(k, l, grad, s);
+      s += layer_floats(l) + 1;
+    }
+  }
+  /* Where each layer's result sits in recv: owners in rank order (or layer
+   * order when every rank did every layer). */
+  double vg = 0;
+  size_t offset = 0;
+  int ranks = k->config.distribute ? k->ranks : 1;
+  for (int r = 0; r < ranks; r++)
+    for (size_t i = 0; i < k->nlayers; i++) {
+      const layer_t *l = &k->layers[i];
+      if (k->config.distribute && l->owner != r) continue;
+      k->dots[i] = k->recv[offset + layer_floats(l)];
+      offset += layer_floats(l) + 1;
+    }
+  for (size_t i = 0; i < k->nlayers; i++) vg += k->dots[i];
+  float nu = 1.0f;
+  if (k->config.kl_clip > 0) {
+    double v = fabs(vg * (double)lr * (double)lr);
+    if (v > 0) nu = (float)fmin(1.0, sqrt((double)k->config.kl_clip / v));
+  }
+  offset = 0;
+  for (int r = 0; r < ranks; r++)
+    for (size_t i = 0; i < k->nlayers; i++) {
+      const layer_t *l = &k->layers[i];
+      if (k->config.distribute && l->owner != r) continue;
+      scatter(l, k->recv + offset, nu, grad);
+      offset += layer_floats(l) + 1;
+    }
+  *seconds = (double)(tide__now_ns() - t0) * 1e-9 + k->add_s;
+  k->add_s = 0;
+  return 0;
+}

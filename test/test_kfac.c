@@ -1,0 +1,392 @@
+/* K-FAC (tide_trainer_kfac, src/train/kfac.c, src/optim/kfac.c) on the nn
+ * engine's layers:
+ *   - bad options and layers give TIDE_EINVAL naming the field;
+ *   - the distributed result (KAISA: each layer on one rank, preconditioned
+ *     gradients all-gathered) equals every rank doing every layer, and both
+ *     equal a single rank taking the whole global batch;
+ *   - `test_kfac reference`: one step's preconditioned gradient against an
+ *     independent PyTorch computation (test/kfac_torch_ref.py; 77 without
+ *     python3 and torch). */
+#include <math.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "harness.h"
+#include "nn/nn.h"
+
+static const char *const ARCH = "conv:4:3:1,relu,pool,flatten,dense:16,relu,dense:10";
+enum { DATASET = 96 };
+
+static void make_data(float *images, int32_t *labels, int n) {
+  unsigned seed = 12345;
+  for (int i = 0; i < n * NN_IMAGE_SIZE; i++) images[i] = (float)(harness_rand(&seed) % 2001) / 1000.0f - 1.0f;
+  for (int i = 0; i < n; i++) labels[i] = (int32_t)(harness_rand(&seed) % NN_CLASSES);
+}
+
+static int hook(void *trainer, size_t layer, tide_kfac_factor_t factor, const float *x, size_t rows, size_t ld,
+                int transposed, float weight) {
+  return tide_trainer_kfac_add(trainer, layer, factor, x, rows, ld, transposed, weight);
+}
+
+/* What a run does: model, trainer, K-FAC, `steps` steps. */
+typedef struct {
+  int batch, steps, distribute;
+  float kl_clip, factor_decay, damping, lr, momentum;
+  int factor_every, inverse_every;
+  const char *out; /* each rank writes its final parameters to out.rankR */
+  float *params0;  /* if non-NULL, gets the initial parameters (rank 0) */
+} run_t;
+
+static int run_training(tide_comm_t *comm, const run_t *r, nn_model_t **model_out, tide_trainer_t **tr_out) {
+  nn_model_t *m;
+  CHECK_OK(nn_model_create(ARCH, r->batch, 7, &m));
+  size_t ntensors, nparams = nn_param_count(m);
+  const tide_tensor_t *tensors = nn_tensors(m, &ntensors);
+  tide_trainer_config_t c;
+  tide_trainer_config_default(&c);
+  c.dataset_size = DATASET;
+  c.seed = 3;
+  c.batch = r->batch;
+  c.epochs = 100;
+  tide_optim_config_default(r->momentum > 0 ? TIDE_OPTIM_MOMENTUM : TIDE_OPTIM_SGD, &c.optim);
+  c.optim.momentum = r->momentum;
+  c.optim.weight_decay = 0;
+  c.schedule.kind = TIDE_LR_CONSTANT;
+  c.schedule.base_lr = r->lr;
+  tide_trainer_t *tr;
+  CHECK_OK(tide_trainer_create(comm, &c, nn_params(m), nn_grads(m), nparams, tensors, ntensors, &tr));
+  tide_kfac_config_t kc;
+  tide_kfac_config_default(&kc);
+  kc.distribute = r->distribute;
+  kc.kl_clip = r->kl_clip;
+  kc.factor_decay = r->factor_decay;
+  kc.damping = r->damping;
+  kc.factor_every = r->factor_every;
+  kc.inverse_every = r->inverse_every;
+  tide_kfac_layer_t layers[8];
+  CHECK(nn_kfac_layer_count(m) == 3);
+  CHECK_OK(nn_kfac_layers(m, layers));
+  CHECK(layers[0].in_dim == 9 && layers[0].out_dim == 4 && layers[1].in_dim == 784 && layers[2].in_dim == 16);
+  CHECK_OK(tide_trainer_kfac(tr, &kc, layers, 3));
+  if (r->params0 != NULL) memcpy(r->params0, nn_params(m), nparams * sizeof(float));
+  float *images = malloc(sizeof(float) * DATASET * NN_IMAGE_SIZE), *x = malloc(sizeof(float) * r->batch * NN_IMAGE_SIZE);
+  int32_t *labels = malloc(sizeof(int32_t) * DATASET), y[64];
+  CHECK(images != NULL && x != NULL);
+  make_data(images, labels, DATASET);
+  tide_batch_t b;
+  tide_step_stats_t s;
+  for (int step = 0; step < r->steps;) {
+    CHECK_OK(tide_trainer_next(tr, &b));
+    for (size_t i = 0; i < b.count; i++) {
+      memcpy(x + i * NN_IMAGE_SIZE, images + b.indices[i] * NN_IMAGE_SIZE, NN_IMAGE_SIZE * sizeof(float));
+      y[i] = labels[b.indices[i]];
+    }
+    nn_set_kfac_hook(m, tide_trainer_kfac_wanted(tr) ? hook : NULL, tr);
+    float loss = 0;
+    if (b.count > 0) CHECK_OK(nn_forward_backward(m, x, y, (int)b.count, &loss));
+    CHECK_OK(tide_trainer_step(tr, loss, &s));
+    if (s.stepped) {
+      CHECK(s.kfac_s > 0);
+      step++;
+    }
+  }
+  free(images);
+  free(x);
+  free(labels);
+  *model_out = m;
+  *tr_out = tr;
+  return 0;
+}
+
+static int rank_main(int rank, int size, void *arg) {
+  const run_t *r = arg;
+  tide_comm_t *comm;
+  CHECK_OK(tide_comm_init(&comm));
+  CHECK(tide_comm_size(comm) == size);
+  nn_model_t *m;
+  tide_trainer_t *tr;
+  run_training(comm, r, &m, &tr);
+  char path[512];
+  snprintf(path, sizeof path, "%s.rank%d", r->out, rank);
+  FILE *f = fopen(path, "wb");
+  CHECK(f != NULL);
+  CHECK(fwrite(nn_params(m), sizeof(float), nn_param_count(m), f) == nn_param_count(m));
+  fclose(f);
+  tide_trainer_destroy(tr);
+  nn_model_destroy(m);
+  tide_comm_destroy(comm);
+  return 0;
+}
+
+static size_t read_params(const char *path, float *out, size_t cap) {
+  FILE *f = fopen(path, "rb");
+  CHECK(f != NULL);
+  size_t n = fread(out, sizeof(float), cap, f);
+  fclose(f);
+  return n;
+}
+
+/* max |a - b| / max |b| */
+static double rel_diff(const float *a, const float *b, size_t n) {
+  double diff = 0, scale = 0;
+  for (size_t i = 0; i < n; i++) {
+    diff = fmax(diff, fabs((double)a[i] - b[i]));
+    scale = fmax(scale, fabs((double)b[i]));
+  }
+  return diff / scale;
+}
+
+static void test_distributed(void) {
+  char dir[] = "/tmp/tide-kfac-XXXXXX";
+  CHECK(mkdtemp(dir) != NULL);
+  enum { GLOBAL = 12, CAP = 1 << 20 };
+  struct {
+    int np, distribute;
+  } cases[] = {{1, 1}, {3, 1}, {3, 0}, {2, 1}};
+  float *ref = malloc(CAP * sizeof(float)), *got = malloc(CAP * sizeof(float));
+  size_t n = 0;
+  for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+    char out[256];
+    snprintf(out, sizeof out, "%s/np%d-d%d", dir, cases[c].np, cases[c].distribute);
+    run_t r = {.batch = GLOBAL / cases[c].np, .steps = 4, .distribute = cases[c].distribute, .kl_clip = 0.001f,
+               .factor_decay = 0.9f, .damping = 0.03f, .lr = 0.002f, .momentum = 0.9f, .factor_every = 1,
+               .inverse_every = 2, .out = out};
+    harness_opts_t opts = {.np = cases[c].np, .timeout_s = 120};
+    CHECK(harness_run(&opts, rank_main, &r) == 0);
+    for (int rank = 0; rank < cases[c].np; rank++) {
+      char path[300];
+      snprintf(path, sizeof path, "%s.rank%d", out, rank);
+      size_t got_n = read_params(path, c == 0 && rank == 0 ? ref : got, CAP);
+      if (c == 0 && rank == 0) {
+        n = got_n;
+        continue;
+      }
+      CHECK(got_n == n);
+      double d = rel_diff(got, ref, n);
+      fprintf(stderr, "np %d distribute %d rank %d: max |diff| / max |w| = %.3g against np 1\n", cases[c].np,
+              cases[c].distribute, rank, d);
+      /* The same arithmetic but for the order of the sums over ranks; the
+       * steps (K-FAC's are large: up to 1/damping times the gradient's)
+       * carry that rounding into the ReLU and max-pool choices, so it grows
+       * with lr and steps: 3e-7 after one step here, 7.5e-6 after four. */
+      CHECK(d < 3e-5);
+    }
+  }
+  /* Distributed and replicated preconditioning on 3 ranks: the same bits. */
+  char a[300], b[300];
+  snprintf(a, sizeof a, "%s/np3-d1.rank0", dir);
+  snprintf(b, sizeof b, "%s/np3-d0.rank0", dir);
+  CHECK(read_params(a, ref, CAP) == n && read_params(b, got, CAP) == n);
+  fprintf(stderr, "np 3: distributed vs replicated max rel diff %.3g\n", rel_diff(got, ref, n));
+  CHECK(rel_diff(got, ref, n) <= 1e-6);
+  char cmd[400];
+  snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+  CHECK(system(cmd) == 0);
+  free(ref);
+  free(got);
+}
+
+/* Bad options name the field; bad layers name the layer. One rank. */
+static int bad_options(int rank, int size, void *arg) {
+  (void)rank, (void)size, (void)arg;
+  tide_comm_t *comm;
+  CHECK_OK(tide_comm_init(&comm));
+  nn_model_t *m;
+  CHECK_OK(nn_model_create(ARCH, 8, 7, &m));
+  size_t ntensors;
+  const tide_tensor_t *tensors = nn_tensors(m, &ntensors);
+  tide_trainer_config_t c;
+  tide_trainer_config_default(&c);
+  c.dataset_size = DATASET;
+  c.batch = 8;
+  tide_trainer_t *tr;
+  CHECK_OK(tide_trainer_create(comm, &c, nn_params(m), nn_grads(m), nn_param_count(m), tensors, ntensors, &tr));
+  tide_kfac_layer_t layers[3];
+  CHECK_OK(nn_kfac_layers(m, layers));
+  tide_kfac_config_t kc, d;
+  tide_kfac_config_default(&d);
+  CHECK_OK(tide_kfac_config_check(&d));
+#define EXPECT_BAD(field, assign)                                                    \
+  do {                                                                               \
+    kc = d;                                                                          \
+    kc.assign;                                                                       \
+    CHECK_RC(tide_kfac_config_check(&kc), TIDE_EINVAL);                              \
+    CHECK_RC(tide_trainer_kfac(tr, &kc, layers, 3), TIDE_EINVAL);                    \
+    CHECK(strstr(tide_trainer_last_error(tr), field) != NULL);                       \
+  } while (0)
+  EXPECT_BAD("factor_every", factor_every = 0);
+  EXPECT_BAD("inverse_every", inverse_every = 15);
+  EXPECT_BAD("inverse_every", inverse_every = -10);
+  EXPECT_BAD("damping", damping = 0);
+  EXPECT_BAD("damping", damping = NAN);
+  EXPECT_BAD("factor_decay", factor_decay = 1);
+  EXPECT_BAD("factor_decay", factor_decay = -0.1f);
+  EXPECT_BAD("kl_clip", kl_clip = -1);
+  EXPECT_BAD("distribute", distribute = 2);
+  /* The option string. */
+  kc = d;
+  CHECK_OK(tide_kfac_config_parse("damping=0.003,inverse_every=50:factor_every=5", &kc));
+  CHECK(kc.damping == 0.003f && kc.inverse_every == 50 && kc.factor_every == 5 && kc.kl_clip == d.kl_clip);
+  CHECK_RC(tide_kfac_config_parse("dampening=0.1", &kc), TIDE_EINVAL);
+  CHECK_RC(tide_kfac_config_parse("damping=x", &kc), TIDE_EINVAL);
+  CHECK_RC(tide_kfac_config_parse("inverse_every=7", &kc), TIDE_EINVAL); /* not a multiple of 5 */
+  CHECK_RC(tide_kfac_config_parse("factor_every=2.5", &kc), TIDE_EINVAL);
+  CHECK(kc.damping == 0.003f && kc.inverse_every == 50);
+  /* Layers that do not fit the tensors. */
+  tide_kfac_layer_t spoilt[3];
+  memcpy(spoilt, layers, sizeof spoilt);
+  spoilt[1].in_dim = 783;
+  CHECK_RC(tide_trainer_kfac(tr, &d, spoilt, 3), TIDE_EINVAL);
+  CHECK(strstr(tide_trainer_last_error(tr), "layers[1]") != NULL);
+  memcpy(spoilt, layers, sizeof spoilt);
+  spoilt[2].weight = 99;
+  CHECK_RC(tide_trainer_kfac(tr, &d, spoilt, 3), TIDE_EINVAL);
+  CHECK(strstr(tide_trainer_last_error(tr), "layers[2]") != NULL);
+  memcpy(spoilt, layers, sizeof spoilt);
+  spoilt[2].bias = (long)layers[1].bias;
+  CHECK_RC(tide_trainer_kfac(tr, &d, spoilt, 3), TIDE_EINVAL);
+  CHECK(strstr(tide_trainer_last_error(tr), "layers[2]") != NULL);
+  CHECK_RC(tide_trainer_kfac(tr, &d, layers, 0), TIDE_EINVAL);
+  /* Adding outside a step, and bad arguments inside one. */
+  float x[16] = {0};
+  CHECK_RC(tide_trainer_kfac_add(tr, 0, TIDE_KFAC_A, x, 1, 9, 0, 1.0f), TIDE_ESTATE);
+  CHECK_OK(tide_trainer_kfac(tr, &d, layers, 3));
+  CHECK_RC(tide_trainer_kfac(tr, &d, layers, 3), TIDE_ESTATE);
+  tide_batch_t b;
+  CHECK_OK(tide_trainer_next(tr, &b));
+  CHECK(tide_trainer_kfac_wanted(tr) == 1);
+  CHECK_RC(tide_trainer_kfac_add(tr, 3, TIDE_KFAC_A, x, 1, 9, 0, 1.0f), TIDE_EINVAL);
+  CHECK(strstr(tide_trainer_last_error(tr), "layer") != NULL);
+  CHECK_RC(tide_trainer_kfac_add(tr, 0, (tide_kfac_factor_t)2, x, 1, 9, 0, 1.0f), TIDE_EINVAL);
+  CHECK_RC(tide_trainer_kfac_add(tr, 0, TIDE_KFAC_A, x, 1, 8, 0, 1.0f), TIDE_EINVAL);
+  CHECK(strstr(tide_trainer_last_error(tr), "ld") != NULL);
+  CHECK_RC(tide_trainer_kfac_add(tr, 0, TIDE_KFAC_G, x, 1, 4, 0, -1.0f), TIDE_EINVAL);
+  CHECK(strstr(tide_trainer_last_error(tr), "weight") != NULL);
+  CHECK_OK(tide_trainer_kfac_add(tr, 0, TIDE_KFAC_G, x, 1, 4, 0, 1.0f));
+  tide_trainer_destroy(tr);
+  nn_model_destroy(m);
+  tide_comm_destroy(comm);
+  return 0;
+}
+
+/* One step of plain SGD at lr: params1 = params0 - lr * P, so P comes back
+ * exactly enough to compare. Writes the case for kfac_torch_ref.py. */
+static void reference_case(FILE *f, float kl_clip, float decay) {
+  enum { BATCH = 8 };
+  float lr = 0.1f;
+  run_t r = {.batch = BATCH, .steps = 1, .distribute = 1, .kl_clip = kl_clip, .factor_decay = decay,
+             .damping = 0.01f, .lr = lr, .momentum = 0, .factor_every = 1, .inverse_every = 1};
+  tide_comm_t *comm;
+  CHECK_OK(tide_comm_init(&comm));
+  nn_model_t *m0;
+  CHECK_OK(nn_model_create(ARCH, BATCH, 7, &m0));
+  size_t n = nn_param_count(m0);
+  r.params0 = malloc(n * sizeof(float));
+  nn_model_t *m;
+  tide_trainer_t *tr;
+  run_training(comm, &r, &m, &tr);
+  /* The batch the step took: the trainer's order for epoch 0, first BATCH. */
+  tide_sampler_t *sampler;
+  CHECK_OK(tide_sampler_create(DATASET, 3, 0, 1, &sampler));
+  CHECK_OK(tide_sampler_set_epoch(sampler, 0));
+  uint64_t count;
+  const uint64_t *order = tide_sampler_order(sampler, &count);
+  float *images = malloc(sizeof(float) * DATASET * NN_IMAGE_SIZE);
+  int32_t labels[DATASET];
+  make_data(images, labels, DATASET);
+  fprintf(f, "{\"arch\":\"%s\",\"lr\":%.9g,\"damping\":%.9g,\"kl_clip\":%.9g,\"decay\":%.9g,\"batch\":%d,", ARCH,
+          (double)lr, (double)r.damping, (double)kl_clip, (double)decay, BATCH);
+  fprintf(f, "\"labels\":[");
+  for (int i = 0; i < BATCH; i++) fprintf(f, "%s%d", i ? "," : "", labels[order[i]]);
+  fprintf(f, "],\"images\":[");
+  for (int i = 0; i < BATCH; i++)
+    for (int j = 0; j < NN_IMAGE_SIZE; j++)
+      fprintf(f, "%s%.9g", i || j ? "," : "", (double)images[order[i] * NN_IMAGE_SIZE + j]);
+  fprintf(f, "],\"params\":[");
+  for (size_t i = 0; i < n; i++) fprintf(f, "%s%.9g", i ? "," : "", (double)r.params0[i]);
+  fprintf(f, "],\"precond\":[");
+  const float *p1 = nn_params(m);
+  for (size_t i = 0; i < n; i++) fprintf(f, "%s%.9g", i ? "," : "", (double)((r.params0[i] - p1[i]) / lr));
+  fprintf(f, "]}\n");
+  free(images);
+  free(r.params0);
+  tide_sampler_destroy(sampler);
+  tide_trainer_destroy(tr);
+  nn_model_destroy(m);
+  nn_model_destroy(m0);
+  tide_comm_destroy(comm);
+}
+
+static int test_reference(void) {
+  const char *src = getenv("TIDE_SOURCE_DIR");
+  char path[] = "/tmp/tide-kfac-ref-XXXXXX", cmd[1024];
+  int fd = mkstemp(path);
+  CHECK(fd >= 0);
+  FILE *f = fdopen(fd, "w");
+  CHECK(f != NULL);
+  reference_case(f, 0.0f, 0.0f);     /* no clipping, the factors of this batch alone */
+  reference_case(f, 0.001f, 0.95f);  /* KL clipping, the running average from I */
+  fclose(f);
+  snprintf(cmd, sizeof cmd, "/usr/bin/python3 %s/test/kfac_torch_ref.py %s", src ? src : ".", path);
+  int status = system(cmd);
+  unlink(path);
+  int rc = WIFEXITED(status) ? WEXITSTATUS(status) : 1;
+  if (rc == 77) fprintf(stderr, "test_kfac reference: skipped (no python3 with torch)\n");
+  return rc;
+}
+
+/* tide-train --optim kfac end to end (2 workers, the MLP on a subset), and
+ * a bad --kfac option naming its key. */
+static int shell(const char *cmd, char *out, size_t cap) {
+  FILE *p = popen(cmd, "r");
+  CHECK(p != NULL);
+  size_t n = fread(out, 1, cap - 1, p);
+  out[n] = 0;
+  int status = pclose(p);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128;
+}
+
+static void test_tide_train(void) {
+  const char *tools = getenv("TIDE_TOOLS_DIR");
+  if (tools == NULL) {
+    fprintf(stderr, "test_kfac: TIDE_TOOLS_DIR unset, tide-train part skipped\n");
+    return;
+  }
+  char dir[] = "/tmp/tide-kfac-train-XXXXXX", cmd[2048], out[16384];
+  CHECK(mkdtemp(dir) != NULL);
+  snprintf(cmd, sizeof cmd,
+           "%s/tiderun -np 2 %s/tide-train --model mlp --epochs 1 --batch 32 --subset 2000 --optim kfac "
+           "--kfac factor_every=2,inverse_every=6,damping=0.003 --threads 1 --name k --runs %s 2>&1",
+           tools, tools, dir);
+  int rc = shell(cmd, out, sizeof out);
+  if (rc != 0 || strstr(out, "replicas identical: yes") == NULL) {
+    fprintf(stderr, "%s\n-> exit %d\n%s\n", cmd, rc, out);
+    exit(1);
+  }
+  snprintf(cmd, sizeof cmd, "%s/tiderun -np 1 %s/tide-train --model mlp --epochs 1 --subset 500 --optim kfac "
+           "--kfac damping=-1 --name bad --runs %s 2>&1", tools, tools, dir);
+  rc = shell(cmd, out, sizeof out);
+  CHECK(rc != 0 && strstr(out, "kfac.damping") != NULL);
+  snprintf(cmd, sizeof cmd, "%s/tiderun -np 1 %s/tide-train --model mlp --epochs 1 --subset 500 "
+           "--kfac damping=0.01 --name bad2 --runs %s 2>&1", tools, tools, dir);
+  rc = shell(cmd, out, sizeof out);
+  CHECK(rc != 0 && strstr(out, "needs --optim kfac") != NULL);
+  snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+  CHECK(system(cmd) == 0);
+}
+
+int main(int argc, char **argv) {
+  setenv("TIDE_NUM_THREADS", "1", 0);
+  if (argc > 1 && strcmp(argv[1], "reference") == 0) {
+    setenv("TIDE_SIZE", "1", 1);
+    setenv("TIDE_RANK", "0", 1);
+    return test_reference();
+  }
+  harness_opts_t one = {.np = 1, .timeout_s = 60};
+  CHECK(harness_run(&one, bad_options, NULL) == 0);
+  test_distributed();
+  test_tide_train();
+  fprintf(stderr, "test_kfac: ok\n");
+  return 0;
+}
