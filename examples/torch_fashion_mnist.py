@@ -93,6 +93,11 @@ class Backend:
             self.tt.broadcast_parameters(model.state_dict(), root_rank=0)
         # DDP broadcasts rank 0's parameters when it wraps the model
 
+    def close(self):
+        if self.name == "ddp":
+            self.dist.barrier()
+            self.dist.destroy_process_group()
+
     def log(self, *a):
         if self.rank == 0:
             print(*a, flush=True)
@@ -188,6 +193,7 @@ def main():
                  if state["target_s"] is not None else ""))
     if args.json:
         backend.log(json.dumps(result))
+    backend.close()
 
 
 def run_optimizer(args, backend, model, x, y, state, record, steps_per_epoch, total_steps):

@@ -73,7 +73,8 @@ def _library_path():
 
 
 try:
-    lib = ctypes.CDLL(_library_path())
+    # RTLD_GLOBAL: under TIDE_BACKEND=mpi, Open MPI's plugins look up libmpi's symbols globally.
+    lib = ctypes.CDLL(_library_path(), mode=ctypes.RTLD_GLOBAL)
 except OSError as e:
     raise ImportError("tide: cannot load libtide (%s); set TIDE_LIBRARY to the path of libtide.so, "
                       "or install tide (make install)" % e) from None
