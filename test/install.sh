@@ -23,4 +23,12 @@ CM
 cmake -S "$prefix/consumer" -B "$prefix/consumer/build" -DCMAKE_PREFIX_PATH="$prefix" >/dev/null
 cmake --build "$prefix/consumer/build" >/dev/null
 "$prefix/consumer/build/demo" | grep -q "every rank agrees           = yes"
-echo "install: pkg-config and find_package(tide) both build and run against $prefix"
+# The Python package finds the installed libtide relative to itself.
+pydir=$(dirname "$(find "$prefix" -name _install.py | head -n1)")/..
+env -u LD_LIBRARY_PATH -u TIDE_LIBRARY PYTHONPATH="$pydir" /usr/bin/python3 -c \
+  "import tide, tide._lib as l; assert '$prefix' in l._library_path(), l._library_path()"
+if /usr/bin/python3 -c "import torch" 2>/dev/null; then
+  env -u LD_LIBRARY_PATH -u TIDE_LIBRARY PYTHONPATH="$pydir" "$prefix/bin/tiderun" -np 2 /usr/bin/python3 -c \
+    "import torch, tide.torch as tt; tt.init(); assert tt.allreduce(torch.ones(3), op=tt.Sum).tolist() == [2.0] * 3" 
+fi
+echo "install: pkg-config and find_package(tide) both build and run against $prefix; so does tide.torch"

@@ -1,0 +1,20 @@
+"""tide.torch: PyTorch on tide, shaped like Horovod's horovod.torch.
+
+    import tide.torch as tt
+    tt.init()
+    tt.broadcast_parameters(model.state_dict(), root_rank=0)
+    opt = tt.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
+                                  compression=tt.Compression.hitopk(0.01))
+    tt.broadcast_optimizer_state(opt, root_rank=0)
+
+Launch with `tiderun -np 4 python3 train.py` (or mpirun, srun). docs/torch.md.
+"""
+from .._lib import (TideError, InvalidArgumentError, PeerError, MismatchError, TideTimeoutError,  # noqa: F401
+                    AbortedError)
+from ._comm import (init, shutdown, is_initialized, rank, size, local_rank, local_size, cross_rank,  # noqa: F401
+                    cross_size, compute_threads, comm_handle, Sum, Average, Min, Max, Adasum, Handle,
+                    allreduce, allreduce_, allreduce_async, allreduce_async_, synchronize, poll, allgather,
+                    broadcast, broadcast_, broadcast_async_, barrier, broadcast_parameters, broadcast_object,
+                    broadcast_optimizer_state)
+from ._optimizer import Compression, DistributedOptimizer  # noqa: F401
+from ._trainer import Trainer, StepStats, Batch, gns_estimate, adascale_gain  # noqa: F401

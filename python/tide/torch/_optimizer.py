@@ -1,0 +1,334 @@
+"""DistributedOptimizer: gradient hooks start bucketed nonblocking
+allreduces during backward; step() waits for them, then updates.
+
+Each bucket is one flat tensor, and every parameter's .grad is a view into
+its bucket, so autograd accumulates straight into the buffer the allreduce
+sends: no copy in, no copy out. Buckets are filled in reverse parameter
+order (the order backward produces gradients), at most bucket_bytes each.
+"""
+import ctypes
+import time
+
+import torch
+
+from .. import _lib
+from .._lib import lib
+from . import _comm
+from ._comm import Average, Sum, Adasum
+
+
+class Compression:
+    """Gradient compression for DistributedOptimizer. Compression.none sends
+    gradients as they are; topk(density) sends each rank's largest-magnitude
+    density share (TopK-AllGather) and hitopk(density) runs HiTopKComm
+    (intra-host reduce-scatter, top-k of the host's sum across hosts). Both
+    keep what they did not send in a residual added to the next step's
+    gradient (error feedback)."""
+
+    class _Kind:
+        def __init__(self, name, density=1.0, selector="sampled"):
+            self.name = name
+            self.density = density
+            self.selector = selector
+
+        def __repr__(self):
+            return "Compression.%s(%g)" % (self.name, self.density) if self.name != "none" else "Compression.none"
+
+    none = _Kind("none")
+
+    @staticmethod
+    def topk(density, selector="sampled"):
+        Compression._check(density, "topk")
+        return Compression._Kind("topk", float(density), selector)
+
+    @staticmethod
+    def hitopk(density, selector="sampled"):
+        Compression._check(density, "hitopk")
+        return Compression._Kind("hitopk", float(density), selector)
+
+    @staticmethod
+    def _check(density, name):
+        if not (isinstance(density, (int, float)) and 0 < density <= 1):
+            raise _comm._invalid("Compression.%s" % name, "density must be in (0, 1], got %r" % (density,))
+
+
+class _Bucket:
+    def __init__(self, params, names, dtype):
+        self.params = params
+        self.names = names
+        self.dtype = dtype
+        total = sum(p.numel() for p in params)
+        self.flat = torch.zeros(total, dtype=dtype)
+        self.views = []
+        self.tensors = (_lib.Tensor * len(params))()  # Adasum combines each tensor on its own
+        off = 0
+        for i, p in enumerate(params):
+            n = p.numel()
+            self.views.append(self.flat[off:off + n].view_as(p))
+            self.tensors[i].offset = off
+            self.tensors[i].count = n
+            off += n
+        self.ready = 0
+        self.handle = None
+
+
+class _DistributedMixin:
+    """Methods of the class DistributedOptimizer builds (a subclass of the
+    wrapped optimizer's class, so isinstance and lr schedulers keep working)."""
+
+    def __init__(self, params, named_parameters, compression, op, backward_passes_per_step, bucket_bytes,
+                 measure_overlap):
+        super(self.__class__, self).__init__(params)
+        call = "DistributedOptimizer"
+        _comm._c(call)
+        _comm._check_op(op, call)
+        if op in (_comm.Min, _comm.Max):
+            raise _comm._invalid(call, "op must be Average, Sum or Adasum for gradients")
+        if not isinstance(compression, Compression._Kind):
+            raise _comm._invalid(call, "compression must be Compression.none, .topk(d) or .hitopk(d)")
+        if compression.name != "none" and op == Adasum:
+            raise _comm._invalid(call, "Adasum cannot be combined with %r" % compression)
+        if not (isinstance(backward_passes_per_step, int) and backward_passes_per_step >= 1):
+            raise _comm._invalid(call, "backward_passes_per_step must be an integer >= 1")
+        if bucket_bytes <= 0:
+            raise _comm._invalid(call, "bucket_bytes must be > 0")
+        self._op = op
+        self._compression = compression
+        self._passes = backward_passes_per_step
+        self._measure_overlap = measure_overlap
+
+        params = [p for g in self.param_groups for p in g["params"] if p.requires_grad]
+        names = {}
+        if named_parameters is not None:
+            named = list(named_parameters)
+            for n, p in named:
+                if id(p) in names:
+                    raise _comm._invalid(call, "named_parameters lists a parameter twice (%s and %s)" %
+                                         (names[id(p)], n))
+                names[id(p)] = n
+            missing = [i for i, p in enumerate(params) if id(p) not in names]
+            if missing:
+                raise _comm._invalid(call, "named_parameters does not name %d of the optimizer's parameters"
+                                     % len(missing))
+            order = {id(p): i for i, (_, p) in enumerate(named)}
+            params.sort(key=lambda p: order[id(p)])
+        for i, p in enumerate(params):
+            names.setdefault(id(p), "param.%d" % i)
+            _comm._check_tensor(p, "DistributedOptimizer(%s)" % names[id(p)])
+        self._names = names
+
+        # Buckets in backward order: last parameters first.
+        self._buckets = []
+        self._bucket_of = {}
+        if compression.name != "none":
+            if any(p.dtype != torch.float32 for p in params):
+                raise _comm._invalid(call, "%r needs float32 parameters" % compression)
+            groups = [list(reversed(params))]
+        else:
+            groups, cur, cur_bytes = [], [], 0
+            for p in reversed(params):
+                nbytes = p.numel() * p.element_size()
+                if cur and (cur[0].dtype != p.dtype or cur_bytes + nbytes > bucket_bytes):
+                    groups.append(cur)
+                    cur, cur_bytes = [], 0
+                cur.append(p)
+                cur_bytes += nbytes
+            if cur:
+                groups.append(cur)
+        for g in groups:
+            b = _Bucket(g, [names[id(p)] for p in g], g[0].dtype)
+            for i, p in enumerate(g):
+                self._bucket_of[id(p)] = (b, i)
+                p.grad = b.views[i]
+            self._buckets.append(b)
+
+        self._delay = {id(p): self._passes for p in params}
+        self._synchronized = False
+        self._compressor = None
+        self._probe = False
+        self._steps = 0
+        self._stats = {"steps": 0, "wait_s": 0.0, "probe_steps": 0, "probe_comm_s": 0.0}
+        self._accumulators = []  # keep the grad accumulators (and so the hooks) alive
+        for p in params:
+            acc = p.expand_as(p).grad_fn.next_functions[0][0]
+            acc.register_hook(self._make_hook(p))
+            self._accumulators.append(acc)
+
+    def _make_hook(self, p):
+        def hook(*unused):
+            key = id(p)
+            if self._delay[key] <= 0:
+                raise _comm._invalid("DistributedOptimizer", "gradient of %s computed more than "
+                                     "backward_passes_per_step=%d times before step()" %
+                                     (self._names[key], self._passes))
+            self._delay[key] -= 1
+            if self._delay[key] == 0:
+                b, i = self._bucket_of[key]
+                self._adopt(p, b, i)
+                b.ready += 1
+                if b.ready == len(b.params) and not self._probe and self._compression.name == "none":
+                    self._launch(b)
+        return hook
+
+    @staticmethod
+    def _adopt(p, b, i):
+        """Makes p.grad the bucket's view again (after a zero_grad that set
+        it to None, or a user who assigned .grad)."""
+        v = b.views[i]
+        g = p.grad
+        if g is None:
+            v.zero_()
+        elif g.data_ptr() != v.data_ptr():
+            v.copy_(g)
+        if g is not v:
+            p.grad = v
+
+    def _launch(self, b):
+        comm = _comm._c()
+        req = ctypes.c_void_p()
+        dtype = _comm._DTYPES[b.dtype]
+        ptr = ctypes.c_void_p(b.flat.data_ptr())
+        if self._op == Adasum:
+            rc = lib.tide_iadasum_allreduce(comm, ptr, ptr, b.flat.numel(), dtype, b.tensors, len(b.params),
+                                            ctypes.byref(req))
+        else:
+            rc = lib.tide_iallreduce(comm, ptr, ptr, b.flat.numel(), dtype, self._op, ctypes.byref(req))
+        call = "DistributedOptimizer allreduce of %s" % ",".join(b.names)
+        if rc < 0:
+            raise _comm._fail(rc, call)
+        b.handle = _comm.Handle(req, (b.flat,), b.flat, call)
+
+    def _exchange_sparse(self, b):
+        comm = _comm._c()
+        d = b.flat.numel()
+        ptr = ctypes.c_void_p(b.flat.data_ptr())
+        call = "DistributedOptimizer %r" % self._compression
+        kind = ctypes.c_int()
+        _lib.check(lib.tide_topk_parse(self._compression.selector.encode(), ctypes.byref(kind)), call)
+        if self._compressor is None:
+            n = d
+            if self._compression.name == "hitopk":
+                off, ln = ctypes.c_size_t(), ctypes.c_size_t()
+                rc = lib.tide_hitopk_shard(comm, d, ctypes.byref(off), ctypes.byref(ln))
+                if rc < 0:
+                    raise _comm._fail(rc, call)
+                n = ln.value
+            c = ctypes.c_void_p()
+            _lib.check(lib.tide_compressor_create(kind.value, self._compression.density, _lib.TOPK_GLOBAL, None, 0,
+                                                  n, None, ctypes.byref(c)), call)
+            self._compressor = c
+            k = lib.tide_compressor_k(c)
+            self._values = torch.empty(k, dtype=torch.float32)
+            self._indices = torch.empty(k, dtype=torch.int32)
+        op = _lib.AVG if self._op == Average else _lib.SUM
+        if self._compression.name == "hitopk":
+            rc = lib.tide_hitopk_allreduce(comm, ptr, ptr, d, self._compressor, op)
+            if rc < 0:
+                raise _comm._fail(rc, call)
+            return
+        k = ctypes.c_size_t()
+        rc = lib.tide_compressor_compress(self._compressor, ptr, d, ctypes.c_void_p(self._values.data_ptr()),
+                                          ctypes.c_void_p(self._indices.data_ptr()), ctypes.byref(k))
+        if rc < 0:
+            msg = lib.tide_compressor_last_error(self._compressor)
+            raise _lib.error(rc, msg.decode() if msg else None, call)
+        rc = lib.tide_sparse_allgather(comm, ctypes.c_void_p(self._values.data_ptr()),
+                                       ctypes.c_void_p(self._indices.data_ptr()), k.value, ptr, d, op)
+        if rc < 0:
+            raise _comm._fail(rc, call)
+
+    def synchronize(self):
+        """Waits for every bucket's exchange (starting those whose hooks did
+        not all run: parameters unused this step count as zero gradients).
+        Afterwards each .grad holds the combined gradient."""
+        if self._synchronized:
+            return
+        t0 = time.perf_counter()
+        for b in self._buckets:
+            if b.handle is None:
+                for i, p in enumerate(b.params):
+                    if self._delay[id(p)] > 0:
+                        self._adopt(p, b, i)
+                if self._compression.name == "none":
+                    self._launch(b)
+                else:
+                    self._exchange_sparse(b)
+        for b in self._buckets:
+            if b.handle is not None:
+                h, b.handle = b.handle, None
+                h.wait()
+        dt = time.perf_counter() - t0
+        key = "probe" if self._probe else ""
+        if key:
+            self._stats["probe_steps"] += 1
+            self._stats["probe_comm_s"] += dt
+        else:
+            self._stats["steps"] += 1
+            self._stats["wait_s"] += dt
+        for b in self._buckets:
+            b.ready = 0
+        for k in self._delay:
+            self._delay[k] = self._passes
+        self._synchronized = True
+
+    def step(self, closure=None):
+        self.synchronize()
+        loss = super(self.__class__, self).step(closure)
+        self._synchronized = False
+        self._steps += 1
+        # With measure_overlap, every 10th step from the 3rd defers its
+        # exchange to step(): that step's wait is the exchange's whole time.
+        self._probe = self._measure_overlap and self._steps >= 3 and self._steps % 10 == 0
+        return loss
+
+    def zero_grad(self, set_to_none=False):
+        """Zeroes the gradient buckets (the .grad views stay; set_to_none is
+        ignored: the buckets are the gradients' storage)."""
+        if any(b.handle is not None for b in self._buckets):
+            raise _comm._invalid("zero_grad", "allreduces are in flight: call step() or synchronize() first")
+        for b in self._buckets:
+            b.flat.zero_()
+            for i, p in enumerate(b.params):
+                if p.grad is not b.views[i]:
+                    p.grad = b.views[i]
+
+    def overlap_report(self):
+        """Exchange time per step that backward did not hide, and the share
+        of it that was hidden: 1 - wait / probe, where wait is step()'s mean
+        wait for the exchange after backward and probe the mean time of the
+        same exchange on the probe steps (measure_overlap=True: every 10th
+        step starts it only in step(), so nothing hides it)."""
+        s = dict(self._stats)
+        s["wait_mean_s"] = s["wait_s"] / s["steps"] if s["steps"] else float("nan")
+        s["probe_mean_s"] = s["probe_comm_s"] / s["probe_steps"] if s["probe_steps"] else float("nan")
+        if s["probe_steps"] and s["steps"] and s["probe_mean_s"] > 0:
+            s["hidden_share"] = max(0.0, 1.0 - s["wait_mean_s"] / s["probe_mean_s"])
+        else:
+            s["hidden_share"] = float("nan")
+        s["buckets"] = len(self._buckets)
+        return s
+
+    def __del__(self):
+        c = getattr(self, "_compressor", None)
+        if c is not None:
+            lib.tide_compressor_destroy(c)
+            self._compressor = None
+
+
+def DistributedOptimizer(optimizer, named_parameters=None, compression=Compression.none, op=Average,
+                         backward_passes_per_step=1, bucket_bytes=256 * 1024, measure_overlap=False):
+    """Wraps a torch optimizer so that step() applies the gradient averaged
+    (op=Average), summed (Sum) or Adasum-combined (Adasum) over all ranks.
+    The exchange of a bucket of gradients starts as soon as backward has
+    produced all of them (after backward_passes_per_step passes, whose
+    gradients are summed locally), so it overlaps the rest of backward.
+    Compression.topk/hitopk exchange in step(). Returns an optimizer of a
+    subclass of optimizer's class; the original's state is not carried over
+    (wrap before training, then broadcast_optimizer_state)."""
+    cls = type(optimizer.__class__.__name__, (optimizer.__class__,),
+               {k: v for k, v in _DistributedMixin.__dict__.items() if k not in ("__dict__", "__weakref__")})
+    return cls(optimizer.param_groups, named_parameters, compression, op, backward_passes_per_step, bucket_bytes,
+               measure_overlap)
+
+
+__all__ = ["Compression", "DistributedOptimizer", "Average", "Sum", "Adasum"]

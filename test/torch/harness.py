@@ -1,0 +1,38 @@
+"""Shared by the tide.torch tests: each test file is its own driver (run by
+ctest with /usr/bin/python3) that launches itself under tiderun as workers.
+Exit 77 (skipped) when torch cannot be imported."""
+import os
+import subprocess
+import sys
+
+
+def skip_without_torch():
+    try:
+        import torch  # noqa: F401
+    except ImportError as e:
+        print("skipped: %s" % e)
+        sys.exit(77)
+
+
+def tiderun():
+    tools = os.environ.get("TIDE_TOOLS_DIR")
+    return os.path.join(tools, "tiderun") if tools else "tiderun"
+
+
+def launch(script, np, *args, timeout=240, env=None, check=True):
+    """Runs `tiderun -np NP -l python3 script --worker args`; returns
+    (exit code, output). check: fail unless the exit code is 0."""
+    cmd = [tiderun(), "-np", str(np), "-l", "--timeout", str(timeout), sys.executable, script, "--worker"]
+    cmd += [str(a) for a in args]
+    e = dict(os.environ)
+    e.update(env or {})
+    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=e)
+    print(p.stdout, end="")
+    if check and p.returncode != 0:
+        print("FAIL: %s exited %d" % (" ".join(cmd), p.returncode))
+        sys.exit(1)
+    return p.returncode, p.stdout
+
+
+def lines(out, word):
+    return [l for l in out.splitlines() if word in l]
