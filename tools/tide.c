@@ -795,7 +795,7 @@ static int data_export(int argc, char **argv) {
   char spec[4200];
   snprintf(spec, sizeof spec, "fashion-mnist%s%s", from ? ":" : "", from ? from : "");
   tide__source_t *src;
-  if (tide__source_open(spec, split, &src) != 0) return 1;
+  if (tide__source_open(spec, split, NULL, &src) != 0) return 1;
   size_t count = limit > 0 && (size_t)limit < src->count ? (size_t)limit : src->count;
   int rc = 0;
   if (mkdir(dir, 0777) != 0 && errno != EEXIST) rc = -1;
@@ -831,7 +831,7 @@ static int data_export(int argc, char **argv) {
   if (rc != 0) return 1;
   /* The index lists the directory as written (sorted classes and names). */
   tide__source_t *folder;
-  if (tide__source_open(dir, NULL, &folder) != 0) return 1;
+  if (tide__source_open(dir, NULL, NULL, &folder) != 0) return 1;
   rc = write_index(folder, dir);
   tide__source_close(folder);
   if (rc == 0)
@@ -844,7 +844,7 @@ static int cmd_data(int argc, char **argv) {
   if (argc >= 1 && strcmp(argv[0], "export") == 0) return data_export(argc - 1, argv + 1);
   if (argc == 2 && strcmp(argv[0], "index") == 0) {
     tide__source_t *src;
-    if (tide__source_open(argv[1], NULL, &src) != 0) return 1;
+    if (tide__source_open(argv[1], NULL, NULL, &src) != 0) return 1;
     int rc = write_index(src, argv[1]);
     if (rc == 0) printf("tide data index: %zu images in %zu classes -> %s/index.txt\n", src->count, src->nclasses, argv[1]);
     tide__source_close(src);

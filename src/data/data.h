@@ -74,9 +74,13 @@ void tide__fetcher_destroy(tide__fetcher_t *f);
 
 /* Opens spec: "fashion-mnist[:DIR]" (split "train" or "test"), an http://
  * or https:// URL serving index.txt, or a directory in the ImageFolder
- * layout (index.txt inside is ignored: the directory is listed). Retries an
+ * layout (index.txt inside is ignored: the directory is listed). A URL's
+ * index is kept in cache (when not NULL) and revalidated with its ETag.
+ * Retries an
  * unanswered index request (TIDE_DATA_RETRIES, back-off) before failing. */
-int tide__source_open(const char *spec, const char *split, tide__source_t **out);
+int tide__source_open(const char *spec, const char *split, tide__cache_t *cache, tide__source_t **out);
+/* The kind spec names (without opening anything). */
+tide__source_kind_t tide__source_kind(const char *spec);
 void tide__source_close(tide__source_t *src);
 /* The encoded bytes of item i: through the cache when cache is not NULL
  * (a hit reads nothing from the source; a miss fetches and stores). HTTP

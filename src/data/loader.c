@@ -496,8 +496,8 @@ static int check_config(const tide_loader_config_t *c) {
   return 0;
 }
 
-/* The cache directory for this source, or NULL (no cache) in *dir. */
-static int pick_cache(tide_loader_t *l, char *dir, size_t cap) {
+/* The cache directory for the source spec names, or "" (no cache) in dir. */
+static void pick_cache(const tide_loader_t *l, tide__source_kind_t kind, char *dir, size_t cap) {
   const char *given = l->config.cache_dir;
   int explicit = 1;
   if (given == NULL || given[0] == '\0') {
@@ -505,15 +505,14 @@ static int pick_cache(tide_loader_t *l, char *dir, size_t cap) {
     explicit = given[0] != '\0';
   }
   dir[0] = '\0';
-  if (strcmp(given, "none") == 0 || l->src->kind == TIDE__SOURCE_IDX) return 0;
+  if (strcmp(given, "none") == 0 || kind == TIDE__SOURCE_IDX) return;
   /* A local directory is cached only when asked (it may be a network file
    * system); a URL always. */
-  if (!explicit && l->src->kind == TIDE__SOURCE_DIR) return 0;
+  if (!explicit && kind == TIDE__SOURCE_DIR) return;
   if (given[0] != '\0')
     snprintf(dir, cap, "%s", given);
   else
     tide__cache_default_dir(dir, cap);
-  return 0;
 }
 
 /* Rank 0 reads the first image's shape; everyone takes it. */
@@ -624,19 +623,20 @@ int tide_loader_open(tide_comm_t *comm, const tide_loader_config_t *config, tide
   rc = tide_comm_local(l->comm, &l->local);
   if (rc == 0) rc = topology(l);
 
-  /* Every rank opens the source (a listing; idx files are read whole). */
-  int src_rc = rc == 0 ? tide__source_open(l->source_spec, l->split, &l->src) : rc, any = src_rc;
+  /* Every rank opens the cache and the source (a listing; idx files are
+   * read whole). */
+  char dir[4096] = "";
+  int src_rc = rc;
+  pick_cache(l, tide__source_kind(l->source_spec), dir, sizeof dir);
+  if (src_rc == 0 && dir[0] != '\0') {
+    uint64_t bound = (uint64_t)tide__param_int(TIDE__PARAM_DATA_CACHE_BYTES);
+    src_rc = tide__cache_open(dir, bound, &l->cache);
+  }
+  if (src_rc == 0) src_rc = tide__source_open(l->source_spec, l->split, l->cache, &l->src);
+  int any = src_rc;
   if (rc == 0) rc = tide_allreduce(l->comm, &src_rc, &any, 1, TIDE_I32, TIDE_MIN);
   if (rc == 0) rc = any;
-  char dir[4096] = "";
-  if (rc == 0) {
-    l->n = l->src->count;
-    pick_cache(l, dir, sizeof dir);
-    if (dir[0] != '\0') {
-      uint64_t bound = (uint64_t)tide__param_int(TIDE__PARAM_DATA_CACHE_BYTES);
-      if (tide__cache_open(dir, bound, &l->cache) < 0) rc = TIDE_EIO;
-    }
-  }
+  if (rc == 0) l->n = l->src->count;
   if (rc == 0) rc = agree_shape(l);
   if (rc == 0) rc = store_create(l);
   if (rc == 0) rc = tide_sampler_create(l->n, l->config.seed, 0, 1, &l->sampler);

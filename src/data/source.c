@@ -67,6 +67,7 @@ static size_t on_header(char *p, size_t size, size_t n, void *arg) {
     const char *name = k == 0 ? "etag:" : "last-modified:";
     size_t nl = strlen(name);
     if (len > nl && strncasecmp(p, name, nl) == 0 && (k == 0 || out[0] == '\0')) {
+      while (nl < len && (p[nl] == ' ' || p[nl] == '\t')) nl++;
       size_t v = len - nl;
       if (v > 255) v = 255;
       memcpy(out, p + nl, v);
@@ -102,7 +103,7 @@ void tide__fetcher_destroy(tide__fetcher_t *f) {
  * anything else (refused, reset, timed out, 5xx) is retried
  * TIDE_DATA_RETRIES times, waiting 100 ms, 200 ms, ... (at most 5 s). */
 static int http_get(tide__source_t *src, tide__fetcher_t *f, const char *url, uint8_t **data, size_t *len,
-                    char *etag) {
+                    char *etag, const char *if_none_match) {
   int retries = (int)tide__param_int(TIDE__PARAM_DATA_RETRIES);
   long timeout_ms = (long)tide__param_int(TIDE__PARAM_DATA_TIMEOUT_MS);
   char errbuf[CURL_ERROR_SIZE];
@@ -129,10 +130,23 @@ static int http_get(tide__source_t *src, tide__fetcher_t *f, const char *url, ui
     curl_easy_setopt(c, CURLOPT_CONNECTTIMEOUT_MS, timeout_ms);
     curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
     curl_easy_setopt(c, CURLOPT_FOLLOWLOCATION, 1L);
+    struct curl_slist *headers = NULL;
+    if (if_none_match != NULL && if_none_match[0] != '\0') {
+      char h[300];
+      snprintf(h, sizeof h, "If-None-Match: %s", if_none_match);
+      headers = curl_slist_append(NULL, h);
+      curl_easy_setopt(c, CURLOPT_HTTPHEADER, headers);
+    }
     errbuf[0] = '\0';
     CURLcode cc = curl_easy_perform(c);
     long status = 0;
     curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &status);
+    curl_slist_free_all(headers);
+    if (cc == CURLE_OK && status == 304) {
+      tide__free(b.data);
+      if (src != NULL) atomic_fetch_add(&src->source_requests, 1);
+      return 1; /* not modified */
+    }
     if (cc == CURLE_OK && status >= 200 && status < 300) {
       if (src != NULL) {
         atomic_fetch_add(&src->source_bytes, b.len);
@@ -311,15 +325,48 @@ bad:
   return TIDE_EINVAL;
 }
 
-static int open_http(tide__source_t *s) {
+/* index.txt, revalidated against the copy in the cache (If-None-Match:
+ * a 304 moves no body), so a run with a warm cache reads no bytes of the
+ * source. The cached copy is "ETAG\n" + the index. */
+static int open_http(tide__source_t *s, tide__cache_t *cache) {
   tide__fetcher_t *f;
   TIDE_CHECK(tide__fetcher_create(&f));
-  char url[4200], tag[256] = "";
+  char url[4200], tag[256] = "", key[4300], cached_tag[256] = "";
   snprintf(url, sizeof url, "%s/index.txt", s->root);
-  uint8_t *data;
-  size_t len;
-  int rc = http_get(s, f, url, &data, &len, tag);
+  snprintf(key, sizeof key, "index|%s", url);
+  uint8_t *cached = NULL, *data = NULL;
+  size_t cached_len = 0, len = 0;
+  if (cache != NULL && tide__cache_get(cache, key, &cached, &cached_len) == 0) {
+    uint8_t *nl = memchr(cached, '\n', cached_len);
+    if (nl != NULL && (size_t)(nl - cached) < sizeof cached_tag) {
+      memcpy(cached_tag, cached, (size_t)(nl - cached));
+      cached_tag[nl - cached] = '\0';
+    }
+  }
+  int rc = http_get(s, f, url, &data, &len, tag, cached_tag[0] ? cached_tag : NULL);
   tide__fetcher_destroy(f);
+  if (rc == 1) { /* not modified: the cached index */
+    size_t head = strlen(cached_tag) + 1;
+    strcpy(tag, cached_tag);
+    len = cached_len - head;
+    data = tide__malloc(len + 1);
+    if (data == NULL) rc = TIDE_ENOMEM;
+    else {
+      memcpy(data, cached + head, len);
+      rc = 0;
+    }
+  } else if (rc == 0 && cache != NULL && tag[0] != '\0') {
+    size_t n = strlen(tag) + 1 + len;
+    uint8_t *entry = tide__malloc(n);
+    if (entry != NULL) {
+      memcpy(entry, tag, strlen(tag));
+      entry[strlen(tag)] = '\n';
+      memcpy(entry + strlen(tag) + 1, data, len);
+      tide__cache_put(cache, key, entry, n);
+      tide__free(entry);
+    }
+  }
+  tide__free(cached);
   if (rc < 0) return rc;
   char *text = tide__realloc(data, len + 1);
   if (text == NULL) {
@@ -420,7 +467,13 @@ void tide__source_close(tide__source_t *s) {
   tide__free(s);
 }
 
-int tide__source_open(const char *spec, const char *split, tide__source_t **out) {
+tide__source_kind_t tide__source_kind(const char *spec) {
+  if (strncmp(spec, "fashion-mnist", 13) == 0 && (spec[13] == '\0' || spec[13] == ':')) return TIDE__SOURCE_IDX;
+  if (strncmp(spec, "http://", 7) == 0 || strncmp(spec, "https://", 8) == 0) return TIDE__SOURCE_HTTP;
+  return TIDE__SOURCE_DIR;
+}
+
+int tide__source_open(const char *spec, const char *split, tide__cache_t *cache, tide__source_t **out) {
   if (spec == NULL || spec[0] == '\0') {
     TIDE_ERROR("data source: the source is empty: give a directory, an http:// URL or fashion-mnist[:DIR]");
     return TIDE_EINVAL;
@@ -446,7 +499,7 @@ int tide__source_open(const char *spec, const char *split, tide__source_t **out)
     for (size_t n = strlen(s->root); n > 1 && s->root[n - 1] == '/'; n--) s->root[n - 1] = '\0';
     if ((s->identity = tide__strdup(s->root)) != NULL) {
       rc = s->kind == TIDE__SOURCE_IDX    ? open_idx(s, split)
-           : s->kind == TIDE__SOURCE_HTTP ? open_http(s)
+           : s->kind == TIDE__SOURCE_HTTP ? open_http(s, cache)
                                           : open_dir(s);
     }
   }
@@ -518,7 +571,7 @@ int tide__source_read(tide__source_t *s, size_t i, tide__cache_t *cache, tide__f
       atomic_fetch_add(&s->source_requests, 1);
     }
   } else {
-    rc = http_get(s, f, where, data, len, NULL);
+    rc = http_get(s, f, where, data, len, NULL, NULL);
     if (rc == 0 && it->size != 0 && *len != it->size) {
       TIDE_ERROR("data source: %s sent %zu bytes, the index says %llu", where, *len, (unsigned long long)it->size);
       tide__free(*data);
