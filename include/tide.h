@@ -789,6 +789,7 @@ typedef struct {
   double kfac_s;         /* this rank: K-FAC's part of the step (tide_trainer_kfac_add calls,
                             factor allreduce, eigendecompositions, preconditioning, sharing; all but
                             the add calls are inside optim_s); 0 without */
+  double data_s;         /* this rank: time the step waited for its data (tide_trainer_data_wait) */
 } tide_step_stats_t;
 
 /* After the caller's forward/backward of the micro-batch tide_trainer_next
@@ -799,6 +800,12 @@ typedef struct {
  * stats->stepped says whether an update ran. Collective on the last
  * micro-batch of a step. */
 int tide_trainer_step(tide_trainer_t *tr, double loss, tide_step_stats_t *stats);
+
+/* Adds seconds (>= 0) to the time the current step waited for its data,
+ * reported as stats.data_s when the step ends (tide_loader_get's wait_s).
+ * Not collective. TIDE_EINVAL for a NULL trainer or a negative or NaN
+ * value. */
+int tide_trainer_data_wait(tide_trainer_t *tr, double seconds);
 
 /* The last stats written (also readable between steps). */
 const tide_step_stats_t *tide_trainer_stats(const tide_trainer_t *tr);
@@ -955,6 +962,98 @@ int tide_trainer_kfac_wanted(const tide_trainer_t *tr);
  * factor step's micro-batch. */
 int tide_trainer_kfac_add(tide_trainer_t *tr, size_t layer, tide_kfac_factor_t factor, const float *x, size_t rows,
                           size_t ld, int transposed, float weight);
+
+/* ---- data loader (docs/data.md) ------------------------------------------- */
+
+/* A loader reads samples from a source (an ImageFolder directory, the same
+ * behind an http(s):// URL, or Fashion-MNIST's idx files), keeps what it
+ * fetched from a remote source in a per-node disk cache, decodes images
+ * (PNG, JPEG) to uint8 pixels (height x width x channels), and keeps the
+ * decoded samples in memory split across the job's hosts: each host holds
+ * the samples it owns once, in shared memory its ranks map, and a rank gets
+ * the others' samples through tide's transport, batched per step. Background
+ * threads run the next `prefetch` steps ahead of the caller's. The order is
+ * the trainer's (tide_sampler with the same seed, dealt per step as
+ * tide_trainer_next deals it), so a fixed per-rank batch per step is
+ * required: a policy that changes the batch (gns, pollux) cannot be used
+ * with a loader (tide_loader_get returns TIDE_ESTATE).
+ *
+ * A loader is used by one thread at a time; open and close are collective
+ * over comm (every rank opens the same source with the same config). */
+typedef struct tide_loader tide_loader_t;
+
+typedef enum {
+  TIDE_BAD_SAMPLE_FAIL = 0, /* a corrupt or truncated image fails the call, naming the file */
+  TIDE_BAD_SAMPLE_SKIP      /* it is delivered with label -1 and zero pixels, and counted */
+} tide_bad_sample_t;
+
+typedef struct {
+  const char *source;    /* a directory, an http(s):// URL (serving index.txt) or
+                            "fashion-mnist[:DIR]" */
+  const char *split;     /* fashion-mnist: "train" (default) or "test" */
+  const char *cache_dir; /* the disk cache; NULL: TIDE_DATA_CACHE, whose default caches
+                            URLs only; "none": no cache */
+  int height, width, channels; /* decoded shape (channels 1 or 3); 0: the first image's */
+  int batch;             /* this rank's samples per step: the trainer's batch x accum (> 0) */
+  uint64_t seed;         /* the trainer's seed (the same order) */
+  uint64_t start_epoch;  /* data epoch of the first step (a resumed run) */
+  int prefetch;          /* steps decoded and fetched ahead (>= 1, default 4) */
+  int threads;           /* read and decode threads per rank (0: TIDE_DATA_THREADS) */
+  tide_bad_sample_t on_bad_sample;
+} tide_loader_config_t;
+
+void tide_loader_config_default(tide_loader_config_t *out);
+
+/* Opens the source and starts the prefetch threads; config is copied and
+ * checked (TIDE_EINVAL names the field). Collective over comm (the loader
+ * makes its own communicator from it: its traffic never meets comm's). A
+ * missing source fails with a message naming it (after TIDE_DATA_RETRIES
+ * attempts with back-off for a URL). */
+int tide_loader_open(tide_comm_t *comm, const tide_loader_config_t *config, tide_loader_t **out);
+/* Stops the threads (the ranks agree at the next step), frees everything.
+ * Collective; NULL is fine. */
+void tide_loader_close(tide_loader_t *loader);
+
+/* Samples in the source (the trainer's dataset_size), its classes and the
+ * decoded shape. */
+uint64_t tide_loader_size(const tide_loader_t *loader);
+size_t tide_loader_classes(const tide_loader_t *loader);
+int tide_loader_shape(const tide_loader_t *loader, int *height, int *width, int *channels);
+
+typedef struct {
+  const uint8_t *pixels;  /* count x sample_bytes, owned by the loader, valid until the next call */
+  const int32_t *labels;  /* count labels; -1 for a skipped bad sample */
+  size_t count;
+  size_t sample_bytes;    /* height x width x channels */
+  uint64_t epoch;
+  double wait_s;          /* how long this call waited for the prefetch threads */
+  size_t skipped;         /* bad samples in this batch (TIDE_BAD_SAMPLE_SKIP) */
+} tide_loader_batch_t;
+
+/* The samples of the trainer's micro-batch (batch from tide_trainer_next):
+ * a micro-batch 0 moves to the next step's prefetched data. TIDE_ESTATE
+ * when batch is not the next one in the loader's plan; a bad sample under
+ * TIDE_BAD_SAMPLE_FAIL is TIDE_EINVAL naming the file; a source that cannot
+ * be read is TIDE_EIO/TIDE_ENOENT/TIDE_ETIMEDOUT naming the object. */
+int tide_loader_get(tide_loader_t *loader, const tide_batch_t *batch, tide_loader_batch_t *out);
+/* Without a trainer: this rank's share of the next step. */
+int tide_loader_next(tide_loader_t *loader, tide_loader_batch_t *out);
+
+typedef struct {
+  uint64_t decoded;          /* samples this rank read and decoded into its host's store */
+  uint64_t bad;              /* corrupt images met (skipped or failed) */
+  uint64_t source_bytes;     /* bytes this rank read from the source */
+  uint64_t source_requests;  /* objects it read from the source */
+  uint64_t retries;          /* repeated requests to the source */
+  uint64_t cache_hits, cache_misses, cache_bad; /* disk cache lookups; bad: failed checksums */
+  uint64_t remote_samples;   /* samples received from other hosts */
+  uint64_t remote_bytes;
+  uint64_t store_bytes;      /* decoded-sample bytes this host's store holds (shared by its ranks) */
+  uint64_t window_bytes;     /* this rank's prefetch window: slots x batch x sample bytes */
+  double wait_s;             /* total time tide_loader_get/next waited */
+} tide_loader_stats_t;
+
+int tide_loader_stats(const tide_loader_t *loader, tide_loader_stats_t *out);
 
 #ifdef __cplusplus
 }

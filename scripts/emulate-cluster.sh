@@ -41,6 +41,15 @@ different hosts use TCP over a bridge whose links are shaped with tc.
                         $TIDE_BUILD_DIR, else build/ next to this script's
                         folder, else tiderun on PATH)
   --timeout SEC         passed to every tiderun: stop the job after SEC seconds
+  --storage DIR         also emulate a storage host serving DIR over HTTP with
+                        lighttpd (Debian lighttpd) at http://10.213.0.250:8080/,
+                        in its own namespace on the same switch; every tiderun
+                        gets TIDE_EMU_STORAGE_URL set to that URL. When the job
+                        ends the bytes lighttpd served (its access log) are
+                        printed: "storage: served B bytes ..."
+  --storage-bandwidth RATE
+                        the storage host's uplink, as --bandwidth (default
+                        100mbit): the rate at which the hosts can read data
   --no-prefix           do not prefix output lines with "[hostH] [RANK] "
   --cleanup             remove the namespaces (and processes in them) left by
                         runs that were killed (SIGKILL); runs still alive are kept
@@ -118,7 +127,7 @@ cleanup_stale() {
 # --- options ----------------------------------------------------------------
 
 hosts=2 ranks=2 bandwidth=1gbit latency=0.5ms delay_with=auto build=${TIDE_BUILD_DIR:-}
-timeout="" prefix=1 do_cleanup=0
+timeout="" prefix=1 do_cleanup=0 storage="" storage_bandwidth=100mbit
 while [ $# -gt 0 ]; do
   case $1 in
     --hosts) [ $# -ge 2 ] || die_usage "$1 needs a value"; hosts=$2; shift 2 ;;
@@ -129,6 +138,8 @@ while [ $# -gt 0 ]; do
     --build) [ $# -ge 2 ] || die_usage "$1 needs a value"; build=$2; shift 2 ;;
     --timeout) [ $# -ge 2 ] || die_usage "$1 needs a value"; timeout=$2; shift 2 ;;
     --no-prefix) prefix=0; shift ;;
+    --storage) [ $# -ge 2 ] || die_usage "$1 needs a value"; storage=$2; shift 2 ;;
+    --storage-bandwidth) [ $# -ge 2 ] || die_usage "$1 needs a value"; storage_bandwidth=$2; shift 2 ;;
     --cleanup) do_cleanup=1; shift ;;
     -h|--help) usage; exit 0 ;;
     --) shift; break ;;
@@ -162,6 +173,18 @@ case $bandwidth in
       printf "%.0f", n * m }') || die_usage "--bandwidth $bandwidth: give e.g. 1gbit, 10gbit, 500mbit or none"
     ;;
 esac
+# The storage host's rate in bit/s.
+storage_bps=$(awk -v s="$storage_bandwidth" 'BEGIN {
+  if (s == "none" || s == "0") { print 0; exit }
+  if (match(s, /^[0-9]+(\.[0-9]+)?/) == 0) exit 1
+  n = substr(s, 1, RLENGTH); u = substr(s, RLENGTH + 1)
+  m = u == "bit" ? 1 : u == "kbit" ? 1e3 : u == "mbit" ? 1e6 : u == "gbit" ? 1e9 : -1
+  if (m < 0 || n * m < 8000) exit 1
+  printf "%.0f", n * m }') || die_usage "--storage-bandwidth $storage_bandwidth: give e.g. 100mbit or none"
+if [ -n "$storage" ]; then
+  [ -d "$storage" ] || die_usage "--storage $storage: not a directory"
+  storage=$(cd "$storage" && pwd)
+fi
 # One-way delay in microseconds (0 = none).
 delay_us=$(awk -v s="$latency" 'BEGIN {
   if (s == "0" || s == "none") { print 0; exit }
@@ -195,7 +218,7 @@ command -v ip >/dev/null || skip "iproute2's ip is not installed (apt-get instal
 run_id=$$
 sw=$ns_prefix-$run_id-sw
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/$me.$run_id.XXXXXX") || skip "mktemp failed"
-host_pids=() sed_pids=() delayer_pid="" watchdog_pid=""
+host_pids=() sed_pids=() delayer_pid="" watchdog_pid="" storage_pid=""
 
 cleanup() {
   local rc=$? pid i
@@ -214,6 +237,15 @@ cleanup() {
     # It accepts what it holds and unbinds on SIGTERM; SIGKILL below otherwise.
     kill -TERM "$delayer_pid" 2>/dev/null
     for ((i = 0; i < 20; i++)); do alive "$delayer_pid" || break; sleep 0.05; done
+  fi
+  if [ -n "$storage_pid" ]; then
+    # SIGTERM flushes lighttpd's access log; then count what it served.
+    kill -TERM "$storage_pid" 2>/dev/null
+    for ((i = 0; i < 40; i++)); do alive "$storage_pid" || break; sleep 0.05; done
+    awk '{ n++; b += $2; s[$1]++ } END {
+      printf "emulate-cluster: storage: served %d bytes in %d requests (", b, n
+      sep = ""; for (k in s) { printf "%sHTTP %s: %d", sep, k, s[k]; sep = ", " }; print ")" }' \
+      "$tmp/storage-access.log" >&2 2>/dev/null
   fi
   remove_namespaces "$ns_prefix-$run_id-"
   for pid in "${sed_pids[@]}"; do wait "$pid" 2>/dev/null; done
@@ -258,6 +290,46 @@ for ((h = 0; h < hosts; h++)); do
       skip "cannot shape with tc tbf (kernel without CONFIG_NET_SCH_TBF?)"
   fi
 done
+
+# The storage host: lighttpd serving --storage DIR behind its own shaped
+# uplink (the direction data flows to the compute hosts).
+storage_env=()
+if [ -n "$storage" ]; then
+  command -v lighttpd >/dev/null || skip "--storage needs lighttpd (apt-get install lighttpd)"
+  st=$ns_prefix-$run_id-st
+  run ip netns add "$st" || skip "cannot create namespace $st"
+  run ip -n "$sw" link add ps type veth peer name eth0 netns "$st" || exit 1
+  run ip -n "$sw" link set ps master br0 up || exit 1
+  run ip -n "$st" link set lo up || exit 1
+  run ip -n "$st" addr add "$subnet.250/24" dev eth0 || exit 1
+  run ip -n "$st" link set eth0 up || exit 1
+  if [ "$storage_bps" != 0 ]; then
+    burst=$(awk -v r="$storage_bps" 'BEGIN { b = r / 8 / 1000; printf "%.0f", b < 131072 ? 131072 : b }')
+    run ip netns exec "$st" tc qdisc add dev eth0 root tbf rate "${storage_bps}bit" burst "$burst" latency 20ms || exit 1
+  fi
+  cat >"$tmp/lighttpd.conf" <<CONF
+server.document-root = "$storage"
+server.bind = "$subnet.250"
+server.port = 8080
+server.modules = ("mod_accesslog")
+accesslog.filename = "$tmp/storage-access.log"
+accesslog.format = "%s %b %U"
+server.errorlog = "$tmp/storage-error.log"
+server.max-keep-alive-requests = 100000
+mimetype.assign = (".png" => "image/png", ".jpg" => "image/jpeg", ".jpeg" => "image/jpeg", ".txt" => "text/plain")
+CONF
+  ip netns exec "$st" lighttpd -D -f "$tmp/lighttpd.conf" >"$tmp/storage.out" 2>&1 &
+  storage_pid=$!
+  for ((i = 0; i < 50; i++)); do
+    grep -q "server started" "$tmp/storage-error.log" 2>/dev/null && break
+    alive "$storage_pid" || break
+    sleep 0.1
+  done
+  grep -q "server started" "$tmp/storage-error.log" 2>/dev/null ||
+    { log "lighttpd did not start: $(cat "$tmp/storage.out" "$tmp/storage-error.log" 2>/dev/null | head -c 400)"; exit 1; }
+  storage_env=(TIDE_EMU_STORAGE_URL="http://$subnet.250:8080")
+  log "storage host: http://$subnet.250:8080/ serves $storage (lighttpd), uplink $storage_bandwidth"
+fi
 
 # The delay: netem on each switch port (traffic toward host h), else every
 # bridged IPv4 packet through NFQUEUE to the user-space delayer. Either way
@@ -327,7 +399,7 @@ tiderun_args=(--nnodes "$hosts" --nproc-per-node "$ranks" --rdzv "$subnet.1:$por
 declare -A host_of
 for ((h = 0; h < hosts; h++)); do
   ns=$ns_prefix-$run_id-h$h
-  cmd=(ip netns exec "$ns" env -u TIDE_HOST_ID TIDE_JOB_TOKEN="$token" TIDE_SOCKET_IFNAME=eth0
+  cmd=(ip netns exec "$ns" env -u TIDE_HOST_ID TIDE_JOB_TOKEN="$token" TIDE_SOCKET_IFNAME=eth0 TIDE_EMU_HOST="$h" "${storage_env[@]}"
        "$tiderun" "${tiderun_args[@]}" --node-rank "$h" -- "$prog" "$@")
   if [ "$prefix" = 1 ]; then
     mkfifo "$tmp/out$h" "$tmp/err$h"

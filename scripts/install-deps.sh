@@ -11,7 +11,8 @@ packages=(build-essential cmake pkg-config zlib1g-dev libopenblas-dev liblapacke
           openmpi-bin libopenmpi-dev mpich libmpich-dev libgloo-dev iproute2
           iptables libnetfilter-queue-dev
           dataset-fashion-mnist gnuplot-nox libnlopt-dev
-          python3 python3-numpy python3-torch)
+          python3 python3-numpy python3-torch
+          libpng-dev libjpeg62-turbo-dev libcurl4-openssl-dev lighttpd python3-torchvision)
 
 missing=()
 for p in "${packages[@]}"; do

@@ -49,10 +49,10 @@ if [ ! -x "$bin" ] || [ -n "$(find "$src/src" "$src/include" "$src/test" -newer 
   rm -f "$work"/obj/*.o "$bin"
   compile "${layers[@]}" "${tests[@]}"
   mapfile -t objs < <(objects "${layers[@]}" "${tests[@]}")
-  if ! mpicc.mpich "${objs[@]}" -o "$bin" -lpthread -lm -lrt -lhwloc -lnlopt -llapacke -lopenblas 2>/dev/null; then
+  if ! mpicc.mpich "${objs[@]}" -o "$bin" -lpthread -lm -lrt -lhwloc -lnlopt -llapacke -lopenblas -lpng -ljpeg -lcurl -lz 2>/dev/null; then
     compile "${others[@]}"
     mapfile -t more < <(objects "${others[@]}")
-    mpicc.mpich "${objs[@]}" "${more[@]}" -o "$bin" -lpthread -lm -lrt -lhwloc -lnlopt -llapacke -lopenblas
+    mpicc.mpich "${objs[@]}" "${more[@]}" -o "$bin" -lpthread -lm -lrt -lhwloc -lnlopt -llapacke -lopenblas -lpng -ljpeg -lcurl -lz
   fi
 fi
 # MPICH polls without yielding: 3 and 4 ranks on 2 cores are slow, so the

@@ -20,6 +20,7 @@
 
 typedef struct {
   const char *model, *optim, *schedule, *grad, *name, *data, *runs, *adapt, *selector, *kfac;
+  const char *cache_dir, *on_bad_sample; /* the data loader (--data DIR|URL|fashion-mnist) */
   int epochs, batch, max_batch, threads, subset, warmup_epochs, sparse_warmup_epochs, eval_every, save_params;
   int pto; /* --pto */
   long base_batch;        /* 0: workers x batch */
@@ -79,7 +80,14 @@ static void usage(FILE *out) {
           "  --seed N                 seed for initialisation and shuffling (default 1)\n"
           "  --name NAME              run name: writes runs/NAME/ (default: model-np-time)\n"
           "  --runs DIR               where runs go (default runs)\n"
-          "  --data DIR               Fashion-MNIST directory (default /usr/share/datasets/fashion-mnist)\n"
+          "  --data DIR|URL|fashion-mnist\n"
+          "                           training data: a Fashion-MNIST idx directory (read whole, the\n"
+          "                           default /usr/share/datasets/fashion-mnist); or, through tide's\n"
+          "                           data loader (docs/data.md), an ImageFolder directory of 28x28\n"
+          "                           images in 10 classes (tide data export fashion-mnist DIR), the\n"
+          "                           same behind an http(s):// URL, or fashion-mnist (its idx files)\n"
+          "  --cache-dir PATH         the loader's disk cache (default TIDE_DATA_CACHE; none: off)\n"
+          "  --on-bad-sample fail|skip  a corrupt image stops training (default) or is skipped\n"
           "  --subset N               train on the first N training images only (tests)\n"
           "  --threads T              compute threads per worker (default: the worker's share of the\n"
           "                           cores, tide_compute_threads)\n");
@@ -135,6 +143,7 @@ static int parse_options(int argc, char **argv, options_t *o) {
       {"target-accuracy", 1, 0, 'A'}, {"stop-at-target", 0, 0, 'T'}, {"adapt", 1, 0, 'a'}, {"max-batch", 1, 0, 'B'},
       {"base-batch", 1, 0, 'Z'}, {"gns-decay", 1, 0, 'G'}, {"save-params", 0, 0, 'V'}, {"pto", 0, 0, 'p'},
       {"kfac", 1, 0, 'F'},       {"help", 0, 0, 'h'},
+      {"cache-dir", 1, 0, 'C'}, {"on-bad-sample", 1, 0, 'X'},
       {0, 0, 0, 0}};
   int c, seed, base = 0;
   opterr = 0;
@@ -155,6 +164,8 @@ static int parse_options(int argc, char **argv, options_t *o) {
       case 'n': o->name = optarg; break;
       case 'r': o->runs = optarg; break;
       case 'd': o->data = optarg; break;
+      case 'C': o->cache_dir = optarg; break;
+      case 'X': o->on_bad_sample = optarg; break;
       case 'u': if (parse_int("--subset", optarg, 1, &o->subset)) return -1; break;
       case 't': if (parse_int("--threads", optarg, 1, &o->threads)) return -1; break;
       case 'W': if (parse_int("--warmup-epochs", optarg, 0, &o->warmup_epochs)) return -1; break;
@@ -248,6 +259,7 @@ typedef struct {
   size_t n_train;
   nn_model_t *model;
   tide_trainer_t *trainer;
+  tide_loader_t *loader; /* --data DIR|URL|fashion-mnist: the data loader; NULL: job->train */
   float *images;
   int32_t *labels;
   /* rank 0's output */
@@ -273,11 +285,93 @@ static void job_close(job_t *job) {
   if (job->metrics != NULL) fclose(job->metrics);
   free(job->images);
   free(job->labels);
+  tide_loader_close(job->loader);
   tide_trainer_destroy(job->trainer);
   nn_model_destroy(job->model);
   nn_dataset_free(job->train);
   nn_dataset_free(job->test);
   tide_comm_destroy(job->comm);
+}
+
+/* --data names something only the loader reads: a URL, fashion-mnist, or
+ * a directory without Fashion-MNIST's idx files. */
+static int uses_loader(const options_t *o) {
+  if (o->data == NULL) return 0;
+  if (strcmp(o->data, "fashion-mnist") == 0 || strstr(o->data, "://") != NULL) return 1;
+  char path[4096];
+  snprintf(path, sizeof path, "%s/train-images-idx3-ubyte.gz", o->data);
+  if (access(path, R_OK) == 0) return 0;
+  snprintf(path, sizeof path, "%s/train-images-idx3-ubyte", o->data);
+  return access(path, R_OK) != 0;
+}
+
+/* Loader mode: the training set comes from the loader (opened in build,
+ * once the trainer's seed and batch are known); the test set is Fashion-
+ * MNIST's, read whole. */
+static int join_loader(job_t *job) {
+  int rc;
+  if (job->o.subset > 0) {
+    fprintf(stderr, "tide-train: --subset works with Fashion-MNIST's idx directory only, not --data %s\n", job->o.data);
+    return 1;
+  }
+  if ((rc = nn_fashion_load(NULL, "test", &job->test)) != 0) {
+    fprintf(stderr, "tide-train: rank %d: cannot load Fashion-MNIST's test set: %s\n", job->rank, tide_strerror(rc));
+    return 1;
+  }
+  tide_loader_config_t lc;
+  tide_loader_config_default(&lc);
+  lc.source = job->o.data;
+  lc.cache_dir = job->o.cache_dir;
+  lc.height = lc.width = NN_IMAGE_SIDE;
+  lc.channels = 1;
+  lc.batch = job->o.batch; /* a full step's share: batch <= max-batch, so one micro-batch */
+  lc.seed = job->o.seed;
+  if (job->o.on_bad_sample != NULL && strcmp(job->o.on_bad_sample, "skip") == 0)
+    lc.on_bad_sample = TIDE_BAD_SAMPLE_SKIP;
+  else if (job->o.on_bad_sample != NULL && strcmp(job->o.on_bad_sample, "fail") != 0) {
+    fprintf(stderr, "tide-train: --on-bad-sample must be fail or skip, got \"%s\"\n", job->o.on_bad_sample);
+    return 1;
+  }
+  if ((rc = tide_loader_open(job->comm, &lc, &job->loader)) != 0) {
+    fprintf(stderr, "tide-train: rank %d: cannot open the data %s: %s (the log line above says why)\n", job->rank,
+            job->o.data, tide_strerror(rc));
+    return 1;
+  }
+  if (tide_loader_classes(job->loader) > NN_CLASSES) {
+    fprintf(stderr, "tide-train: %s has %zu classes; the models have %d outputs\n", job->o.data,
+            tide_loader_classes(job->loader), NN_CLASSES);
+    return 1;
+  }
+  job->n_train = tide_loader_size(job->loader);
+  job->images = malloc((size_t)job->o.max_batch * NN_IMAGE_SIZE * sizeof *job->images);
+  job->labels = malloc((size_t)job->o.max_batch * sizeof *job->labels);
+  if (job->images == NULL || job->labels == NULL) {
+    fprintf(stderr, "tide-train: rank %d: out of memory for a batch of %d images\n", job->rank, job->o.max_batch);
+    return 1;
+  }
+  return 0;
+}
+
+/* The loader's pixels of the trainer's micro-batch as the models' input
+ * (normalised as nn_fashion_load does); a skipped bad sample is left out.
+ * Returns the samples kept, or a negative TIDE_E*. */
+static int loader_batch(job_t *job, const tide_batch_t *batch) {
+  tide_loader_batch_t lb;
+  int rc = tide_loader_get(job->loader, batch, &lb);
+  if (rc != 0) return rc;
+  if ((rc = tide_trainer_data_wait(job->trainer, lb.wait_s)) != 0) return rc;
+  static float table[256];
+  if (table[255] == 0)
+    for (int p = 0; p < 256; p++) table[p] = ((float)p / 255.0f - 0.2860f) / 0.3530f;
+  int kept = 0;
+  for (size_t i = 0; i < lb.count; i++) {
+    if (lb.labels[i] < 0) continue;
+    const uint8_t *px = lb.pixels + i * lb.sample_bytes;
+    float *dst = job->images + (size_t)kept * NN_IMAGE_SIZE;
+    for (int p = 0; p < NN_IMAGE_SIZE; p++) dst[p] = table[px[p]];
+    job->labels[kept++] = lb.labels[i];
+  }
+  return kept;
 }
 
 /* Joins the job and loads the data; the threads follow the host's share. */
@@ -295,6 +389,7 @@ static int join(job_t *job) {
     return 1;
   }
   nn_set_threads(threads);
+  if (uses_loader(&job->o)) return join_loader(job);
   if ((rc = nn_fashion_load(job->o.data, "train", &job->train)) != 0 ||
       (rc = nn_fashion_load(job->o.data, "test", &job->test)) != 0) {
     fprintf(stderr, "tide-train: rank %d: cannot load Fashion-MNIST: %s\n", job->rank, tide_strerror(rc));
@@ -501,6 +596,7 @@ static void log_step(job_t *job, const tide_step_stats_t *s) {
   json_number(f, "rank_compute_min_s", s->compute_min_s);
   json_number(f, "rank_compute_median_s", s->compute_median_s);
   json_number(f, "rank_compute_max_s", s->compute_max_s);
+  json_number(f, "data_s", s->data_s);
   fprintf(f, ",\"slowest_rank\":%d}\n", s->slowest_rank);
   if (elapsed - job->last_print < (job->tty ? 0.2 : 10.0) && !s->epoch_end) return;
   job->last_print = elapsed;
@@ -555,22 +651,26 @@ static int kfac_hook(void *trainer, size_t layer, tide_kfac_factor_t factor, con
 /* The training loop: the trainer says which samples, this program runs the
  * model on them. */
 static int train(job_t *job) {
-  const float *all_images = nn_dataset_images(job->train);
-  const int32_t *all_labels = nn_dataset_labels(job->train);
+  const float *all_images = job->train != NULL ? nn_dataset_images(job->train) : NULL;
+  const int32_t *all_labels = job->train != NULL ? nn_dataset_labels(job->train) : NULL;
   tide_batch_t batch;
   tide_step_stats_t s = {0};
   int rc;
   job->start = now_s();
   while ((rc = tide_trainer_next(job->trainer, &batch)) == 0 && !batch.done) {
     float loss = 0;
-    for (size_t i = 0; i < batch.count; i++) {
-      memcpy(job->images + i * NN_IMAGE_SIZE, all_images + batch.indices[i] * NN_IMAGE_SIZE,
-             NN_IMAGE_SIZE * sizeof *job->images);
-      job->labels[i] = all_labels[batch.indices[i]];
+    int count = (int)batch.count;
+    if (job->loader != NULL) {
+      if ((count = loader_batch(job, &batch)) < 0) return fail(job, count, "reading the data");
+    } else {
+      for (size_t i = 0; i < batch.count; i++) {
+        memcpy(job->images + i * NN_IMAGE_SIZE, all_images + batch.indices[i] * NN_IMAGE_SIZE,
+               NN_IMAGE_SIZE * sizeof *job->images);
+        job->labels[i] = all_labels[batch.indices[i]];
+      }
     }
     nn_set_kfac_hook(job->model, tide_trainer_kfac_wanted(job->trainer) ? kfac_hook : NULL, job->trainer);
-    if (batch.count > 0 &&
-        (rc = nn_forward_backward(job->model, job->images, job->labels, (int)batch.count, &loss)) != 0)
+    if (count > 0 && (rc = nn_forward_backward(job->model, job->images, job->labels, count, &loss)) != 0)
       return fail(job, rc, "forward/backward");
     if ((rc = tide_trainer_step(job->trainer, loss, &s)) != 0) return fail(job, rc, "training step");
     if (!s.stepped) continue;

@@ -16,10 +16,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "core/core.h"
 #include "core/half.h"
+#include "data/data.h"
 #include "tide.h"
 
 #define EXIT_USAGE 2
@@ -41,6 +44,12 @@ static const char usage_text[] =
     "                           environment parameters\n"
     "                           (--markdown: as the table of docs/env.md)\n"
     "  report RUN_DIR           draw a tide-train run's metrics as PNG plots (gnuplot)\n"
+    "  data export fashion-mnist DIR [--split train|test] [--limit N]\n"
+    "                           write Fashion-MNIST as a PNG ImageFolder (DIR/CLASS/NNNNN.png)\n"
+    "                           with DIR/index.txt, so it can be served over HTTP too\n"
+    "  data index DIR           write DIR/index.txt for an ImageFolder directory\n"
+    "  data stats [CACHE_DIR]   what the data disk cache holds and its hit rates (default:\n"
+    "                           TIDE_DATA_CACHE or its default)\n"
     "  help [COMMAND]           print this help, or a command's\n"
     "\n"
     "tide " TIDE_VERSION_STRING "\n";
@@ -659,12 +668,13 @@ static int cmd_report(int argc, char **argv) {
       double c = json_number(line, "comm_s"), k = json_number(line, "compute_s");
       comm_sum += c;
       compute_sum += k;
-      fprintf(steps, "%g %g %g %g %g %g %g %g %g %g %g %g %g\n", json_number(line, "step"),
+      fprintf(steps, "%g %g %g %g %g %g %g %g %g %g %g %g %g ", json_number(line, "step"),
               json_number(line, "time_s"), json_number(line, "loss"), json_number(line, "images_per_s"), c / (c + k),
               json_number(line, "lr"), json_number(line, "noise_scale"), json_number(line, "global_batch"),
               json_number(line, "lr_factor"), json_number(line, "gain_ratio"),
               json_number(line, "rank_compute_min_s"), json_number(line, "rank_compute_median_s"),
               json_number(line, "rank_compute_max_s"));
+      fprintf(steps, "%g %g\n", json_number(line, "data_s"), json_number(line, "step_s"));
       nsteps++;
     } else if (strstr(line, "\"type\":\"epoch\"") != NULL || strstr(line, "\"type\":\"eval\"") != NULL ||
                strstr(line, "\"type\":\"final\"") != NULL) {
@@ -716,11 +726,15 @@ static int cmd_report(int argc, char **argv) {
           "plot s u 1:9 w l lw 2 lc rgb '#008000' t 'lr factor', s u 1:10 w l lc rgb '#806000' t 'gain ratio'\n"
           "set title 'per-rank compute time of each step (fastest, median, slowest rank)'\nset ylabel 'seconds'\n"
           "plot s u 1:11 w l lc rgb '#80c080' t 'fastest', s u 1:12 w l lc rgb '#0000c0' t 'median', "
-          "s u 1:13 w l lc rgb '#c00000' t 'slowest'\nunset multiplot\n",
+          "s u 1:13 w l lc rgb '#c00000' t 'slowest'\nunset multiplot\n"
+          "set output '%s/data_wait.png'\nset terminal pngcairo size 900,560 noenhanced\n"
+          "set title 'time each step waited for its data (data_s; 0 without the loader)'\n"
+          "set xlabel 'step'\nset ylabel 'share of step time'\nset yrange [0:*]\n"
+          "plot s u 1:($15 > 0 ? $14 / $15 : 0) w l lc rgb '#c08000' t 'data_s / step_s'\n",
           steps_path, epochs_path, dir,
           nepochs > 0 ? ", e u 3:4 w lp pt 7 lw 2 lc rgb '#c00000' t 'test loss'" : "", dir,
           nepochs > 0 ? ", e u 2:4 w lp pt 7 lw 2 lc rgb '#c00000' t 'test loss'" : "", dir, dir, dir,
-          100 * comm_sum / (comm_sum + compute_sum), dir);
+          100 * comm_sum / (comm_sum + compute_sum), dir, dir);
   fclose(gp);
   char cmd[8300];
   snprintf(cmd, sizeof cmd, "gnuplot '%s'", script_path);
@@ -731,9 +745,122 @@ static int cmd_report(int argc, char **argv) {
   remove(script_path);
   remove(steps_path);
   remove(epochs_path);
-  printf("tide report: %s/{loss_time,loss_steps,accuracy,throughput,comm_share,adaptation}.png (%ld steps, %ld epochs)\n", dir,
+  printf("tide report: %s/{loss_time,loss_steps,accuracy,throughput,comm_share,adaptation,data_wait}.png (%ld steps, %ld epochs)\n", dir,
          nsteps, nepochs);
   return 0;
+}
+
+/* ---- tide data -------------------------------------------------------------- */
+
+static int write_index(const tide__source_t *src, const char *dir) {
+  char path[4200], tmp[4300];
+  snprintf(path, sizeof path, "%s/index.txt", dir);
+  snprintf(tmp, sizeof tmp, "%s/.index.txt.%d", dir, (int)getpid());
+  FILE *f = fopen(tmp, "w");
+  if (f == NULL) {
+    fprintf(stderr, "tide data: cannot write %s: %s\n", tmp, strerror(errno));
+    return 1;
+  }
+  int rc = tide__source_write_index(src, f);
+  if (fclose(f) != 0 || rc != 0 || rename(tmp, path) != 0) {
+    fprintf(stderr, "tide data: cannot write %s\n", path);
+    remove(tmp);
+    return 1;
+  }
+  return 0;
+}
+
+static int data_export(int argc, char **argv) {
+  if (argc < 2 || strcmp(argv[0], "fashion-mnist") != 0) {
+    fprintf(stderr, "usage: tide data export fashion-mnist DIR [--split train|test] [--limit N] [--from IDX_DIR]\n");
+    return EXIT_USAGE;
+  }
+  const char *dir = argv[1], *split = "train", *from = NULL;
+  long limit = -1;
+  for (int i = 2; i < argc; i++) {
+    if (strcmp(argv[i], "--split") == 0 && i + 1 < argc) split = argv[++i];
+    else if (strcmp(argv[i], "--from") == 0 && i + 1 < argc) from = argv[++i];
+    else if (strcmp(argv[i], "--limit") == 0 && i + 1 < argc) {
+      char *end;
+      limit = strtol(argv[++i], &end, 10);
+      if (*end != '\0' || limit < 1) {
+        fprintf(stderr, "tide data export: --limit %s must be a positive count\n", argv[i]);
+        return EXIT_USAGE;
+      }
+    } else {
+      fprintf(stderr, "tide data export: unknown argument '%s'\n", argv[i]);
+      return EXIT_USAGE;
+    }
+  }
+  char spec[4200];
+  snprintf(spec, sizeof spec, "fashion-mnist%s%s", from ? ":" : "", from ? from : "");
+  tide__source_t *src;
+  if (tide__source_open(spec, split, NULL, &src) != 0) return 1;
+  size_t count = limit > 0 && (size_t)limit < src->count ? (size_t)limit : src->count;
+  int rc = 0;
+  if (mkdir(dir, 0777) != 0 && errno != EEXIST) rc = -1;
+  for (size_t k = 0; rc == 0 && k < src->nclasses; k++) {
+    char sub[4300];
+    snprintf(sub, sizeof sub, "%s/%zu_%s", dir, k, src->classes[k]); /* sorted = Fashion-MNIST's labels */
+    if (mkdir(sub, 0777) != 0 && errno != EEXIST) rc = -1;
+  }
+  if (rc != 0) {
+    fprintf(stderr, "tide data export: cannot create %s: %s\n", dir, strerror(errno));
+    tide__source_close(src);
+    return 1;
+  }
+  size_t pixels = (size_t)src->idx_height * (size_t)src->idx_width;
+  uint64_t bytes = 0;
+  for (size_t i = 0; rc == 0 && i < count; i++) {
+    uint8_t *png;
+    size_t len;
+    rc = tide__png_encode(src->idx_pixels + i * pixels, src->idx_height, src->idx_width, 1, &png, &len);
+    if (rc != 0) break;
+    char rel[256], path[4600];
+    snprintf(rel, sizeof rel, "%d_%s/%05zu.png", (int)src->items[i].label, src->classes[src->items[i].label], i);
+    snprintf(path, sizeof path, "%s/%s", dir, rel);
+    FILE *f = fopen(path, "wb");
+    if (f == NULL || fwrite(png, 1, len, f) != len || fclose(f) != 0) {
+      fprintf(stderr, "tide data export: cannot write %s: %s\n", path, strerror(errno));
+      rc = -1;
+    }
+    tide__free(png);
+    bytes += len;
+  }
+  tide__source_close(src);
+  if (rc != 0) return 1;
+  /* The index lists the directory as written (sorted classes and names). */
+  tide__source_t *folder;
+  if (tide__source_open(dir, NULL, NULL, &folder) != 0) return 1;
+  rc = write_index(folder, dir);
+  tide__source_close(folder);
+  if (rc == 0)
+    printf("tide data export: %zu images (%.1f MiB of PNG) in %s, index %s/index.txt\n", count,
+           (double)bytes / 1048576.0, dir, dir);
+  return rc;
+}
+
+static int cmd_data(int argc, char **argv) {
+  if (argc >= 1 && strcmp(argv[0], "export") == 0) return data_export(argc - 1, argv + 1);
+  if (argc == 2 && strcmp(argv[0], "index") == 0) {
+    tide__source_t *src;
+    if (tide__source_open(argv[1], NULL, NULL, &src) != 0) return 1;
+    int rc = write_index(src, argv[1]);
+    if (rc == 0) printf("tide data index: %zu images in %zu classes -> %s/index.txt\n", src->count, src->nclasses, argv[1]);
+    tide__source_close(src);
+    return rc;
+  }
+  if (argc >= 1 && argc <= 2 && strcmp(argv[0], "stats") == 0) {
+    char dir[4096];
+    const char *env = tide__param_str(TIDE__PARAM_DATA_CACHE);
+    if (argc == 2) snprintf(dir, sizeof dir, "%s", argv[1]);
+    else if (env[0] != '\0' && strcmp(env, "none") != 0) snprintf(dir, sizeof dir, "%s", env);
+    else tide__cache_default_dir(dir, sizeof dir);
+    return tide__cache_print_stats(dir, stdout) == 0 ? 0 : 1;
+  }
+  fprintf(stderr, "usage: tide data export fashion-mnist DIR [--split S] [--limit N] | tide data index DIR | "
+                  "tide data stats [CACHE_DIR]\n");
+  return EXIT_USAGE;
 }
 
 int main(int argc, char **argv) {
@@ -750,6 +877,7 @@ int main(int argc, char **argv) {
   if (strcmp(argv[1], "info") == 0) return cmd_info(argc - 2, argv + 2);
   if (strcmp(argv[1], "bench") == 0) return cmd_bench(argc - 2, argv + 2);
   if (strcmp(argv[1], "report") == 0) return cmd_report(argc - 2, argv + 2);
+  if (strcmp(argv[1], "data") == 0) return cmd_data(argc - 2, argv + 2);
   fprintf(stderr, "tide: unknown command '%s' (see tide help)\n", argv[1]);
   return EXIT_USAGE;
 }

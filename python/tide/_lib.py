@@ -131,7 +131,8 @@ class StepStats(ctypes.Structure):
                 ("compute_s", c_double), ("exchange_s", c_double), ("optim_s", c_double),
                 ("step_s", c_double), ("compute_min_s", c_double), ("compute_median_s", c_double),
                 ("compute_max_s", c_double), ("slowest_rank", c_int), ("comm_share", c_double),
-                ("mean_step_s", c_double), ("throughput", c_double), ("kfac_s", c_double)]
+                ("mean_step_s", c_double), ("throughput", c_double), ("kfac_s", c_double),
+                ("data_s", c_double)]
 
 
 # Mirrored structs, for the ABI test: name in tide.h -> ctypes class.

@@ -56,6 +56,13 @@ int tide__reduce_scatterv_ring(tide_comm_t *comm, const void *sendbuf, void *out
 int tide__allgatherv_ring(tide_comm_t *comm, const void *sendbuf, void *buf, const size_t *counts,
                           const size_t *displs, tide_dtype_t dtype);
 int tide__broadcast(tide_comm_t *comm, void *buf, size_t bytes, int root);
+/* Rank r sends send_bytes[p] bytes at sendbuf + send_displs[p] to each p and
+ * receives recv_bytes[p] at recvbuf + recv_displs[p] from each; both sides
+ * must agree on every size (no header checks them). Takes exec_lock itself
+ * (src/coll/alltoallv.c; used by the data loader). */
+int tide__alltoallv_bytes(tide_comm_t *comm, const void *sendbuf, const size_t *send_bytes,
+                          const size_t *send_displs, void *recvbuf, const size_t *recv_bytes,
+                          const size_t *recv_displs);
 int tide__barrier(tide_comm_t *comm);
 
 /* Sparse collectives (src/coll/sparse.c). */

@@ -127,7 +127,19 @@ int tide__array_bytes(const char *fn, const char *arg, size_t count, size_t size
      "CPU binding of each local rank: core (a contiguous share of the host's cores, "    \
      "within one NUMA node when it fits), numa (the NUMA nodes of that share), none, or " \
      "auto: core under tiderun (tiderun --bind overrides), none under mpirun or srun "    \
-     "(which bind by their own rules; set core or numa to have tide_comm_init bind)")
+     "(which bind by their own rules; set core or numa to have tide_comm_init bind)")  \
+  XX(DATA_CACHE, STR, "", 0, 0,                                                          \
+     "directory of the data loader's disk cache (default: $XDG_CACHE_HOME/tide/data, "   \
+     "else ~/.cache/tide/data; none: no disk cache); tide_loader_config_t.cache_dir and " \
+     "tide-train --cache-dir override it")                                               \
+  XX(DATA_CACHE_BYTES, INT, "10737418240", 0, 4611686018427387904LL,                     \
+     "size bound of the data disk cache; least recently used entries go past it (0: none)") \
+  XX(DATA_RETRIES, INT, "5", 0, 100,                                                     \
+     "attempts after the first at reading a data object over HTTP, with doubling back-off") \
+  XX(DATA_TIMEOUT_MS, INT, "30000", 100, 2147483647,                                     \
+     "deadline in ms of one HTTP request of the data loader (connect and transfer)")     \
+  XX(DATA_THREADS, INT, "0", 0, 64,                                                      \
+     "read and decode threads of each rank's data loader (0: 2)")
 
 enum {
 #define XX(id, type, def, min, max, help) TIDE__PARAM_##id,

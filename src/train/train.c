@@ -278,6 +278,7 @@ int tide_trainer_next(tide_trainer_t *tr, tide_batch_t *batch) {
     tr->micro = 0;
     tr->micro_count = tr->accum;
     tr->sq_micro = tr->full_micro = tr->count = tr->loss_sum = tr->compute_s = 0;
+    tr->data_s = 0;
     tr->accumulated = 0;
     memset(tr->tensor_sq, 0, tr->ntensors * sizeof *tr->tensor_sq);
     tr->in_step = 1;
@@ -497,6 +498,7 @@ int tide_trainer_step(tide_trainer_t *tr, double loss, tide_step_stats_t *stats)
   s->epoch = tr->epoch;
   s->exchange = tr->exchange_kind;
   s->compute_s = tr->compute_s;
+  s->data_s = tr->data_s;
   s->exchange_s = (double)(t2 - t1) * 1e-9;
 
   /* Policies, then the update. */
@@ -550,6 +552,16 @@ int tide_trainer_step(tide_trainer_t *tr, double loss, tide_step_stats_t *stats)
     TIDE_CHECK(tide_sampler_set_epoch(tr->sampler, tr->epoch));
   }
   if (stats != NULL) *stats = *s;
+  return 0;
+}
+
+int tide_trainer_data_wait(tide_trainer_t *tr, double seconds) {
+  if (tr == NULL) return tide__null_arg("tide_trainer_data_wait", "trainer");
+  if (!(seconds >= 0)) {
+    TIDE_ERROR("tide_trainer_data_wait: seconds = %g must be >= 0", seconds);
+    return TIDE_EINVAL;
+  }
+  tr->data_s += seconds;
   return 0;
 }
 

@@ -89,6 +89,7 @@ struct tide_trainer {
   double sq_micro, full_micro, count, loss_sum;
   double *tensor_sq; /* this step's per-tensor sums of |g_i|^2 */
   double compute_s;
+  double data_s; /* this step's wait for data (tide_trainer_data_wait) */
 
   tide_exchange_t exchange_kind;
   void *exchange_state[TIDE_EXCHANGE_COUNT];

@@ -1,0 +1,604 @@
+/* Sources of samples: an ImageFolder directory (one sub-folder per class),
+ * the same layout behind HTTP(S) (index.txt listing classes and objects,
+ * fetched with libcurl), and Fashion-MNIST's idx files. Remote reads go
+ * through the disk cache; HTTP failures are retried with back-off. */
+#include <ctype.h>
+#include <curl/curl.h>
+#include <dirent.h>
+#include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include "data/data.h"
+
+#define INDEX_MAGIC "tide-imagefolder 1"
+#define MAX_ITEMS 100000000u
+
+static const char *fashion_classes[10] = {"T-shirt", "Trouser", "Pullover", "Dress", "Coat",
+                                          "Sandal",  "Shirt",   "Sneaker",  "Bag",   "Ankle-boot"};
+
+/* ---- HTTP ------------------------------------------------------------------ */
+
+struct tide__fetcher {
+  CURL *curl;
+};
+
+typedef struct {
+  uint8_t *data;
+  size_t len, cap;
+  int failed;
+} buffer_t;
+
+static int append(buffer_t *b, const void *p, size_t n) {
+  if (b->len + n > b->cap) {
+    size_t cap = b->cap ? b->cap * 2 : 4096;
+    while (cap < b->len + n) cap *= 2;
+    uint8_t *grown = tide__realloc(b->data, cap);
+    if (grown == NULL) return -1;
+    b->data = grown;
+    b->cap = cap;
+  }
+  memcpy(b->data + b->len, p, n);
+  b->len += n;
+  return 0;
+}
+
+static size_t on_body(char *p, size_t size, size_t n, void *arg) {
+  buffer_t *b = arg;
+  if (append(b, p, size * n) != 0) {
+    b->failed = 1;
+    return 0;
+  }
+  return size * n;
+}
+
+/* Keeps an ETag or Last-Modified header value in arg (char[256]). */
+static size_t on_header(char *p, size_t size, size_t n, void *arg) {
+  size_t len = size * n;
+  char *out = arg;
+  for (int k = 0; k < 2; k++) {
+    const char *name = k == 0 ? "etag:" : "last-modified:";
+    size_t nl = strlen(name);
+    if (len > nl && strncasecmp(p, name, nl) == 0 && (k == 0 || out[0] == '\0')) {
+      while (nl < len && (p[nl] == ' ' || p[nl] == '\t')) nl++;
+      size_t v = len - nl;
+      if (v > 255) v = 255;
+      memcpy(out, p + nl, v);
+      out[v] = '\0';
+      for (char *e = out + strlen(out); e > out && isspace((unsigned char)e[-1]);) *--e = '\0';
+    }
+  }
+  return len;
+}
+
+static pthread_once_t curl_once = PTHREAD_ONCE_INIT;
+static void curl_init(void) { curl_global_init(CURL_GLOBAL_DEFAULT); }
+
+int tide__fetcher_create(tide__fetcher_t **out) {
+  pthread_once(&curl_once, curl_init);
+  tide__fetcher_t *f = tide__calloc(1, sizeof *f);
+  if (f == NULL) return TIDE_ENOMEM;
+  if ((f->curl = curl_easy_init()) == NULL) {
+    tide__free(f);
+    return TIDE_ENOMEM;
+  }
+  *out = f;
+  return 0;
+}
+
+void tide__fetcher_destroy(tide__fetcher_t *f) {
+  if (f == NULL) return;
+  curl_easy_cleanup(f->curl);
+  tide__free(f);
+}
+
+/* GETs url into *data with retries: 404 (and other 4xx) fail at once,
+ * anything else (refused, reset, timed out, 5xx) is retried
+ * TIDE_DATA_RETRIES times, waiting 100 ms, 200 ms, ... (at most 5 s). */
+static int http_get(tide__source_t *src, tide__fetcher_t *f, const char *url, uint8_t **data, size_t *len,
+                    char *etag, const char *if_none_match) {
+  int retries = (int)tide__param_int(TIDE__PARAM_DATA_RETRIES);
+  long timeout_ms = (long)tide__param_int(TIDE__PARAM_DATA_TIMEOUT_MS);
+  char errbuf[CURL_ERROR_SIZE];
+  int rc = TIDE_EIO;
+  for (int attempt = 0; attempt <= retries; attempt++) {
+    if (attempt > 0) {
+      int64_t ms = 100LL << (attempt - 1 < 6 ? attempt - 1 : 6);
+      if (ms > 5000) ms = 5000;
+      struct timespec ts = {(time_t)(ms / 1000), (long)(ms % 1000) * 1000000};
+      nanosleep(&ts, NULL);
+      if (src != NULL) atomic_fetch_add(&src->retries, 1);
+    }
+    buffer_t b = {0};
+    char tag[256] = "";
+    CURL *c = f->curl;
+    curl_easy_reset(c);
+    curl_easy_setopt(c, CURLOPT_URL, url);
+    curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_body);
+    curl_easy_setopt(c, CURLOPT_WRITEDATA, &b);
+    curl_easy_setopt(c, CURLOPT_HEADERFUNCTION, on_header);
+    curl_easy_setopt(c, CURLOPT_HEADERDATA, tag);
+    curl_easy_setopt(c, CURLOPT_ERRORBUFFER, errbuf);
+    curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, timeout_ms);
+    curl_easy_setopt(c, CURLOPT_CONNECTTIMEOUT_MS, timeout_ms);
+    curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
+    curl_easy_setopt(c, CURLOPT_FOLLOWLOCATION, 1L);
+    struct curl_slist *headers = NULL;
+    if (if_none_match != NULL && if_none_match[0] != '\0') {
+      char h[300];
+      snprintf(h, sizeof h, "If-None-Match: %s", if_none_match);
+      headers = curl_slist_append(NULL, h);
+      curl_easy_setopt(c, CURLOPT_HTTPHEADER, headers);
+    }
+    errbuf[0] = '\0';
+    CURLcode cc = curl_easy_perform(c);
+    long status = 0;
+    curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &status);
+    curl_slist_free_all(headers);
+    if (cc == CURLE_OK && status == 304) {
+      tide__free(b.data);
+      if (src != NULL) atomic_fetch_add(&src->source_requests, 1);
+      return 1; /* not modified */
+    }
+    if (cc == CURLE_OK && status >= 200 && status < 300) {
+      if (src != NULL) {
+        atomic_fetch_add(&src->source_bytes, b.len);
+        atomic_fetch_add(&src->source_requests, 1);
+      }
+      if (etag != NULL) strcpy(etag, tag);
+      *data = b.data != NULL ? b.data : tide__malloc(1);
+      *len = b.len;
+      return *data != NULL ? 0 : TIDE_ENOMEM;
+    }
+    tide__free(b.data);
+    if (cc == CURLE_OK && status >= 400 && status < 500) {
+      TIDE_ERROR("data source: %s answered HTTP %ld%s", url, status,
+                 status == 404 ? " (not found: check the URL and the index)" : "");
+      return status == 404 ? TIDE_ENOENT : TIDE_EIO;
+    }
+    if (cc == CURLE_OK)
+      TIDE_WARN("data source: %s answered HTTP %ld (attempt %d of %d)", url, status, attempt + 1, retries + 1);
+    else
+      TIDE_WARN("data source: %s: %s (attempt %d of %d)", url, errbuf[0] ? errbuf : curl_easy_strerror(cc),
+                attempt + 1, retries + 1);
+    rc = cc == CURLE_OPERATION_TIMEDOUT ? TIDE_ETIMEDOUT : TIDE_EIO;
+  }
+  TIDE_ERROR("data source: giving up on %s after %d attempts (TIDE_DATA_RETRIES=%d, each bounded by "
+             "TIDE_DATA_TIMEOUT_MS=%ld)",
+             url, retries + 1, retries, timeout_ms);
+  return rc;
+}
+
+/* ---- listings ---------------------------------------------------------------- */
+
+static int is_image_name(const char *name) {
+  const char *dot = strrchr(name, '.');
+  if (dot == NULL) return 0;
+  return strcasecmp(dot, ".png") == 0 || strcasecmp(dot, ".jpg") == 0 || strcasecmp(dot, ".jpeg") == 0;
+}
+
+static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+
+/* Sorted names in dir that pass keep (d_type: want_dir). */
+static int list_names(const char *dir, int want_dir, char ***out, size_t *count) {
+  DIR *d = opendir(dir);
+  if (d == NULL) return errno == ENOENT || errno == ENOTDIR ? TIDE_ENOENT : TIDE_EIO;
+  char **names = NULL;
+  size_t n = 0, cap = 0;
+  struct dirent *de;
+  int rc = 0;
+  while ((de = readdir(d)) != NULL) {
+    if (de->d_name[0] == '.') continue;
+    int isdir = de->d_type == DT_DIR;
+    if (de->d_type == DT_UNKNOWN || de->d_type == DT_LNK) {
+      struct stat st;
+      if (fstatat(dirfd(d), de->d_name, &st, 0) != 0) continue;
+      isdir = S_ISDIR(st.st_mode);
+    }
+    if (isdir != want_dir || (!want_dir && !is_image_name(de->d_name))) continue;
+    if (n == cap) {
+      cap = cap ? cap * 2 : 64;
+      char **grown = tide__realloc(names, cap * sizeof *names);
+      if (grown == NULL) {
+        rc = TIDE_ENOMEM;
+        break;
+      }
+      names = grown;
+    }
+    if ((names[n] = tide__strdup(de->d_name)) == NULL) {
+      rc = TIDE_ENOMEM;
+      break;
+    }
+    n++;
+  }
+  closedir(d);
+  if (rc != 0) {
+    for (size_t i = 0; i < n; i++) tide__free(names[i]);
+    tide__free(names);
+    return rc;
+  }
+  if (n > 1) qsort(names, n, sizeof *names, cmp_str);
+  *out = names;
+  *count = n;
+  return 0;
+}
+
+static int add_item(tide__source_t *s, size_t *cap, char *path, uint64_t size, int32_t label) {
+  if (s->count == *cap) {
+    size_t grown_cap = *cap ? *cap * 2 : 1024;
+    tide__item_t *grown = tide__realloc(s->items, grown_cap * sizeof *grown);
+    if (grown == NULL) {
+      tide__free(path);
+      return TIDE_ENOMEM;
+    }
+    s->items = grown;
+    *cap = grown_cap;
+  }
+  s->items[s->count++] = (tide__item_t){path, size, label};
+  return 0;
+}
+
+static int open_dir(tide__source_t *s) {
+  int rc = list_names(s->root, 1, &s->classes, &s->nclasses);
+  if (rc == TIDE_ENOENT) {
+    TIDE_ERROR("data source: no directory %s (give an ImageFolder directory, an http:// URL or fashion-mnist)",
+               s->root);
+    return rc;
+  }
+  if (rc < 0) {
+    TIDE_ERROR("data source: cannot list %s: %s", s->root, strerror(errno));
+    return rc;
+  }
+  size_t cap = 0;
+  for (size_t k = 0; k < s->nclasses; k++) {
+    char dir[4200];
+    snprintf(dir, sizeof dir, "%s/%s", s->root, s->classes[k]);
+    char **files;
+    size_t nfiles;
+    TIDE_CHECK(list_names(dir, 0, &files, &nfiles));
+    for (size_t i = 0; i < nfiles; i++) {
+      size_t plen = strlen(s->classes[k]) + strlen(files[i]) + 2;
+      char *path = tide__malloc(plen);
+      if (path != NULL) snprintf(path, plen, "%s/%s", s->classes[k], files[i]);
+      tide__free(files[i]);
+      if (rc == 0) rc = path == NULL ? TIDE_ENOMEM : add_item(s, &cap, path, 0, (int32_t)k);
+    }
+    tide__free(files);
+    TIDE_CHECK(rc);
+  }
+  if (s->count == 0) {
+    TIDE_ERROR("data source: %s holds no images (expected CLASS/NAME.png or .jpg, one sub-folder per class)",
+               s->root);
+    return TIDE_EINVAL;
+  }
+  return 0;
+}
+
+/* Parses index.txt (text, len bytes, NUL-terminated by the caller). */
+static int parse_index(tide__source_t *s, char *text, const char *where) {
+  char *save = NULL, *line = strtok_r(text, "\n", &save);
+  if (line == NULL || strncmp(line, INDEX_MAGIC, strlen(INDEX_MAGIC)) != 0) {
+    TIDE_ERROR("data source: %s is not a tide index (first line must be \"%s\"; tide data index DIR writes one)",
+               where, INDEX_MAGIC);
+    return TIDE_EINVAL;
+  }
+  size_t cap = 0, class_cap = 0, lineno = 1;
+  while ((line = strtok_r(NULL, "\n", &save)) != NULL) {
+    lineno++;
+    unsigned long long a, b;
+    int off = 0;
+    if (sscanf(line, "class %llu %n", &a, &off) == 1 && off > 0) {
+      if (a != s->nclasses || line[off] == '\0') goto bad;
+      if (s->nclasses == class_cap) {
+        class_cap = class_cap ? class_cap * 2 : 16;
+        char **grown = tide__realloc(s->classes, class_cap * sizeof *grown);
+        if (grown == NULL) return TIDE_ENOMEM;
+        s->classes = grown;
+      }
+      if ((s->classes[s->nclasses] = tide__strdup(line + off)) == NULL) return TIDE_ENOMEM;
+      s->nclasses++;
+    } else if (sscanf(line, "file %llu %llu %n", &a, &b, &off) == 2 && off > 0) {
+      if (a >= s->nclasses || line[off] == '\0' || strstr(line + off, "..") != NULL || s->count >= MAX_ITEMS)
+        goto bad;
+      char *path = tide__strdup(line + off);
+      if (path == NULL) return TIDE_ENOMEM;
+      TIDE_CHECK(add_item(s, &cap, path, b, (int32_t)a));
+    } else if (line[0] != '\0' && line[0] != '#') {
+      goto bad;
+    }
+  }
+  if (s->count == 0) {
+    TIDE_ERROR("data source: %s lists no files", where);
+    return TIDE_EINVAL;
+  }
+  return 0;
+bad:
+  TIDE_ERROR("data source: %s line %zu is not \"class K NAME\" (K = 0, 1, ... in order) or \"file K BYTES PATH\"",
+             where, lineno);
+  return TIDE_EINVAL;
+}
+
+/* index.txt, revalidated against the copy in the cache (If-None-Match:
+ * a 304 moves no body), so a run with a warm cache reads no bytes of the
+ * source. The cached copy is "ETAG\n" + the index. */
+static int open_http(tide__source_t *s, tide__cache_t *cache) {
+  tide__fetcher_t *f;
+  TIDE_CHECK(tide__fetcher_create(&f));
+  char url[4200], tag[256] = "", key[4300], cached_tag[256] = "";
+  snprintf(url, sizeof url, "%s/index.txt", s->root);
+  snprintf(key, sizeof key, "index|%s", url);
+  uint8_t *cached = NULL, *data = NULL;
+  size_t cached_len = 0, len = 0;
+  if (cache != NULL && tide__cache_get(cache, key, &cached, &cached_len) == 0) {
+    uint8_t *nl = memchr(cached, '\n', cached_len);
+    if (nl != NULL && (size_t)(nl - cached) < sizeof cached_tag) {
+      memcpy(cached_tag, cached, (size_t)(nl - cached));
+      cached_tag[nl - cached] = '\0';
+    }
+  }
+  int rc = http_get(s, f, url, &data, &len, tag, cached_tag[0] ? cached_tag : NULL);
+  tide__fetcher_destroy(f);
+  if (rc == 1) { /* not modified: the cached index */
+    size_t head = strlen(cached_tag) + 1;
+    strcpy(tag, cached_tag);
+    len = cached_len - head;
+    data = tide__malloc(len + 1);
+    if (data == NULL) rc = TIDE_ENOMEM;
+    else {
+      memcpy(data, cached + head, len);
+      rc = 0;
+    }
+  } else if (rc == 0 && cache != NULL && tag[0] != '\0') {
+    size_t n = strlen(tag) + 1 + len;
+    uint8_t *entry = tide__malloc(n);
+    if (entry != NULL) {
+      memcpy(entry, tag, strlen(tag));
+      entry[strlen(tag)] = '\n';
+      memcpy(entry + strlen(tag) + 1, data, len);
+      tide__cache_put(cache, key, entry, n);
+      tide__free(entry);
+    }
+  }
+  tide__free(cached);
+  if (rc < 0) return rc;
+  char *text = tide__realloc(data, len + 1);
+  if (text == NULL) {
+    tide__free(data);
+    return TIDE_ENOMEM;
+  }
+  text[len] = '\0';
+  rc = parse_index(s, text, url);
+  tide__free(text);
+  if (rc < 0) return rc;
+  size_t n = strlen(s->root) + strlen(tag) + 4;
+  tide__free(s->identity);
+  if ((s->identity = tide__malloc(n)) == NULL) return TIDE_ENOMEM;
+  snprintf(s->identity, n, "%s|%s", s->root, tag);
+  return 0;
+}
+
+/* ---- Fashion-MNIST idx -------------------------------------------------------- */
+
+static int read_idx(const char *path, uint32_t magic, int dims, uint32_t *shape, uint8_t **data, size_t *len) {
+  gzFile g = gzopen(path, "rb");
+  if (g == NULL) {
+    TIDE_ERROR("data source: cannot open %s: %s (install the Debian package dataset-fashion-mnist)", path,
+               strerror(errno));
+    return errno == ENOENT ? TIDE_ENOENT : TIDE_EIO;
+  }
+  uint8_t head[16];
+  int need = 4 + 4 * dims, rc = 0;
+  size_t total = 1;
+  if (gzread(g, head, (unsigned)need) != need) rc = TIDE_EINVAL;
+  for (int d = 0; rc == 0 && d <= dims; d++) {
+    uint32_t v = (uint32_t)head[4 * d] << 24 | (uint32_t)head[4 * d + 1] << 16 | (uint32_t)head[4 * d + 2] << 8 |
+                 head[4 * d + 3];
+    if (d == 0 && v != magic) rc = TIDE_EINVAL;
+    if (d > 0) {
+      shape[d - 1] = v;
+      if (v == 0 || v > MAX_ITEMS) rc = TIDE_EINVAL;
+      total *= v;
+    }
+  }
+  uint8_t *buf = rc == 0 ? tide__malloc(total) : NULL;
+  if (rc == 0 && buf == NULL) rc = TIDE_ENOMEM;
+  if (rc == 0 && gzread(g, buf, (unsigned)total) != (int)total) rc = TIDE_EINVAL;
+  gzclose(g);
+  if (rc != 0) {
+    tide__free(buf);
+    if (rc == TIDE_EINVAL) TIDE_ERROR("data source: %s is not a whole idx file (bad header or truncated)", path);
+    return rc;
+  }
+  *data = buf;
+  *len = total;
+  return 0;
+}
+
+static int open_idx(tide__source_t *s, const char *split) {
+  const char *prefix = strcmp(split, "test") == 0 ? "t10k" : "train";
+  char images[4200], labels[4200];
+  for (int gz = 1; gz >= 0; gz--) {
+    snprintf(images, sizeof images, "%s/%s-images-idx3-ubyte%s", s->root, prefix, gz ? ".gz" : "");
+    snprintf(labels, sizeof labels, "%s/%s-labels-idx1-ubyte%s", s->root, prefix, gz ? ".gz" : "");
+    if (access(images, R_OK) == 0) break;
+  }
+  uint32_t ishape[3], lshape[1];
+  uint8_t *label_bytes;
+  size_t ilen, llen;
+  TIDE_CHECK(read_idx(images, 0x803, 3, ishape, &s->idx_pixels, &ilen));
+  TIDE_CHECK(read_idx(labels, 0x801, 1, lshape, &label_bytes, &llen));
+  if (lshape[0] != ishape[0]) {
+    tide__free(label_bytes);
+    TIDE_ERROR("data source: %s has %u labels for %u images in %s", labels, lshape[0], ishape[0], images);
+    return TIDE_EINVAL;
+  }
+  s->idx_height = (int)ishape[1];
+  s->idx_width = (int)ishape[2];
+  size_t cap = 0;
+  int rc = 0;
+  for (uint32_t i = 0; rc == 0 && i < ishape[0]; i++) rc = add_item(s, &cap, NULL, 0, label_bytes[i]);
+  tide__free(label_bytes);
+  TIDE_CHECK(rc);
+  if ((s->classes = tide__calloc(10, sizeof *s->classes)) == NULL) return TIDE_ENOMEM;
+  for (int k = 0; k < 10; k++)
+    if ((s->classes[k] = tide__strdup(fashion_classes[k])) == NULL) return TIDE_ENOMEM;
+  s->nclasses = 10;
+  return 0;
+}
+
+/* ---- the source ---------------------------------------------------------------- */
+
+void tide__source_close(tide__source_t *s) {
+  if (s == NULL) return;
+  for (size_t i = 0; i < s->count; i++) tide__free(s->items[i].path);
+  for (size_t k = 0; k < s->nclasses; k++) tide__free(s->classes[k]);
+  tide__free(s->items);
+  tide__free(s->classes);
+  tide__free(s->idx_pixels);
+  tide__free(s->root);
+  tide__free(s->identity);
+  tide__free(s);
+}
+
+tide__source_kind_t tide__source_kind(const char *spec) {
+  if (strncmp(spec, "fashion-mnist", 13) == 0 && (spec[13] == '\0' || spec[13] == ':')) return TIDE__SOURCE_IDX;
+  if (strncmp(spec, "http://", 7) == 0 || strncmp(spec, "https://", 8) == 0) return TIDE__SOURCE_HTTP;
+  return TIDE__SOURCE_DIR;
+}
+
+int tide__source_open(const char *spec, const char *split, tide__cache_t *cache, tide__source_t **out) {
+  if (spec == NULL || spec[0] == '\0') {
+    TIDE_ERROR("data source: the source is empty: give a directory, an http:// URL or fashion-mnist[:DIR]");
+    return TIDE_EINVAL;
+  }
+  if (split == NULL) split = "train";
+  if (strcmp(split, "train") != 0 && strcmp(split, "test") != 0) {
+    TIDE_ERROR("data source: split \"%s\" must be train or test", split);
+    return TIDE_EINVAL;
+  }
+  tide__source_t *s = tide__calloc(1, sizeof *s);
+  if (s == NULL) return TIDE_ENOMEM;
+  const char *root = spec;
+  if (strncmp(spec, "fashion-mnist", 13) == 0 && (spec[13] == '\0' || spec[13] == ':')) {
+    s->kind = TIDE__SOURCE_IDX;
+    root = spec[13] == ':' ? spec + 14 : "/usr/share/datasets/fashion-mnist";
+  } else if (strncmp(spec, "http://", 7) == 0 || strncmp(spec, "https://", 8) == 0) {
+    s->kind = TIDE__SOURCE_HTTP;
+  } else {
+    s->kind = TIDE__SOURCE_DIR;
+  }
+  int rc = TIDE_ENOMEM;
+  if ((s->root = tide__strdup(root)) != NULL) {
+    for (size_t n = strlen(s->root); n > 1 && s->root[n - 1] == '/'; n--) s->root[n - 1] = '\0';
+    if ((s->identity = tide__strdup(s->root)) != NULL) {
+      rc = s->kind == TIDE__SOURCE_IDX    ? open_idx(s, split)
+           : s->kind == TIDE__SOURCE_HTTP ? open_http(s, cache)
+                                          : open_dir(s);
+    }
+  }
+  if (rc < 0) {
+    tide__source_close(s);
+    return rc;
+  }
+  *out = s;
+  return 0;
+}
+
+static int read_local(const char *path, uint8_t **data, size_t *len) {
+  FILE *f = fopen(path, "rb");
+  if (f == NULL) {
+    int e = errno;
+    TIDE_ERROR("data source: cannot open %s: %s", path, strerror(e));
+    return e == ENOENT ? TIDE_ENOENT : TIDE_EIO;
+  }
+  buffer_t b = {0};
+  uint8_t chunk[65536];
+  size_t n;
+  while ((n = fread(chunk, 1, sizeof chunk, f)) > 0)
+    if (append(&b, chunk, n) != 0) {
+      fclose(f);
+      tide__free(b.data);
+      return TIDE_ENOMEM;
+    }
+  int err = ferror(f);
+  fclose(f);
+  if (err) {
+    tide__free(b.data);
+    TIDE_ERROR("data source: read error on %s", path);
+    return TIDE_EIO;
+  }
+  *data = b.data != NULL ? b.data : tide__malloc(1);
+  *len = b.len;
+  return 0;
+}
+
+int tide__source_read(tide__source_t *s, size_t i, tide__cache_t *cache, tide__fetcher_t *f, uint8_t **data,
+                      size_t *len) {
+  if (s->kind == TIDE__SOURCE_IDX || i >= s->count) return TIDE_EINVAL;
+  const tide__item_t *it = &s->items[i];
+  char where[4400], key[4700];
+  snprintf(where, sizeof where, "%s/%s", s->root, it->path);
+  if (s->kind == TIDE__SOURCE_DIR) {
+    if (cache == NULL) {
+      TIDE_CHECK(read_local(where, data, len));
+      atomic_fetch_add(&s->source_bytes, *len);
+      atomic_fetch_add(&s->source_requests, 1);
+      return 0;
+    }
+    struct stat st;
+    if (stat(where, &st) != 0) {
+      TIDE_ERROR("data source: cannot open %s: %s", where, strerror(errno));
+      return TIDE_ENOENT;
+    }
+    snprintf(key, sizeof key, "file|%s|%lld|%lld.%09ld", where, (long long)st.st_size, (long long)st.st_mtim.tv_sec,
+             st.st_mtim.tv_nsec);
+  } else {
+    snprintf(key, sizeof key, "http|%s|%llu|%s", where, (unsigned long long)it->size, s->identity);
+  }
+  if (cache != NULL && tide__cache_get(cache, key, data, len) == 0) return 0;
+  int rc;
+  if (s->kind == TIDE__SOURCE_DIR) {
+    rc = read_local(where, data, len);
+    if (rc == 0) {
+      atomic_fetch_add(&s->source_bytes, *len);
+      atomic_fetch_add(&s->source_requests, 1);
+    }
+  } else {
+    rc = http_get(s, f, where, data, len, NULL, NULL);
+    if (rc == 0 && it->size != 0 && *len != it->size) {
+      TIDE_ERROR("data source: %s sent %zu bytes, the index says %llu", where, *len, (unsigned long long)it->size);
+      tide__free(*data);
+      rc = TIDE_EIO;
+    }
+  }
+  if (rc == 0 && cache != NULL) tide__cache_put(cache, key, *data, *len);
+  return rc;
+}
+
+int tide__source_write_index(const tide__source_t *s, FILE *out) {
+  fprintf(out, "%s\n", INDEX_MAGIC);
+  for (size_t k = 0; k < s->nclasses; k++) fprintf(out, "class %zu %s\n", k, s->classes[k]);
+  for (size_t i = 0; i < s->count; i++) {
+    uint64_t size = s->items[i].size;
+    if (s->kind == TIDE__SOURCE_DIR) {
+      char where[4400];
+      struct stat st;
+      snprintf(where, sizeof where, "%s/%s", s->root, s->items[i].path);
+      if (stat(where, &st) != 0) {
+        TIDE_ERROR("tide data index: cannot stat %s: %s", where, strerror(errno));
+        return TIDE_EIO;
+      }
+      size = (uint64_t)st.st_size;
+    }
+    fprintf(out, "file %d %llu %s\n", (int)s->items[i].label, (unsigned long long)size,
+            s->items[i].path != NULL ? s->items[i].path : "?");
+  }
+  return ferror(out) ? TIDE_EIO : 0;
+}
