@@ -32,6 +32,8 @@ typedef struct {
   int shrink_step, shrink_to; /* rank 0 asks for shrink_to workers at this step */
   int hang_rank, hang_step;   /* a rank that stops for a while (then is stale) */
   int bad_token_rank;         /* a joiner with the wrong job token */
+  int grow_step, grow_to;     /* rank 0 asks for grow_to workers at this step */
+  int tiderun;                /* started by tiderun --elastic: it starts the joiners */
   char dir[256];
 } scenario_t;
 
@@ -73,8 +75,9 @@ static int worker(int rank, int size, void *arg) {
   (void)size;
   scenario_t *sc = arg;
   setenv("TIDE_ELASTIC", "1", 1);
-  int joiner = rank >= sc->initial;
-  if (joiner) {
+  const char *join_env = getenv("TIDE_ELASTIC_JOIN");
+  int joiner = sc->tiderun ? join_env != NULL && strcmp(join_env, "1") == 0 : rank >= sc->initial;
+  if (joiner && !sc->tiderun) {
     /* The parameters are read once, at the first tide call. */
     setenv("TIDE_ELASTIC_JOIN", "1", 1);
     char token[128];
@@ -94,13 +97,13 @@ static int worker(int rank, int size, void *arg) {
       CHECK_RC(rc, TIDE_EAUTH);
       return 0;
     }
-  } else {
+  } else if (!sc->tiderun) {
     char text[16];
     snprintf(text, sizeof text, "%d", sc->initial);
     setenv("TIDE_SIZE", text, 1);
   }
   char path[512];
-  snprintf(path, sizeof path, "%s/rec.%d", sc->dir, rank);
+  snprintf(path, sizeof path, "%s/rec.%d", sc->dir, (int)getpid());
   FILE *rec = fopen(path, "w");
   CHECK(rec != NULL);
   tide_comm_t *comm;
@@ -118,8 +121,9 @@ static int worker(int rank, int size, void *arg) {
   tide_trainer_t *tr;
   CHECK_OK(tide_trainer_create(comm, &c, w, g, D, NULL, 0, &tr));
   CHECK_OK(tide_trainer_elastic(tr));
-  tide_store_t *store = rank == 0 ? connect_store(getenv("TIDE_JOB_TOKEN")) : NULL;
-  int recoveries = 0;
+  int member0 = tide_comm_rank(tide_trainer_comm(tr)) == 0 && !joiner;
+  tide_store_t *store = member0 ? connect_store(getenv("TIDE_JOB_TOKEN")) : NULL;
+  int recoveries = 0, grown = 0, shrunk = sc->shrink_step < 0;
   for (;;) {
     tide_batch_t b;
     tide_step_stats_t st;
@@ -128,14 +132,27 @@ static int worker(int rank, int size, void *arg) {
     if (rc == 0) {
       long epoch = tide_comm_epoch(tide_trainer_comm(tr));
       if (b.micro == 0) {
-        if (rank == 0 && b.step == sc->join_step) CHECK_OK(tide_store_set(store, "test/join", "1", 1));
-        if (rank == 0 && b.step == sc->shrink_step) CHECK_OK(tide_elastic_request(store, sc->shrink_to));
+        if (member0 && b.step == sc->join_step) CHECK_OK(tide_store_set(store, "test/join", "1", 1));
+        int members = tide_comm_size(tide_trainer_comm(tr));
+        if (member0 && b.step == sc->grow_step) CHECK_OK(tide_elastic_request(store, sc->grow_to));
+        /* Steps this small end the job before the launcher's workers join:
+         * slow down until they have. */
+        if (member0 && sc->grow_to > 0 && b.step >= sc->grow_step && !grown) {
+          if (members < sc->grow_to)
+            usleep(20000);
+          else
+            grown = 1;
+        }
+        if (member0 && !shrunk && b.step >= sc->shrink_step && (sc->grow_to == 0 || grown)) {
+          CHECK_OK(tide_elastic_request(store, sc->shrink_to));
+          shrunk = 1;
+        }
       }
       fprintf(rec, "C %ld %ld %llu", epoch, b.step, (unsigned long long)b.epoch);
       for (size_t j = 0; j < b.count; j++) fprintf(rec, " %llu", (unsigned long long)b.indices[j]);
       fprintf(rec, "\n");
       fflush(rec);
-      if (rank == sc->kill_rank && b.step == sc->kill_step) raise(SIGKILL);
+      if (rank == sc->kill_rank && !joiner && b.step == sc->kill_step) raise(SIGKILL);
       if (rank == sc->hang_rank && b.step == sc->hang_step && !joiner) sleep(3);
       double loss = grad(w, b.indices, b.count, g);
       rc = tide_trainer_step(tr, loss, &st);
@@ -187,7 +204,21 @@ typedef struct {
   int data_epoch;
 } step_t;
 
-static int check_records(const scenario_t *sc, int np, int want_end_size) {
+/* The record files of a run, "rec.*" in sc->dir. */
+static int record_files(const scenario_t *sc, char names[][64], int cap) {
+  DIR *d = opendir(sc->dir);
+  CHECK(d != NULL);
+  int n = 0;
+  struct dirent *e;
+  while ((e = readdir(d)) != NULL && n < cap)
+    if (strncmp(e->d_name, "rec.", 4) == 0) snprintf(names[n++], 64, "%.60s", e->d_name);
+  closedir(d);
+  return n;
+}
+
+static int check_records(const scenario_t *sc, int want_end_size) {
+  static char files[64][64];
+  int np = record_files(sc, files, 64);
   static step_t steps[MAX_STEPS];
   for (int s = 0; s < MAX_STEPS; s++) steps[s] = (step_t){-1, -1};
   static char line[1 << 16];
@@ -195,7 +226,7 @@ static int check_records(const scenario_t *sc, int np, int want_end_size) {
   /* Pass 1: where each step completed. */
   for (int r = 0; r < np; r++) {
     char path[512];
-    snprintf(path, sizeof path, "%s/rec.%d", sc->dir, r);
+    snprintf(path, sizeof path, "%.256s/%.60s", sc->dir, files[r]);
     FILE *f = fopen(path, "r");
     if (f == NULL) continue;
     while (fgets(line, sizeof line, f)) {
@@ -222,7 +253,7 @@ static int check_records(const scenario_t *sc, int np, int want_end_size) {
   memset(used, 0, sizeof used);
   for (int r = 0; r < np; r++) {
     char path[512];
-    snprintf(path, sizeof path, "%s/rec.%d", sc->dir, r);
+    snprintf(path, sizeof path, "%.256s/%.60s", sc->dir, files[r]);
     FILE *f = fopen(path, "r");
     if (f == NULL) continue;
     while (fgets(line, sizeof line, f)) {
@@ -293,14 +324,49 @@ static int run(scenario_t *sc, int np, int transport, int want_end_size) {
       rc = 1;
     }
   }
-  if (rc == 0) rc = check_records(sc, np, want_end_size);
+  if (rc == 0) rc = check_records(sc, want_end_size);
   char cmd[600];
   snprintf(cmd, sizeof cmd, "rm -rf %s", sc->dir);
   if (system(cmd) != 0) rc = 1;
   return rc;
 }
 
-int main(void) {
+/* Under tiderun --elastic: argv = --worker DIR KILL_RANK KILL_STEP GROW_STEP GROW_TO SHRINK_STEP SHRINK_TO. */
+static int tiderun_worker(char **argv) {
+  scenario_t sc = {.name = "tiderun", .tiderun = 1, .join_step = -1, .hang_rank = -1, .bad_token_rank = -1};
+  snprintf(sc.dir, sizeof sc.dir, "%s", argv[2]);
+  sc.kill_rank = atoi(argv[3]);
+  sc.kill_step = atoi(argv[4]);
+  sc.grow_step = atoi(argv[5]);
+  sc.grow_to = atoi(argv[6]);
+  sc.shrink_step = atoi(argv[7]);
+  sc.shrink_to = atoi(argv[8]);
+  return worker(atoi(getenv("TIDE_RANK")), 0, &sc);
+}
+
+static int run_tiderun(const char *self, const char *name, const char *launch, const char *scenario, int want_end_size) {
+  scenario_t sc = {.name = name};
+  snprintf(sc.dir, sizeof sc.dir, "/tmp/tide-elastic-XXXXXX");
+  CHECK(mkdtemp(sc.dir) != NULL);
+  const char *tools = getenv("TIDE_TOOLS_DIR");
+  char cmd[2048];
+  snprintf(cmd, sizeof cmd, "%s/tiderun --bind none --timeout 120 %s %s --worker %s %s", tools ? tools : "tools",
+           launch, self, sc.dir, scenario);
+  fprintf(stderr, "== %s: %s\n", name, cmd);
+  int st = system(cmd);
+  int rc = 0;
+  if (!(WIFEXITED(st) && WEXITSTATUS(st) == 0)) {
+    fprintf(stderr, "%s: tiderun ended with status 0x%x\n", name, st);
+    rc = 1;
+  }
+  if (rc == 0) rc = check_records(&sc, want_end_size);
+  snprintf(cmd, sizeof cmd, "rm -rf %s", sc.dir);
+  if (system(cmd) != 0) rc = 1;
+  return rc;
+}
+
+int main(int argc, char **argv) {
+  if (argc == 9 && strcmp(argv[1], "--worker") == 0) return tiderun_worker(argv);
   setenv("TIDE_TIMEOUT_MS", "20000", 1);
   setenv("TIDE_ELASTIC_TIMEOUT_MS", "5000", 1);
   int failed = 0;
@@ -321,6 +387,15 @@ int main(void) {
                        .shrink_step = 35, .shrink_to = 3, .hang_rank = -1, .bad_token_rank = 4};
     failed |= run(&grow, 5, t, 3);
   }
+  /* tiderun replaces a killed worker; grows 2 -> 4 and shrinks to 3 on request. */
+  char self[4096];
+  ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+  CHECK(n > 0);
+  self[n] = 0;
+  failed |= run_tiderun(self, "tiderun: a killed worker replaced", "--elastic --min-np 3 --max-np 4 -np 4",
+                        "3 25 -1 0 -1 0", 4);
+  failed |= run_tiderun(self, "tiderun: 2 -> 4 -> 3", "--elastic --min-np 2 --max-np 4 -np 2", "-1 -1 5 4 35 3", 3);
+
   setenv("TIDE_ELASTIC_MIN", "2", 1);
   setenv("TIDE_TIMEOUT_MS", "1500", 1);
   setenv("TIDE_ELASTIC_TIMEOUT_MS", "1000", 1);

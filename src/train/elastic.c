@@ -21,6 +21,7 @@ enum { STRAGGLER_OFF, STRAGGLER_REPORT, STRAGGLER_REMOVE };
 
 struct tide__elastic_trainer {
   int detached;   /* this rank left the job */
+  int finished;   /* told the job training is over */
   int requested;  /* a policy's world_size (0: none) */
   int straggler;  /* rank flagged, -1 none */
   int mode;       /* STRAGGLER_* */
@@ -64,7 +65,9 @@ void tide__trainer_elastic_fini(tide_trainer_t *tr) {
 void tide__trainer_elastic_request(tide_trainer_t *tr, int world_size) { tr->elastic->requested = world_size; }
 
 void tide__trainer_elastic_done(tide_trainer_t *tr) {
-  if (tr->comm != NULL && tr->rank == 0) tide_comm_elastic_finish(tr->comm);
+  /* Every member says so before it exits: a launcher that sees a worker
+   * exit 0 then knows the job is done, not that this worker was released. */
+  if (tr->comm != NULL && !tr->elastic->finished) tr->elastic->finished = tide_comm_elastic_finish(tr->comm) == 0;
 }
 
 /* Re-sizes what depends on the member count after comm changed. */
