@@ -75,7 +75,8 @@ static const char usage_text[] =
     "                             (default 1)\n"
     "  --max-np M                 elastic: at most M workers (default: -np); -np is how many\n"
     "                             start (default M)\n"
-    "  --max-restarts R           elastic: failed workers replaced at most R times (default 3)\n"
+    "  --max-restarts R           elastic: failed workers replaced at most R times (default 3);\n"
+    "                             after that the job goes on with fewer, down to --min-np\n"
     "  -h, --help                 print this help\n"
     "\n"
     "One host:   tiderun -np 4 ./train\n"
@@ -662,14 +663,8 @@ static void rank_ended(job_t *job, rank_t *r, int status) {
     else
       fprintf(stderr, "tiderun: worker %d (pid %d) was killed by signal %s", r->rank, (int)r->pid,
               signal_name(WTERMSIG(status), name, sizeof name));
-    if (job->failures <= job->opts->max_restarts) {
-      fprintf(stderr, "; the others go on (failure %d of --max-restarts %d)\n", job->failures,
-              job->opts->max_restarts);
-      return;
-    }
-    fprintf(stderr, "; more than --max-restarts %d failures: stopping the job\n", job->opts->max_restarts);
-    if (job->exit_code == 0) job->exit_code = code;
-    stop_ranks(job);
+    fprintf(stderr, "; the others go on%s\n",
+            job->failures <= job->opts->max_restarts ? " and a new worker replaces it" : " without a replacement (--max-restarts)");
     return;
   }
   if (WIFEXITED(status))
@@ -948,7 +943,9 @@ static void elastic_poll(job_t *job) {
     tide_free(value);
     target = atoi(text);
   }
-  int want = target > 0 ? target : opts->nproc;
+  /* Without a request: -np workers, less the failures beyond --max-restarts. */
+  int unreplaced = job->failures > opts->max_restarts ? job->failures - opts->max_restarts : 0;
+  int want = target > 0 ? target : opts->nproc - unreplaced;
   if (want > opts->max_np) want = opts->max_np;
   if (want < opts->min_np) want = opts->min_np;
   while (job->running < want && job->nranks < job->capacity) {
