@@ -232,6 +232,7 @@ typedef struct {
   tide_trainer_t *trainer;
   int trainer_owns_comm; /* --elastic: job->comm is the trainer's current one */
   double recovered_at;   /* --elastic: wall clock of the last recovery, 0 after the next step */
+  long epoch;            /* --elastic: membership epoch of comm */
   float *images;
   int32_t *labels;
   /* rank 0's output */
@@ -313,6 +314,7 @@ static void elastic_sync(job_t *job) {
   if (job->comm == NULL) return;
   job->rank = tide_comm_rank(job->comm);
   job->size = tide_comm_size(job->comm);
+  job->epoch = tide_comm_epoch(job->comm);
   if (job->rank == 0 && job->metrics == NULL && job->dir[0] != 0) {
     char path[1100];
     snprintf(path, sizeof path, "%s/metrics.jsonl", job->dir);
@@ -568,7 +570,7 @@ static int train(job_t *job) {
   job->start = now_s();
   for (;;) {
     rc = tide_trainer_next(job->trainer, &batch);
-    if (job->o.elastic && tide_trainer_comm(job->trainer) != job->comm) elastic_recovered(job);
+    if (job->o.elastic && tide_comm_epoch(tide_trainer_comm(job->trainer)) != job->epoch) elastic_recovered(job);
     if (rc != 0 && job->o.elastic && (rc = tide_trainer_recover(job->trainer, rc)) == 0) {
       elastic_recovered(job);
       continue;
