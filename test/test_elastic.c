@@ -34,6 +34,7 @@ typedef struct {
   int bad_token_rank;         /* a joiner with the wrong job token */
   int grow_step, grow_to;     /* rank 0 asks for grow_to workers at this step */
   int tiderun;                /* started by tiderun --elastic: it starts the joiners */
+  int slow_rank, slow_step;   /* a rank that computes 20x slower from this step (0: none) */
   char dir[256];
 } scenario_t;
 
@@ -154,6 +155,16 @@ static int worker(int rank, int size, void *arg) {
       fflush(rec);
       if (rank == sc->kill_rank && !joiner && b.step == sc->kill_step) raise(SIGKILL);
       if (rank == sc->hang_rank && b.step == sc->hang_step && !joiner) sleep(3);
+      if (sc->slow_rank > 0) {
+        /* Everyone computes about 1 ms; the straggler 20 ms. */
+        if (rank == sc->slow_rank && b.step >= sc->slow_step) {
+          usleep(20000);
+        } else {
+          int64_t until = tide__now_ns() + 1000000;
+          while (tide__now_ns() < until) {
+          }
+        }
+      }
       double loss = grad(w, b.indices, b.count, g);
       rc = tide_trainer_step(tr, loss, &st);
       if (rc == 0 && st.stepped) {
@@ -177,7 +188,12 @@ static int worker(int rank, int size, void *arg) {
     }
   }
   if (tide_trainer_detached(tr)) {
-    fprintf(rec, "DETACHED\n");
+    fprintf(rec, "DETACHED %ld\n", tide_trainer_stats(tr)->step);
+    if (sc->slow_rank > 0) {
+      long late = tide_trainer_stats(tr)->step - sc->slow_step;
+      fprintf(stderr, "rank %d: slowed at step %d, removed as a straggler %ld steps later\n", rank, sc->slow_step, late);
+      CHECK(rank == sc->slow_rank && late <= 20);
+    }
   } else {
     /* Identical parameters on every member. */
     tide_comm_t *now = tide_trainer_comm(tr);
@@ -387,6 +403,14 @@ int main(int argc, char **argv) {
                        .shrink_step = 35, .shrink_to = 3, .hang_rank = -1, .bad_token_rank = 4};
     failed |= run(&grow, 5, t, 3);
   }
+  /* A straggler is found and taken out of the job. */
+  setenv("TIDE_ELASTIC_MIN", "3", 1);
+  setenv("TIDE_STRAGGLER", "remove", 1);
+  scenario_t slow = {.name = "straggler removed", .kill_rank = -1, .initial = 4, .join_step = -1, .shrink_step = -1,
+                     .hang_rank = -1, .bad_token_rank = -1, .slow_rank = 2, .slow_step = 10};
+  failed |= run(&slow, 4, 0, 3);
+  setenv("TIDE_STRAGGLER", "report", 1);
+
   /* tiderun replaces a killed worker; grows 2 -> 4 and shrinks to 3 on request. */
   char self[4096];
   ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
