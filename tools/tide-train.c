@@ -265,8 +265,21 @@ static void job_close(job_t *job) {
   if (!job->trainer_owns_comm) tide_comm_destroy(job->comm);
 }
 
-/* Joins the job and loads the data; the threads follow the host's share. */
+static int load_data(job_t *job) {
+  int rc;
+  if ((rc = nn_fashion_load(job->o.data, "train", &job->train)) != 0 ||
+      (rc = nn_fashion_load(job->o.data, "test", &job->test)) != 0) {
+    fprintf(stderr, "tide-train: rank %d: cannot load Fashion-MNIST: %s\n", job->rank, tide_strerror(rc));
+    return 1;
+  }
+  return 0;
+}
+
+/* Joins the job and loads the data; the threads follow the host's share.
+ * --elastic loads first: a worker joining a running job must not keep the
+ * others waiting in the membership change while it reads the data. */
 static int join(job_t *job) {
+  if (job->o.elastic && load_data(job) != 0) return 1;
   int rc = tide_comm_init(&job->comm);
   if (rc == TIDE_ESTATE && job->o.elastic) {
     fprintf(stderr, "tide-train: the elastic job finished before this worker was admitted\n");
@@ -284,11 +297,7 @@ static int join(job_t *job) {
     return 1;
   }
   nn_set_threads(threads);
-  if ((rc = nn_fashion_load(job->o.data, "train", &job->train)) != 0 ||
-      (rc = nn_fashion_load(job->o.data, "test", &job->test)) != 0) {
-    fprintf(stderr, "tide-train: rank %d: cannot load Fashion-MNIST: %s\n", job->rank, tide_strerror(rc));
-    return 1;
-  }
+  if (!job->o.elastic && load_data(job) != 0) return 1;
   job->n_train = nn_dataset_count(job->train);
   if (job->o.subset > 0 && (size_t)job->o.subset < job->n_train) job->n_train = (size_t)job->o.subset;
   job->images = malloc((size_t)job->o.max_batch * NN_IMAGE_SIZE * sizeof *job->images);
