@@ -171,6 +171,45 @@ int tide_comm_split(tide_comm_t *comm, int color, int key, tide_comm_t **out);
 int tide_comm_local(tide_comm_t *comm, tide_comm_t **out);
 int tide_comm_cross(tide_comm_t *comm, tide_comm_t **out);
 
+/* ---- elastic membership (docs/elastic.md) ---------------------------------- */
+
+/* In an elastic job (TIDE_ELASTIC=1, set by tiderun --elastic) the members
+ * are a numbered epoch in the job's store: tide_comm_init's communicator is
+ * epoch 0, and each change starts the next epoch with a new communicator.
+ * Under mpirun or srun (TIDE_BACKEND=mpi) a job is not elastic. */
+
+/* comm's membership epoch; -1 (not an error) when the job is not elastic. */
+long tide_comm_epoch(const tide_comm_t *comm);
+/* 1 when this process joined a running job (TIDE_ELASTIC_JOIN=1) into
+ * comm's epoch and must receive the training state from the others
+ * (tide_trainer_elastic does), else 0. */
+int tide_comm_joined(const tide_comm_t *comm);
+/* Starts the next membership epoch. Collective over the members of comm's
+ * epoch that are still alive; comm may have failed (TIDE_EPEER). The first
+ * to arrive waits until every member has arrived or is known dead (its
+ * store connection dropped; one that does neither within
+ * TIDE_ELASTIC_TIMEOUT_MS is left out) and writes the new members: those
+ * that arrived, in rank order, without rank `exclude` (-1: none), at most
+ * `size` of them (0: no limit), then workers waiting to join up to `size`
+ * (0: up to TIDE_ELASTIC_MAX). *out is the new communicator (ranks
+ * renumbered), or NULL when this rank is not a member (it should leave the
+ * job). comm is not destroyed. TIDE_EPEER when fewer than TIDE_ELASTIC_MIN
+ * remain; TIDE_ESTATE when comm is not elastic or is stale (the job went on
+ * to a newer epoch without this rank); TIDE_EINVAL for a bad size or
+ * exclude. */
+int tide_comm_resize(tide_comm_t *comm, int size, int exclude, tide_comm_t **out);
+/* The job's pending requests: *target, the number of workers asked for
+ * (tide_elastic_request; 0: none), and *waiting, workers waiting to join.
+ * Both 0 outside elastic jobs. Reads the store: any member, any time. */
+int tide_comm_elastic_status(tide_comm_t *comm, int *target, int *waiting);
+/* Marks the job finished, so that workers still waiting to join give up
+ * (tide_comm_init returns TIDE_ESTATE for them). No-op outside elastic jobs. */
+int tide_comm_elastic_finish(tide_comm_t *comm);
+/* Asks a running elastic job for `size` workers (0 withdraws the request)
+ * through a connection to its store (tide ctl does this). The members act
+ * at their next step boundary; the launcher starts or stops workers. */
+int tide_elastic_request(tide_store_t *store, int size);
+
 /* ---- collectives (blocking) --------------------------------------------- */
 
 /* Every rank must make the same sequence of collective calls with the same
@@ -833,6 +872,46 @@ int tide_trainer_state_get(const tide_trainer_t *tr, void *buf, size_t len);
  * policies; TIDE_EINVAL (nothing changed) otherwise. Not collective: every
  * rank restores its own (the same one, but for the residual). */
 int tide_trainer_state_set(tide_trainer_t *tr, const void *buf, size_t len);
+
+/* ---- elastic training (docs/elastic.md) ----------------------------------- */
+
+/* Makes the trainer elastic; call after tide_trainer_create and the
+ * policies, before the first step. The trainer then owns its communicator
+ * (it replaces it at every membership change and destroys it with the
+ * trainer): the caller must not destroy it and reads the current one with
+ * tide_trainer_comm. In a worker that joined a running job
+ * (tide_comm_joined) it receives the state and parameters from the others,
+ * who are in their own membership change (collective with them).
+ * At every step boundary tide_trainer_next then reads the job's requests
+ * (tide_elastic_request, workers waiting to join, a policy's world_size),
+ * watches for stragglers (TIDE_STRAGGLER) and changes the membership when
+ * asked, handing over the state of the member with the most completed steps;
+ * a worker left out gets batch.done = 1 and tide_trainer_detached = 1.
+ * TIDE_ESTATE when the communicator is not elastic. */
+int tide_trainer_elastic(tide_trainer_t *tr);
+/* After tide_trainer_next or tide_trainer_step returned rc: when the
+ * trainer is elastic and rc is a peer failure (TIDE_EPEER, TIDE_ETIMEDOUT,
+ * TIDE_EABORTED), the survivors agree on who is left, build a new
+ * communicator, take the state of the one with the most completed steps
+ * (a half-done step is abandoned and dealt again over the survivors) and
+ * return 0: go on with tide_trainer_next. Otherwise returns rc. Collective
+ * over the survivors. */
+int tide_trainer_recover(tide_trainer_t *tr, int rc);
+/* Changes the membership now, at a step boundary (size and exclude as
+ * tide_comm_resize). Collective. */
+int tide_trainer_resize(tide_trainer_t *tr, int size, int exclude);
+/* The trainer's current communicator (NULL once this rank left the job). */
+tide_comm_t *tide_trainer_comm(const tide_trainer_t *tr);
+/* 1 when this rank was left out of the job's membership (released by a
+ * request or as a straggler): its training is over, exit normally. */
+int tide_trainer_detached(const tide_trainer_t *tr);
+/* The rank of the current membership flagged as a straggler (its compute
+ * time's moving average of median/own below 0.8, Resource Elasticity's rule),
+ * or -1. */
+int tide_trainer_straggler(const tide_trainer_t *tr);
+/* Seconds the last membership change took on this rank, from the decision
+ * (or the failure) to the state in place; NaN before the first change. */
+double tide_trainer_last_change_s(const tide_trainer_t *tr);
 
 /* ---- policies (KungFu-style adaptation hooks) ----------------------------- */
 

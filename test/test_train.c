@@ -218,7 +218,8 @@ int main(void) {
   refused("--bogus", "unknown or incomplete option");
   refused("--eval-every -5", "--eval-every must be an integer >= 0");
   refused("--target-accuracy 85", "--target-accuracy must be a fraction in (0, 1]");
-  refused("--data /nonexistent/fashion", "dataset-fashion-mnist");
+  refused("--data /nonexistent/fashion", "no directory /nonexistent/fashion");
+  refused("--elastic --data fashion-mnist", "--elastic reads Fashion-MNIST");
   train(1, "dense");
   train(2, "dense");
   train(4, "dense");

@@ -23,6 +23,7 @@ typedef struct {
   const char *cache_dir, *on_bad_sample; /* the data loader (--data DIR|URL|fashion-mnist) */
   int epochs, batch, max_batch, threads, subset, warmup_epochs, sparse_warmup_epochs, eval_every, save_params;
   int pto; /* --pto */
+  int elastic; /* --elastic: survive failures and resizes (docs/elastic.md) */
   long base_batch;        /* 0: workers x batch */
   double lr, momentum, weight_decay, final_lr; /* momentum < 0: the optimizer's default */
   double target_accuracy; /* 0 = none */
@@ -75,6 +76,8 @@ static void usage(FILE *out) {
           "  --target-accuracy X      record in summary.json the time at which test accuracy first\n"
           "                           reached X (a fraction, e.g. 0.85), at any evaluation\n"
           "  --stop-at-target         end the run at the evaluation that reaches --target-accuracy\n"
+          "  --elastic                an elastic job (tiderun --elastic): go on after a worker fails, take\n"
+          "                           workers that join, leave when released (docs/elastic.md)\n"
           "  --save-params            at each data-epoch end write the parameters (float32) to\n"
           "                           runs/NAME/params-epochE.bin, their tensors to tensors.json\n"
           "  --seed N                 seed for initialisation and shuffling (default 1)\n"
@@ -143,7 +146,7 @@ static int parse_options(int argc, char **argv, options_t *o) {
       {"target-accuracy", 1, 0, 'A'}, {"stop-at-target", 0, 0, 'T'}, {"adapt", 1, 0, 'a'}, {"max-batch", 1, 0, 'B'},
       {"base-batch", 1, 0, 'Z'}, {"gns-decay", 1, 0, 'G'}, {"save-params", 0, 0, 'V'}, {"pto", 0, 0, 'p'},
       {"kfac", 1, 0, 'F'},       {"help", 0, 0, 'h'},
-      {"cache-dir", 1, 0, 'C'}, {"on-bad-sample", 1, 0, 'X'},
+      {"cache-dir", 1, 0, 'C'}, {"on-bad-sample", 1, 0, 'X'}, {"elastic", 0, 0, 'L'},
       {0, 0, 0, 0}};
   int c, seed, base = 0;
   opterr = 0;
@@ -160,6 +163,7 @@ static int parse_options(int argc, char **argv, options_t *o) {
       case 'w': if (parse_double("--weight-decay", optarg, &o->weight_decay)) return -1; break;
       case 's': o->schedule = optarg; break;
       case 'g': o->grad = optarg; break;
+      case 'L': o->elastic = 1; break;
       case 'S': if (parse_int("--seed", optarg, 0, &seed)) return -1; o->seed = (uint64_t)seed; break;
       case 'n': o->name = optarg; break;
       case 'r': o->runs = optarg; break;
@@ -260,6 +264,9 @@ typedef struct {
   nn_model_t *model;
   tide_trainer_t *trainer;
   tide_loader_t *loader; /* --data DIR|URL|fashion-mnist: the data loader; NULL: job->train */
+  int trainer_owns_comm; /* --elastic: job->comm is the trainer's current one */
+  double recovered_at;   /* --elastic: wall clock of the last recovery, 0 after the next step */
+  long epoch;            /* --elastic: membership epoch of comm */
   float *images;
   int32_t *labels;
   /* rank 0's output */
@@ -290,7 +297,7 @@ static void job_close(job_t *job) {
   nn_model_destroy(job->model);
   nn_dataset_free(job->train);
   nn_dataset_free(job->test);
-  tide_comm_destroy(job->comm);
+  if (!job->trainer_owns_comm) tide_comm_destroy(job->comm);
 }
 
 /* --data names something only the loader reads: a URL, fashion-mnist, or
@@ -352,6 +359,16 @@ static int join_loader(job_t *job) {
   return 0;
 }
 
+static int load_data(job_t *job) {
+  int rc;
+  if ((rc = nn_fashion_load(job->o.data, "train", &job->train)) != 0 ||
+      (rc = nn_fashion_load(job->o.data, "test", &job->test)) != 0) {
+    fprintf(stderr, "tide-train: rank %d: cannot load Fashion-MNIST: %s\n", job->rank, tide_strerror(rc));
+    return 1;
+  }
+  return 0;
+}
+
 /* The loader's pixels of the trainer's micro-batch as the models' input
  * (normalised as nn_fashion_load does); a skipped bad sample is left out.
  * Returns the samples kept, or a negative TIDE_E*. */
@@ -374,9 +391,21 @@ static int loader_batch(job_t *job, const tide_batch_t *batch) {
   return kept;
 }
 
-/* Joins the job and loads the data; the threads follow the host's share. */
+/* Joins the job and loads the data; the threads follow the host's share.
+ * --elastic loads first: a worker joining a running job must not keep the
+ * others waiting in the membership change while it reads the data. */
 static int join(job_t *job) {
+  if (job->o.elastic && uses_loader(&job->o)) {
+    fprintf(stderr, "tide-train: --elastic reads Fashion-MNIST's idx files only: the data loader (--data %s) splits "
+            "its store over a fixed membership\n", job->o.data);
+    return 1;
+  }
+  if (job->o.elastic && load_data(job) != 0) return 1;
   int rc = tide_comm_init(&job->comm);
+  if (rc == TIDE_ESTATE && job->o.elastic) {
+    fprintf(stderr, "tide-train: the elastic job finished before this worker was admitted\n");
+    return -1;
+  }
   if (rc != 0) {
     fprintf(stderr, "tide-train: cannot join the job: %s\n", tide_strerror(rc));
     return 1;
@@ -390,11 +419,7 @@ static int join(job_t *job) {
   }
   nn_set_threads(threads);
   if (uses_loader(&job->o)) return join_loader(job);
-  if ((rc = nn_fashion_load(job->o.data, "train", &job->train)) != 0 ||
-      (rc = nn_fashion_load(job->o.data, "test", &job->test)) != 0) {
-    fprintf(stderr, "tide-train: rank %d: cannot load Fashion-MNIST: %s\n", job->rank, tide_strerror(rc));
-    return 1;
-  }
+  if (!job->o.elastic && load_data(job) != 0) return 1;
   job->n_train = nn_dataset_count(job->train);
   if (job->o.subset > 0 && (size_t)job->o.subset < job->n_train) job->n_train = (size_t)job->o.subset;
   job->images = malloc((size_t)job->o.max_batch * NN_IMAGE_SIZE * sizeof *job->images);
@@ -404,6 +429,37 @@ static int join(job_t *job) {
     return 1;
   }
   return 0;
+}
+
+static double wall_clock(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* --elastic: the trainer's communicator after a membership change; a
+ * worker that became rank 0 takes over the run's metrics. */
+static void elastic_sync(job_t *job) {
+  if (!job->trainer_owns_comm) return;
+  job->comm = tide_trainer_comm(job->trainer);
+  if (job->comm == NULL) return;
+  job->rank = tide_comm_rank(job->comm);
+  job->size = tide_comm_size(job->comm);
+  job->epoch = tide_comm_epoch(job->comm);
+  if (job->rank == 0 && job->metrics == NULL && job->dir[0] != 0) {
+    char path[1100];
+    snprintf(path, sizeof path, "%s/metrics.jsonl", job->dir);
+    if (mkdirs(job->dir) != 0 || (job->metrics = fopen(path, "a")) == NULL)
+      fprintf(stderr, "tide-train: cannot append to %s: %s\n", path, strerror(errno));
+  }
+}
+
+static void elastic_recovered(job_t *job) {
+  elastic_sync(job);
+  job->recovered_at = wall_clock();
+  if (job->rank == 0)
+    fprintf(stderr, "tide-train: elastic: %d worker(s) go on from step %ld (state in place at %.6f)\n", job->size,
+          tide_trainer_stats(job->trainer)->step, job->recovered_at);
 }
 
 /* The model, every rank starting from rank 0's weights, and the trainer
@@ -417,7 +473,8 @@ static int build(job_t *job) {
   }
   size_t nparams = nn_param_count(job->model), ntensors;
   const tide_tensor_t *tensors = nn_tensors(job->model, &ntensors);
-  if ((rc = tide_broadcast(job->comm, nn_params(job->model), nparams, TIDE_F32, 0)) != 0)
+  /* A worker joining a running job gets the weights with the training state. */
+  if (!tide_comm_joined(job->comm) && (rc = tide_broadcast(job->comm, nn_params(job->model), nparams, TIDE_F32, 0)) != 0)
     return fail(job, rc, "broadcast of the weights");
 
   tide_trainer_config_t c;
@@ -454,6 +511,9 @@ static int build(job_t *job) {
   }
   /* The schedule counts base-batch steps of progress. */
   long base = o->base_batch > 0 ? o->base_batch : (long)o->batch * job->size;
+  /* Elastic: the launcher's first worker count (TIDE_SIZE), the same on workers that join later. */
+  if (o->elastic && o->base_batch == 0 && getenv("TIDE_SIZE") != NULL) base = (long)o->batch * atoi(getenv("TIDE_SIZE"));
+  c.base_batch = base;
   long per_epoch = (long)((job->n_train + (size_t)base - 1) / (size_t)base);
   c.schedule.base_lr = (float)o->lr;
   c.schedule.warmup_steps = o->warmup_epochs * per_epoch;
@@ -483,6 +543,11 @@ static int build(job_t *job) {
   if (o->adapt != NULL && (rc = tide_trainer_adapt(job->trainer, o->adapt)) != 0) {
     fprintf(stderr, "tide-train: --adapt %s: %s (the log line above says why)\n", o->adapt, tide_strerror(rc));
     return 2;
+  }
+  if (o->elastic) {
+    if ((rc = tide_trainer_elastic(job->trainer)) != 0) return fail(job, rc, "joining the elastic job");
+    job->trainer_owns_comm = 1;
+    elastic_sync(job);
   }
   return 0;
 }
@@ -657,7 +722,14 @@ static int train(job_t *job) {
   tide_step_stats_t s = {0};
   int rc;
   job->start = now_s();
-  while ((rc = tide_trainer_next(job->trainer, &batch)) == 0 && !batch.done) {
+  for (;;) {
+    rc = tide_trainer_next(job->trainer, &batch);
+    if (job->o.elastic && tide_comm_epoch(tide_trainer_comm(job->trainer)) != job->epoch) elastic_recovered(job);
+    if (rc != 0 && job->o.elastic && (rc = tide_trainer_recover(job->trainer, rc)) == 0) {
+      elastic_recovered(job);
+      continue;
+    }
+    if (rc != 0 || batch.done) break;
     float loss = 0;
     int count = (int)batch.count;
     if (job->loader != NULL) {
@@ -672,8 +744,20 @@ static int train(job_t *job) {
     nn_set_kfac_hook(job->model, tide_trainer_kfac_wanted(job->trainer) ? kfac_hook : NULL, job->trainer);
     if (count > 0 && (rc = nn_forward_backward(job->model, job->images, job->labels, count, &loss)) != 0)
       return fail(job, rc, "forward/backward");
-    if ((rc = tide_trainer_step(job->trainer, loss, &s)) != 0) return fail(job, rc, "training step");
+    if ((rc = tide_trainer_step(job->trainer, loss, &s)) != 0) {
+      if (!job->o.elastic || (rc = tide_trainer_recover(job->trainer, rc)) != 0) break;
+      elastic_recovered(job);
+      continue;
+    }
     if (!s.stepped) continue;
+    if (job->recovered_at > 0) {
+      double now = wall_clock(), change = tide_trainer_last_change_s(job->trainer);
+      if (job->rank == 0)
+        fprintf(stderr, "tide-train: elastic: step %ld, the first on %d worker(s), completed at %.6f: %.3f s after "
+                "the change began (%.3f s to rebuild and hand over)\n", s.step, job->size, now,
+                now - job->recovered_at + change, change);
+      job->recovered_at = 0;
+    }
     log_step(job, &s);
     if (s.epoch_end && job->o.save_params && save_params(job, s.epoch) != 0) return 1;
     if (s.epoch_end || s.done) {
@@ -761,7 +845,10 @@ int main(int argc, char **argv) {
   if (rc == 0) rc = build(&job);
   if (rc == 0) rc = open_run(&job);
   if (rc == 0) rc = train(&job);
-  if (rc == 0) rc = finish(&job);
+  if (rc == 0 && job.o.elastic && tide_trainer_detached(job.trainer))
+    printf("tide-train: this worker was released from the elastic job\n");
+  else if (rc == 0)
+    rc = finish(&job);
   job_close(&job);
-  return rc;
+  return rc < 0 ? 0 : rc; /* < 0: an elastic job that finished before this worker joined */
 }

@@ -50,6 +50,10 @@ static const char usage_text[] =
     "  data index DIR           write DIR/index.txt for an ImageFolder directory\n"
     "  data stats [CACHE_DIR]   what the data disk cache holds and its hit rates (default:\n"
     "                           TIDE_DATA_CACHE or its default)\n"
+    "  ctl --rdzv HOST:PORT resize N | status\n"
+    "                           ask a running elastic job (tiderun --elastic --rdzv HOST:PORT)\n"
+    "                           for N workers (0: withdraw the request), or print its state;\n"
+    "                           TIDE_JOB_TOKEN must be the job's\n"
     "  help [COMMAND]           print this help, or a command's\n"
     "\n"
     "tide " TIDE_VERSION_STRING "\n";
@@ -863,6 +867,63 @@ static int cmd_data(int argc, char **argv) {
   return EXIT_USAGE;
 }
 
+/* tide ctl: requests to a running elastic job, through its store. */
+static int cmd_ctl(int argc, char **argv) {
+  const char *ctl_usage = "usage: tide ctl --rdzv HOST:PORT resize N | status   (TIDE_JOB_TOKEN: the job's)\n";
+  if (argc < 3 || strcmp(argv[0], "--rdzv") != 0 ||
+      !(strcmp(argv[2], "status") == 0 || (strcmp(argv[2], "resize") == 0 && argc == 4))) {
+    fputs(ctl_usage, stderr);
+    return EXIT_USAGE;
+  }
+  char host[256];
+  int port, size = 0;
+  if (tide__parse_host_port(argv[1], host, sizeof host, &port) != 0) {
+    fprintf(stderr, "tide ctl: --rdzv expects HOST:PORT, got \"%s\"\n", argv[1]);
+    return EXIT_USAGE;
+  }
+  if (argc == 4 && parse_int(argv[3], 0, &size) < 0) {
+    fprintf(stderr, "tide ctl: resize expects a worker count >= 0, got \"%s\"\n", argv[3]);
+    return EXIT_USAGE;
+  }
+  const char *token = getenv("TIDE_JOB_TOKEN");
+  if (token == NULL || *token == 0) {
+    fprintf(stderr, "tide ctl: set TIDE_JOB_TOKEN to the job's token\n");
+    return EXIT_USAGE;
+  }
+  tide_store_t *store;
+  int rc = tide_store_connect(host, port, token, 5000, &store);
+  if (rc != 0) {
+    fprintf(stderr, "tide ctl: cannot reach the job's store at %s: %s\n", argv[1], tide_strerror(rc));
+    return 1;
+  }
+  if (argc == 4) {
+    rc = tide_elastic_request(store, size);
+    if (rc == 0) printf("asked the job for %d worker(s)\n", size);
+  } else {
+    static const char *const keys[] = {"elastic/epoch", "elastic/target", "elastic/joiners", "elastic/admitted",
+                                       "elastic/done"};
+    for (size_t k = 0; k < sizeof keys / sizeof keys[0]; k++) {
+      void *v;
+      size_t len;
+      if (tide_store_get(store, keys[k], 0, &v, &len) != 0) {
+        printf("%s: -\n", keys[k] + 8);
+        continue;
+      }
+      if (k == 1 || k == 4)
+        printf("%s: %.*s\n", keys[k] + 8, (int)len, (const char *)v);
+      else {
+        int64_t x = 0;
+        for (size_t b = 0; b < len && b < 8; b++) x |= (int64_t)((const uint8_t *)v)[b] << (8 * b);
+        printf("%s: %lld\n", keys[k] + 8, (long long)x);
+      }
+      tide_free(v);
+    }
+  }
+  tide_store_close(store);
+  if (rc != 0) fprintf(stderr, "tide ctl: %s\n", tide_strerror(rc));
+  return rc != 0;
+}
+
 int main(int argc, char **argv) {
   if (argc < 2 || strcmp(argv[1], "help") == 0 || strcmp(argv[1], "--help") == 0 ||
       strcmp(argv[1], "-h") == 0) {
@@ -878,6 +939,7 @@ int main(int argc, char **argv) {
   if (strcmp(argv[1], "bench") == 0) return cmd_bench(argc - 2, argv + 2);
   if (strcmp(argv[1], "report") == 0) return cmd_report(argc - 2, argv + 2);
   if (strcmp(argv[1], "data") == 0) return cmd_data(argc - 2, argv + 2);
+  if (strcmp(argv[1], "ctl") == 0) return cmd_ctl(argc - 2, argv + 2);
   fprintf(stderr, "tide: unknown command '%s' (see tide help)\n", argv[1]);
   return EXIT_USAGE;
 }

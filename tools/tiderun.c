@@ -45,6 +45,7 @@ extern char **environ;
 #define NODES_DONE_KEY "tiderun/nodes_done"
 #define EXIT_USAGE 2
 #define EXIT_TIMEOUT 124
+#define ELASTIC_POLL_MS 100
 
 static const char usage_text[] =
     "usage: tiderun [options] [--] PROG [ARGS...]\n"
@@ -66,6 +67,16 @@ static const char usage_text[] =
     "                             outnumber cores), within one NUMA node when it fits; numa:\n"
     "                             the NUMA nodes of that share; none: no binding (default:\n"
     "                             TIDE_BIND, else core)\n"
+    "  --elastic                  an elastic job (docs/elastic.md): a failed rank does not stop\n"
+    "                             the others; it is replaced by a new worker that joins the\n"
+    "                             running job (up to --max-restarts times); workers are added\n"
+    "                             or released as `tide ctl resize N` asks (one host only)\n"
+    "  --min-np N                 elastic: the job fails when fewer than N workers remain\n"
+    "                             (default 1)\n"
+    "  --max-np M                 elastic: at most M workers (default: -np); -np is how many\n"
+    "                             start (default M)\n"
+    "  --max-restarts R           elastic: failed workers replaced at most R times (default 3);\n"
+    "                             after that the job goes on with fewer, down to --min-np\n"
     "  -h, --help                 print this help\n"
     "\n"
     "One host:   tiderun -np 4 ./train\n"
@@ -95,6 +106,7 @@ typedef struct {
   int timeout_s; /* 0: none */
   int bind;      /* TIDE__BIND_*; -1 until set */
   char **argv;   /* the program and its arguments */
+  int elastic, min_np, max_np, max_restarts, np_given;
 } options_t;
 
 /* One output stream of a rank in --prefix mode: the read end of its pipe and
@@ -127,6 +139,16 @@ typedef struct {
   int64_t kill_at;      /* then SIGKILL */
   int64_t timeout_at;   /* --timeout */
   int64_t drain_end;    /* stop reading output */
+  /* --elastic: slots for workers started later, what they need to start,
+   * and the store client that reads the job's requests. */
+  int capacity;
+  int failures, first_failure;
+  int finished; /* the workers said training is over (elastic/done) */
+  int64_t next_poll;
+  tide_store_t *store;
+  const char *rdzv, *token, *job_id;
+  const sigset_t *old_mask;
+  const struct sigaction *old_sigpipe;
 } job_t;
 
 static void usage(FILE *out) { fputs(usage_text, out); }
@@ -149,7 +171,8 @@ static int parse_int(const char *option, const char *text, long min, long max, i
   return 0;
 }
 
-enum { OPT_NPROC, OPT_NNODES, OPT_NODE_RANK, OPT_RDZV, OPT_PREFIX, OPT_GRACE, OPT_TIMEOUT, OPT_BIND, OPT_HELP };
+enum { OPT_NPROC, OPT_NNODES, OPT_NODE_RANK, OPT_RDZV, OPT_PREFIX, OPT_GRACE, OPT_TIMEOUT, OPT_BIND, OPT_HELP,
+       OPT_ELASTIC, OPT_MIN_NP, OPT_MAX_NP, OPT_MAX_RESTARTS };
 
 static const struct {
   const char *name;
@@ -163,6 +186,8 @@ static const struct {
     {"--timeout", OPT_TIMEOUT, 1}, {"--bind", OPT_BIND, 1},
     {"-h", OPT_HELP, 0},
     {"--help", OPT_HELP, 0},
+    {"--elastic", OPT_ELASTIC, 0}, {"--min-np", OPT_MIN_NP, 1},
+    {"--max-np", OPT_MAX_NP, 1},   {"--max-restarts", OPT_MAX_RESTARTS, 1},
 };
 
 /* Fills opts from argv. Returns 0 to run, 1 when help was printed, -1 after
@@ -174,6 +199,7 @@ static int parse_args(int argc, char **argv, options_t *opts) {
   opts->nnodes = 1;
   opts->grace_ms = 3000;
   opts->bind = -1;
+  opts->max_restarts = 3;
   int i = 1;
   while (i < argc) {
     const char *arg = argv[i];
@@ -218,7 +244,11 @@ static int parse_args(int argc, char **argv, options_t *opts) {
     i++;
     int rc = 0;
     switch (option_table[found].id) {
-      case OPT_NPROC: rc = parse_int(name, value, 1, MAX_NPROC, &opts->nproc); break;
+      case OPT_NPROC: rc = parse_int(name, value, 1, MAX_NPROC, &opts->nproc); opts->np_given = 1; break;
+      case OPT_ELASTIC: opts->elastic = 1; break;
+      case OPT_MIN_NP: rc = parse_int(name, value, 1, MAX_NPROC, &opts->min_np); break;
+      case OPT_MAX_NP: rc = parse_int(name, value, 1, MAX_NPROC, &opts->max_np); break;
+      case OPT_MAX_RESTARTS: rc = parse_int(name, value, 0, 1000000, &opts->max_restarts); break;
       case OPT_NNODES: rc = parse_int(name, value, 1, MAX_NNODES, &opts->nnodes); break;
       case OPT_NODE_RANK: rc = parse_int(name, value, 0, MAX_NNODES - 1, &opts->node_rank); break;
       case OPT_RDZV: opts->rdzv = value; break;
@@ -242,6 +272,24 @@ static int parse_args(int argc, char **argv, options_t *opts) {
     fprintf(stderr, "tiderun: --node-rank must be between 0 and %d (--nnodes %d), got %d\n",
             opts->nnodes - 1, opts->nnodes, opts->node_rank);
     return -1;
+  }
+  if (!opts->elastic && (opts->min_np || opts->max_np)) {
+    fprintf(stderr, "tiderun: --min-np and --max-np need --elastic\n");
+    return -1;
+  }
+  if (opts->elastic) {
+    if (opts->nnodes > 1) {
+      fprintf(stderr, "tiderun: --elastic runs on one host only (--nnodes 1); see docs/elastic.md\n");
+      return -1;
+    }
+    if (opts->max_np == 0) opts->max_np = opts->np_given ? opts->nproc : 1;
+    if (!opts->np_given) opts->nproc = opts->max_np;
+    if (opts->min_np == 0) opts->min_np = 1;
+    if (opts->min_np > opts->nproc || opts->nproc > opts->max_np) {
+      fprintf(stderr, "tiderun: --elastic needs --min-np (%d) <= -np (%d) <= --max-np (%d)\n", opts->min_np,
+              opts->nproc, opts->max_np);
+      return -1;
+    }
   }
   if ((long)opts->nproc * opts->nnodes > 1048576) {
     fprintf(stderr, "tiderun: %d nodes x %d ranks is more than 1048576 ranks\n", opts->nnodes,
@@ -606,6 +654,19 @@ static void rank_ended(job_t *job, rank_t *r, int status) {
   if (WIFEXITED(status) && WEXITSTATUS(status) == 0) return;
   if (job->stopping) return;
   char name[32];
+  if (job->opts->elastic) {
+    int code = WIFEXITED(status) ? WEXITSTATUS(status) : 1;
+    if (job->first_failure == 0) job->first_failure = code;
+    job->failures++;
+    if (WIFEXITED(status))
+      fprintf(stderr, "tiderun: worker %d (pid %d) exited with status %d", r->rank, (int)r->pid, code);
+    else
+      fprintf(stderr, "tiderun: worker %d (pid %d) was killed by signal %s", r->rank, (int)r->pid,
+              signal_name(WTERMSIG(status), name, sizeof name));
+    fprintf(stderr, "; the others go on%s\n",
+            job->failures <= job->opts->max_restarts ? " and a new worker replaces it" : " without a replacement (--max-restarts)");
+    return;
+  }
   if (WIFEXITED(status))
     fprintf(stderr, "tiderun: rank %d (pid %d) exited with status %d\n", r->rank, (int)r->pid,
             WEXITSTATUS(status));
@@ -664,6 +725,8 @@ static void on_signal(job_t *job, int sig) {
 
 static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
+static void elastic_poll(job_t *job);
+
 /* Runs until every rank was reaped and its output read (or DRAIN_MS passed). */
 static void run_loop(job_t *job, int signal_fd) {
   int nfds_max = 1 + 2 * job->nranks;
@@ -690,6 +753,7 @@ static void run_loop(job_t *job, int signal_fd) {
       job->drain_end = tide__deadline_after_ms(DRAIN_MS);
 
     int64_t next = min64(min64(job->grace_end, job->kill_at), min64(job->timeout_at, job->drain_end));
+    if (job->opts->elastic && !job->stopping) next = min64(next, job->next_poll);
     int timeout_ms = -1;
     if (next != INT64_MAX) {
       int64_t left_ns = next - tide__now_ns();
@@ -710,6 +774,21 @@ static void run_loop(job_t *job, int signal_fd) {
         if (pfds[i].revents != 0 && owners[i]->fd >= 0) stream_read(owners[i], owner_rank[i]);
     }
     reap(job); /* SIGCHLD coalesces; reaping is cheap */
+    if (job->opts->elastic && !job->stopping && tide__now_ns() >= job->next_poll) {
+      elastic_poll(job);
+      job->next_poll = tide__deadline_after_ms(ELASTIC_POLL_MS);
+      /* The pfds array holds two streams per worker: workers may have been added. */
+      if (1 + 2 * job->nranks > nfds_max) {
+        nfds_max = 1 + 2 * job->capacity;
+        pfds = realloc(pfds, (size_t)nfds_max * sizeof *pfds);
+        owners = realloc(owners, (size_t)nfds_max * sizeof *owners);
+        owner_rank = realloc(owner_rank, (size_t)nfds_max * sizeof *owner_rank);
+        if (pfds == NULL || owners == NULL || owner_rank == NULL) {
+          fprintf(stderr, "tiderun: out of memory\n");
+          abort();
+        }
+      }
+    }
 
     int64_t now = tide__now_ns();
     if (now >= job->timeout_at) {
@@ -815,6 +894,71 @@ static int start_rank(job_t *job, rank_t *r, char **env, const sigset_t *old_mas
   return 0;
 }
 
+/* Starts worker slot i (a joiner of the running job when joiner is set).
+ * Returns 0, or -1 after printing why. */
+static int launch(job_t *job, int i, int joiner) {
+  const options_t *opts = job->opts;
+  char rank_text[16], size_text[16], local_text[16], local_size_text[16], node_text[16], nnodes_text[16],
+      cpus_text[256] = "unbound";
+  snprintf(rank_text, sizeof rank_text, "%d", job->ranks[i].rank);
+  snprintf(size_text, sizeof size_text, "%d", opts->nnodes * opts->nproc);
+  snprintf(local_text, sizeof local_text, "%d", i);
+  snprintf(local_size_text, sizeof local_size_text, "%d", opts->nproc);
+  snprintf(node_text, sizeof node_text, "%d", opts->node_rank);
+  snprintf(nnodes_text, sizeof nnodes_text, "%d", opts->nnodes);
+  if (opts->bind != TIDE__BIND_NONE) tide__cpuset_format(&job->ranks[i].cpus, cpus_text, sizeof cpus_text);
+  const char *values[NVARS] = {rank_text, size_text, local_text, local_size_text, node_text, nnodes_text,
+                               job->rdzv, job->token, job->job_id, tide__bind_name(opts->bind), cpus_text};
+  /* rank_env copies tiderun's environment: a joiner's mark is set around it. */
+  if (joiner) setenv("TIDE_ELASTIC_JOIN", "1", 1);
+  char **env = rank_env(values);
+  int rc = env != NULL ? start_rank(job, &job->ranks[i], env, job->old_mask, job->old_sigpipe) : -1;
+  if (env == NULL) fprintf(stderr, "tiderun: out of memory\n");
+  free_env(env);
+  if (joiner) unsetenv("TIDE_ELASTIC_JOIN");
+  if (rc == 0 && i >= job->nranks) job->nranks = i + 1;
+  return rc;
+}
+
+/* An elastic job's requests: starts workers while fewer run than asked for
+ * (tide ctl resize, else -np), replacing failed or released ones, until the
+ * workers say training is over. */
+static void elastic_poll(job_t *job) {
+  const options_t *opts = job->opts;
+  if (job->store == NULL || job->finished) return;
+  void *value;
+  size_t len;
+  if (tide_store_get(job->store, "elastic/done", 0, &value, &len) == 0) {
+    tide_free(value);
+    job->finished = 1;
+    return;
+  }
+  if (job->stopping) return;
+  int target = 0;
+  if (tide_store_get(job->store, "elastic/target", 0, &value, &len) == 0) {
+    char text[32];
+    size_t n = len < sizeof text - 1 ? len : sizeof text - 1;
+    memcpy(text, value, n);
+    text[n] = '\0';
+    tide_free(value);
+    target = atoi(text);
+  }
+  /* Without a request: -np workers, less the failures beyond --max-restarts. */
+  int unreplaced = job->failures > opts->max_restarts ? job->failures - opts->max_restarts : 0;
+  int want = target > 0 ? target : opts->nproc - unreplaced;
+  if (want > opts->max_np) want = opts->max_np;
+  if (want < opts->min_np) want = opts->min_np;
+  while (job->running < want && job->nranks < job->capacity) {
+    int i = job->nranks;
+    fprintf(stderr, "tiderun: starting worker %d to join the elastic job (%d running, %d wanted)\n", i,
+            job->running, want);
+    if (launch(job, i, 1) != 0) {
+      job->nranks = i + 1; /* the slot is spent */
+      break;
+    }
+  }
+}
+
 int main(int argc, char **argv) {
   options_t opts;
   int rc = parse_args(argc, argv, &opts);
@@ -888,12 +1032,14 @@ int main(int argc, char **argv) {
   job_t job = {.opts = &opts, .nranks = opts.nproc, .grace_end = INT64_MAX,
                .kill_at = INT64_MAX, .timeout_at = INT64_MAX, .drain_end = INT64_MAX};
   if (opts.timeout_s > 0) job.timeout_at = tide__deadline_after_ms((int64_t)opts.timeout_s * 1000);
-  job.ranks = calloc((size_t)opts.nproc, sizeof *job.ranks);
+  /* Elastic: room for replacements and added workers. */
+  job.capacity = opts.elastic ? opts.max_np + opts.max_restarts + 4 * opts.max_np + 16 : opts.nproc;
+  job.ranks = calloc((size_t)job.capacity, sizeof *job.ranks);
   if (job.ranks == NULL) {
     fprintf(stderr, "tiderun: out of memory\n");
     return 1;
   }
-  for (int i = 0; i < opts.nproc; i++) {
+  for (int i = 0; i < job.capacity; i++) {
     rank_t *r = &job.ranks[i];
     r->rank = opts.node_rank * opts.nproc + i;
     for (int k = 0; k < 2; k++) {
@@ -907,29 +1053,35 @@ int main(int argc, char **argv) {
   }
 
   if (place_ranks(&opts, job.ranks) != 0) opts.bind = TIDE__BIND_NONE;
+  /* A worker started later takes the CPUs of the initial one it may replace. */
+  for (int i = opts.nproc; i < job.capacity; i++) job.ranks[i].cpus = job.ranks[i % opts.nproc].cpus;
 
-  for (int i = 0; i < opts.nproc; i++) {
-    char rank_text[16], size_text[16], local_text[16], local_size_text[16], node_text[16],
-        nnodes_text[16], cpus_text[256] = "unbound";
-    snprintf(rank_text, sizeof rank_text, "%d", job.ranks[i].rank);
-    snprintf(size_text, sizeof size_text, "%d", opts.nnodes * opts.nproc);
-    snprintf(local_text, sizeof local_text, "%d", i);
-    snprintf(local_size_text, sizeof local_size_text, "%d", opts.nproc);
-    snprintf(node_text, sizeof node_text, "%d", opts.node_rank);
-    snprintf(nnodes_text, sizeof nnodes_text, "%d", opts.nnodes);
-    if (opts.bind != TIDE__BIND_NONE) tide__cpuset_format(&job.ranks[i].cpus, cpus_text, sizeof cpus_text);
-    const char *values[NVARS] = {rank_text, size_text, local_text, local_size_text,
-                                 node_text, nnodes_text, rdzv, token, id_buf,
-                                 tide__bind_name(opts.bind), cpus_text};
-    char **env = rank_env(values);
-    if (env == NULL || start_rank(&job, &job.ranks[i], env, &old_mask, &old_sigpipe) != 0) {
-      if (env == NULL) fprintf(stderr, "tiderun: out of memory\n");
-      free_env(env);
+  job.rdzv = rdzv;
+  job.token = token;
+  job.job_id = id_buf;
+  job.old_mask = &old_mask;
+  job.old_sigpipe = &old_sigpipe;
+  if (opts.elastic) {
+    /* The workers learn the job is elastic from the environment they inherit. */
+    char text[32];
+    setenv("TIDE_ELASTIC", "1", 1);
+    snprintf(text, sizeof text, "%d", opts.min_np);
+    setenv("TIDE_ELASTIC_MIN", text, 1);
+    snprintf(text, sizeof text, "%d", opts.max_np);
+    setenv("TIDE_ELASTIC_MAX", text, 1);
+    unsetenv("TIDE_ELASTIC_JOIN");
+    rc = tide_store_connect(server_host, server_port, token, 10000, &job.store);
+    if (rc != 0) {
+      fprintf(stderr, "tiderun: cannot read the elastic job's requests from its store: %s\n", tide_strerror(rc));
+      job.exit_code = 1;
+    }
+    job.next_poll = tide__deadline_after_ms(ELASTIC_POLL_MS);
+  }
+  for (int i = 0; i < opts.nproc && job.exit_code == 0; i++) {
+    if (launch(&job, i, 0) != 0) {
       job.exit_code = 1;
       stop_ranks(&job);
-      break;
     }
-    free_env(env);
   }
 
   run_loop(&job, signal_fd);
@@ -937,9 +1089,17 @@ int main(int argc, char **argv) {
   if (opts.nnodes > 1 && opts.node_rank != 0) report_node_done(&opts, token);
   if (opts.nnodes > 1 && opts.node_rank == 0 && job.exit_code == 0)
     wait_for_other_nodes(server_host, server_port, token, signal_fd);
+  if (opts.elastic) {
+    /* Done when the workers said so; otherwise the first failure. */
+    elastic_poll(&job);
+    if (job.exit_code == 0 && !job.finished) job.exit_code = job.first_failure ? job.first_failure : 1;
+    if (!job.finished && job.first_failure == 0)
+      fprintf(stderr, "tiderun: every worker exited but none said training is over\n");
+    tide_store_close(job.store);
+  }
   if (server != NULL) tide_store_server_stop(server);
   close(signal_fd);
-  for (int i = 0; i < opts.nproc; i++)
+  for (int i = 0; i < job.capacity; i++)
     for (int k = 0; k < 2; k++) free(job.ranks[i].streams[k].buf);
   free(job.ranks);
   return job.exit_code;

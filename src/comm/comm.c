@@ -462,6 +462,7 @@ static char *derived_token(const char *rdzv) {
 static int comm_join(tide_comm_t **out) {
   TIDE_CHECK(tide_params_load());
   if (strcmp(tide__param_str(TIDE__PARAM_BACKEND), "mpi") == 0) return tide__mpi_comm_init(out);
+  if (tide__param_int(TIDE__PARAM_ELASTIC_JOIN)) return tide__elastic_join(out);
   int rank, size, tiderun;
   TIDE_CHECK(job_identity(&rank, &size, &tiderun));
   tide__log_set_rank(rank);
@@ -507,6 +508,7 @@ static int comm_join(tide_comm_t **out) {
                   rc, fail);
   atomic_fetch_add(&open_comms, 1);
   TIDE_CHECK_GOTO(comm_connect(comm), rc, fail);
+  if (tide__param_int(TIDE__PARAM_ELASTIC)) TIDE_CHECK_GOTO(tide__membership_start(comm), rc, fail);
   *out = comm;
   return 0;
 fail:
@@ -566,7 +568,35 @@ void tide_comm_destroy(tide_comm_t *comm) {
   tide__free(comm->local_rank_of);
   tide__free(comm->scratch);
   tide__free(comm->token);
+  tide__membership_free(comm->membership);
   tide__free(comm);
+}
+
+int tide__comm_create(const char *host, int port, const char *token, const char *ns, int rank, int size,
+                      int64_t connect_timeout_ms, tide_comm_t **out) {
+  tide_comm_t *comm = comm_alloc();
+  if (comm == NULL) return TIDE_ENOMEM;
+  comm->rank = rank;
+  comm->size = size;
+  snprintf(comm->ns, sizeof comm->ns, "%s", ns);
+  snprintf(comm->store_host, sizeof comm->store_host, "%s", host);
+  comm->store_port = port;
+  comm->token = tide__strdup(token);
+  int rc = comm->token != NULL ? 0 : TIDE_ENOMEM;
+  if (rc == 0) rc = tide_store_connect(host, port, token, (int)comm->timeout_ms, &comm->store);
+  if (rc == 0) {
+    atomic_fetch_add(&open_comms, 1);
+    int64_t timeout = comm->timeout_ms;
+    comm->timeout_ms = connect_timeout_ms < timeout ? connect_timeout_ms : timeout;
+    rc = comm_connect(comm);
+    comm->timeout_ms = timeout;
+  }
+  if (rc != 0) {
+    tide_comm_destroy(comm);
+    return rc;
+  }
+  *out = comm;
+  return 0;
 }
 
 int tide_comm_rank(const tide_comm_t *comm) { return comm ? comm->rank : tide__null_arg("tide_comm_rank", "comm"); }

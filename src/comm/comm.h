@@ -71,6 +71,10 @@ struct tide_comm {
   /* MPI backend (src/comm/mpi_boot.c): the communicator's MPI_Comm and
    * failure reports; NULL for communicators joined through the store. */
   tide__mpi_comm_t *mpi;
+
+  /* Elastic jobs (src/comm/elastic.c): this communicator's membership
+   * epoch and members; NULL outside elastic jobs. */
+  struct tide__membership *membership;
 };
 
 /* Marks the communicator failed with rc (first failure wins), records and
@@ -133,6 +137,21 @@ void tide__comm_shm_name(const tide_comm_t *comm, char *out, size_t cap);
 
 /* A communicator with no members yet (comm.c's constructor). */
 tide_comm_t *tide__comm_alloc(void);
+
+/* A communicator named ns (store namespace) of size ranks, this process
+ * being rank, over the store at host:port; new members meet there within
+ * connect_timeout_ms (then the communicator's own TIDE_TIMEOUT_MS applies). */
+int tide__comm_create(const char *host, int port, const char *token, const char *ns, int rank, int size,
+                      int64_t connect_timeout_ms, tide_comm_t **out);
+
+/* ---- elastic membership (src/comm/elastic.c) ------------------------------- */
+
+/* Joins a running elastic job as a new worker (TIDE_ELASTIC_JOIN=1):
+ * waits to be admitted to a membership epoch and connects to its members. */
+int tide__elastic_join(tide_comm_t **out);
+/* Records epoch 0 on comm, the job's first communicator (TIDE_ELASTIC=1). */
+int tide__membership_start(tide_comm_t *comm);
+void tide__membership_free(struct tide__membership *m);
 
 /* ---- MPI backend (src/comm/mpi_boot.c) ------------------------------------ */
 

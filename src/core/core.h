@@ -139,7 +139,23 @@ int tide__array_bytes(const char *fn, const char *arg, size_t count, size_t size
   XX(DATA_TIMEOUT_MS, INT, "30000", 100, 2147483647,                                     \
      "deadline in ms of one HTTP request of the data loader (connect and transfer)")     \
   XX(DATA_THREADS, INT, "0", 0, 64,                                                      \
-     "read and decode threads of each rank's data loader (0: 2)")
+     "read and decode threads of each rank's data loader (0: 2)")                        \
+  XX(ELASTIC, INT, "0", 0, 1,                                                            \
+     "1: the job is elastic (set by tiderun --elastic): membership epochs in the store, " \
+     "tide_comm_resize and the trainer's recovery (docs/elastic.md)")                    \
+  XX(ELASTIC_JOIN, INT, "0", 0, 1,                                                       \
+     "1: tide_comm_init joins a running elastic job as a new worker instead of taking "  \
+     "TIDE_RANK (set by tiderun for replacements and added workers)")                    \
+  XX(ELASTIC_MIN, INT, "1", 1, 1048576,                                                  \
+     "an elastic job fails when fewer workers than this remain")                         \
+  XX(ELASTIC_MAX, INT, "1048576", 1, 1048576,                                            \
+     "most workers of an elastic job: waiting workers beyond it are not admitted")       \
+  XX(ELASTIC_TIMEOUT_MS, INT, "10000", 1, 2147483647,                                    \
+     "how long a membership change waits for a member that neither arrives nor is seen " \
+     "to die, and for new members to connect, before it goes on without them")           \
+  XX(STRAGGLER, STR, "report", 0, 0,                                                     \
+     "an elastic trainer's answer to a rank whose compute is persistently slow: off, "   \
+     "report (log it, tide_trainer_straggler) or remove (also take it out of the job)")
 
 enum {
 #define XX(id, type, def, min, max, help) TIDE__PARAM_##id,

@@ -212,6 +212,9 @@ int tide_trainer_kfac(tide_trainer_t *tr, const tide_kfac_config_t *config, cons
                               config == NULL ? "config must not be NULL" : "give at least one layer (layers, nlayers)");
   if (tr->kfac != NULL || tr->step > 0 || tr->in_step)
     return tide__trainer_fail(tr, TIDE_ESTATE, "tide_trainer_kfac: call it once, before the first step");
+  if (tr->elastic != NULL)
+    return tide__trainer_fail(tr, TIDE_EINVAL, "tide_trainer_kfac: K-FAC is not elastic yet (its layer owners are "
+                              "fixed): turn it on only in a job that is not elastic");
   if (tr->exchange_kind == TIDE_EXCHANGE_ADASUM)
     return tide__trainer_fail(tr, TIDE_EINVAL, "tide_trainer_kfac: K-FAC preconditions the averaged gradient, and the "
                               "adasum exchange has none (each rank steps on its own): use dense, topk or hitopk");

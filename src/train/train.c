@@ -93,6 +93,7 @@ static long planned_batch(const tide_trainer_t *tr) { return (long)tr->ranks * t
 
 void tide_trainer_destroy(tide_trainer_t *tr) {
   if (tr == NULL) return;
+  tide__trainer_elastic_fini(tr);
   for (size_t i = 0; i < tr->npolicies; i++)
     if (tr->policies[i].ops.destroy != NULL) tr->policies[i].ops.destroy(tr->policies[i].state);
   tide__free(tr->policies);
@@ -176,26 +177,36 @@ int tide_trainer_create(tide_comm_t *comm, const tide_trainer_config_t *config, 
                                   .lr_factor = 1, .comm_share = NAN, .mean_step_s = NAN, .ranks = tr->ranks, .nodes = tr->nodes,
                                   .batch = tr->batch, .accum = tr->accum, .planned_batch = planned_batch(tr),
                                   .exchange = tr->exchange_kind};
-  /* Every rank must run the same plan: a mismatch here is a usage error
-   * that would otherwise show up as a hang or silent divergence. */
-  double mine[2] = {(double)config->dataset_size, (double)tr->config.base_batch}, agreed[4];
-  memcpy(agreed, mine, sizeof mine);
-  memcpy(agreed + 2, mine, sizeof mine);
-  if ((rc = tide_allreduce(comm, agreed, agreed, 2, TIDE_F64, TIDE_MIN)) != 0 ||
-      (rc = tide_allreduce(comm, agreed + 2, agreed + 2, 2, TIDE_F64, TIDE_MAX)) != 0)
-    goto fail;
-  if (agreed[0] != agreed[2] || agreed[1] != agreed[3]) {
-    TIDE_ERROR("tide_trainer_create: ranks disagree on dataset_size (%g..%g) or base_batch (%g..%g): every rank "
-               "must pass the same config",
-               agreed[0], agreed[2], agreed[1], agreed[3]);
-    rc = TIDE_EINVAL;
-    goto fail;
-  }
+  if ((rc = tide__trainer_agree(tr)) != 0) goto fail;
   *out = tr;
   return 0;
 fail:
   tide_trainer_destroy(tr);
   return rc;
+}
+
+int tide__trainer_agree(tide_trainer_t *tr) {
+  /* Every rank must run the same plan: a mismatch here is a usage error
+   * that would otherwise show up as a hang or silent divergence. */
+  double mine[2] = {(double)tr->config.dataset_size, (double)tr->config.base_batch}, agreed[4];
+  memcpy(agreed, mine, sizeof mine);
+  memcpy(agreed + 2, mine, sizeof mine);
+  TIDE_CHECK(tide_allreduce(tr->comm, agreed, agreed, 2, TIDE_F64, TIDE_MIN));
+  TIDE_CHECK(tide_allreduce(tr->comm, agreed + 2, agreed + 2, 2, TIDE_F64, TIDE_MAX));
+  if (agreed[0] != agreed[2] || agreed[1] != agreed[3]) {
+    TIDE_ERROR("tide_trainer_create: ranks disagree on dataset_size (%g..%g) or base_batch (%g..%g): every rank "
+               "must pass the same config",
+               agreed[0], agreed[2], agreed[1], agreed[3]);
+    return TIDE_EINVAL;
+  }
+  return 0;
+}
+
+void tide__trainer_replan(tide_trainer_t *tr, long global_batch) {
+  plan(tr, global_batch);
+  tr->stats.batch = tr->batch;
+  tr->stats.accum = tr->accum;
+  tr->stats.planned_batch = planned_batch(tr);
 }
 
 /* Runs one hook of every policy. decide_every > 0 marks a policy that
@@ -234,6 +245,7 @@ static int apply(tide_trainer_t *tr, const tide_decision_t *d) {
     tr->stats.accum = tr->accum;
     tr->stats.planned_batch = planned_batch(tr);
   }
+  if (d->world_size > 0 && tr->elastic != NULL) tide__trainer_elastic_request(tr, d->world_size);
   if (d->exchange >= 0) {
     if (d->exchange >= TIDE_EXCHANGE_COUNT)
       return tide__trainer_fail(tr, TIDE_EINVAL, "a policy chose exchange %d, not a tide_exchange_t", d->exchange);
@@ -261,7 +273,9 @@ int tide_trainer_next(tide_trainer_t *tr, tide_batch_t *batch) {
                               "tide_trainer_next called twice: call tide_trainer_step after each micro-batch");
   }
   if (!tr->in_step) {
-    if (tr->progress >= tr->total_progress) {
+    if (tr->elastic != NULL && tr->progress < tr->total_progress) TIDE_CHECK(tide__trainer_elastic_boundary(tr));
+    if (tr->progress >= tr->total_progress || tr->comm == NULL) {
+      if (tr->elastic != NULL) tide__trainer_elastic_done(tr);
       *batch = (tide_batch_t){.done = 1, .step = tr->step, .epoch = tr->epoch};
       return 0;
     }

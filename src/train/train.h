@@ -124,6 +124,8 @@ struct tide_trainer {
   double *shard_sq;
 
   tide__kfac_t *kfac; /* NULL: no K-FAC */
+  /* Elastic jobs (src/train/elastic.c): NULL until tide_trainer_elastic. */
+  struct tide__elastic_trainer *elastic;
 };
 
 /* x[i] *= c over [0, n); returns sum x[i]^2 after scaling (train.c). */
@@ -148,6 +150,24 @@ int tide__pto_update(tide_trainer_t *tr, float lr, double *gather_s);
 /* tide_trainer_state_get under PTO: gathers every rank's slices of the
  * optimizer state into optim_blob (collective). */
 int tide__pto_gather_state(const tide_trainer_t *tr, void *optim_blob);
+
+/* Checks that every rank passed the same dataset_size and base_batch
+ * (collective; tide_trainer_create, and again after a membership change). */
+int tide__trainer_agree(tide_trainer_t *tr);
+/* Plans full steps of about global_batch samples over the current ranks. */
+void tide__trainer_replan(tide_trainer_t *tr, long global_batch);
+
+/* ---- elastic jobs (src/train/elastic.c) ----------------------------------- */
+
+/* At a step boundary: acts on the job's requests, waiting workers and
+ * stragglers (collective); comm is NULL afterwards when this rank left. */
+int tide__trainer_elastic_boundary(tide_trainer_t *tr);
+/* A policy asked for world_size workers. */
+void tide__trainer_elastic_request(tide_trainer_t *tr, int world_size);
+/* Training is over: tells the job's waiting workers (rank 0). */
+void tide__trainer_elastic_done(tide_trainer_t *tr);
+/* Frees the elastic state and the communicator the trainer owns. */
+void tide__trainer_elastic_fini(tide_trainer_t *tr);
 
 /* Records the message of a failure (also logged). */
 int tide__trainer_fail(tide_trainer_t *tr, int rc, const char *fmt, ...) __attribute__((format(printf, 3, 4)));

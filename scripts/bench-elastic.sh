@@ -1,0 +1,82 @@
+#!/bin/bash
+# The bars of docs/elastic.md, measured side by side in one run:
+#   kill   a 4-worker MLP run; worker 3 is killed (SIGKILL) halfway through data epoch 2; the job
+#          goes on with 3. Kill-to-next-step time and final accuracy vs the same run uninterrupted.
+#   resize 2 -> 4 -> 3 workers (tide ctl resize) in place, time from the decision to the first
+#          step on the new membership; vs a restart of the job (the torchrun/Horovod way): the time
+#          from launching it to its first step (a lower bound: no checkpoint written or read).
+# usage: scripts/bench-elastic.sh BUILD_DIR [RUNS]     (EPOCHS=5, TIDE_SHM=0 for TCP only)
+set -u
+B=$(cd "${1:-build}" && pwd)
+RUNS=${2:-5}
+EPOCHS=${EPOCHS:-5}
+OUT=$(mktemp -d /tmp/tide-bench-elastic-XXXXXX)
+trap 'rm -rf "$OUT"' EXIT
+export TIDE_JOB_TOKEN=bench-elastic-$$
+TRAIN="$B/tools/tide-train --elastic --model mlp --epochs $EPOCHS --seed 1 --runs $OUT"
+now() { date +%s.%N; }
+
+# Waits until run $1's metrics show epochs_done >= $2 (or the run ended).
+wait_progress() {
+  local f="$OUT/$1/metrics.jsonl" pid=$3
+  while kill -0 "$pid" 2>/dev/null; do
+    if [ -f "$f" ] && tail -n 3 "$f" | grep -o '"epochs_done":[0-9.]*' | tail -1 |
+        awk -F: -v want="$2" '{ exit !($2 >= want) }'; then return 0; fi
+    sleep 0.02
+  done
+  return 1
+}
+
+# The pid of the worker with TIDE_RANK=$2 under tiderun $1.
+worker_pid() {
+  for p in $(pgrep -P "$1"); do
+    if tr '\0' '\n' < /proc/$p/environ 2>/dev/null | grep -qx "TIDE_RANK=$2"; then echo "$p"; return; fi
+  done
+}
+
+acc() { grep -o '"final_test_accuracy":[0-9.]*' "$OUT/$1/summary.json" | cut -d: -f2; }
+
+for i in $(seq 1 "$RUNS"); do
+  # kill: the same run, uninterrupted and with a kill
+  "$B/tools/tiderun" --elastic --min-np 3 --max-np 4 -np 4 $TRAIN --name base$i > /dev/null 2>&1
+  "$B/tools/tiderun" --elastic --min-np 3 --max-np 4 -np 4 --max-restarts 0 $TRAIN --name kill$i \
+    > "$OUT/kill$i.out" 2> "$OUT/kill$i.err" &
+  job=$!
+  wait_progress kill$i 1.5 $job
+  victim=$(worker_pid $job 3)
+  t_kill=$(now)
+  kill -9 "$victim"
+  wait $job
+  rc=$?
+  t_step=$(grep -o 'the first on 3 worker(s), completed at [0-9.]*' "$OUT/kill$i.err" | head -1 | awk '{print $NF}')
+  echo "{\"bench\":\"kill\",\"run\":$i,\"rc\":$rc,\"kill_to_next_step_s\":$(echo "$t_step - $t_kill" | bc -l),"\
+"\"accuracy_uninterrupted\":$(acc base$i),\"accuracy_killed\":$(acc kill$i)}"
+
+  # resize: 2 -> 4 -> 3 in place
+  port=$((20000 + RANDOM % 20000))
+  "$B/tools/tiderun" --rdzv 127.0.0.1:$port --elastic --min-np 2 --max-np 4 -np 2 $TRAIN --name resize$i \
+    > "$OUT/resize$i.out" 2> "$OUT/resize$i.err" &
+  job=$!
+  wait_progress resize$i 0.5 $job
+  "$B/tools/tide" ctl --rdzv 127.0.0.1:$port resize 4 > /dev/null
+  # The new workers load the data first; the change happens once they wait to join.
+  while kill -0 $job 2>/dev/null && ! grep -q 'the first on 4 worker' "$OUT/resize$i.err"; do sleep 0.02; done
+  p=$(tail -n 1 "$OUT/resize$i/metrics.jsonl" | grep -o '"epochs_done":[0-9.]*' | cut -d: -f2)
+  wait_progress resize$i "$(echo "${p:-0} + 0.3" | bc -l)" $job
+  "$B/tools/tide" ctl --rdzv 127.0.0.1:$port resize 3 > /dev/null
+  wait $job
+  rc=$?
+  grow=$(grep -o 'the first on 4 worker(s).*after the change began' "$OUT/resize$i.err" | tail -1 | grep -o '[0-9.]* s after' | cut -d' ' -f1)
+  shrink=$(grep -o 'the first on 3 worker(s).*after the change began' "$OUT/resize$i.err" | tail -1 | grep -o '[0-9.]* s after' | cut -d' ' -f1)
+
+  # restart: launch to the first completed step of the 3-worker job
+  t0=$(now)
+  "$B/tools/tiderun" -np 3 ${TRAIN/--elastic/} --name restart$i > /dev/null 2>&1 &
+  job=$!
+  until [ -s "$OUT/restart$i/metrics.jsonl" ] && grep -q '"type":"step"' "$OUT/restart$i/metrics.jsonl"; do sleep 0.005; done
+  t1=$(now)
+  kill -TERM $job
+  wait $job 2>/dev/null
+  echo "{\"bench\":\"resize\",\"run\":$i,\"rc\":$rc,\"grow_2_to_4_s\":${grow:-null},\"shrink_4_to_3_s\":${shrink:-null},"\
+"\"restart_to_first_step_s\":$(echo "$t1 - $t0" | bc -l)}"
+done

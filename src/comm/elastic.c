@@ -1,0 +1,434 @@
+/* Elastic membership (docs/elastic.md): the members of an elastic job are a
+ * numbered epoch in the store. A change (a worker died, one is released, new
+ * ones wait to join) seals epoch e+1: its members build a new communicator
+ * (named "x<e+1>", so that a connection or segment of an older epoch never
+ * matches it) and go on; the old communicator is only destroyed.
+ *
+ * Store keys (all under "elastic/"):
+ *   ids                   counter naming joiners "j<n>" (first members are "r<rank>")
+ *   joiners               counter: slot k = 1, 2, ... of a worker waiting to join
+ *   joiner/<k>            the id in slot k
+ *   admitted              joiner slots a change has consumed (admitted or skipped)
+ *   admit/<id>            the epoch joiner id was admitted to
+ *   epoch                 the newest sealed epoch
+ *   e<N>/here/<id>        member id arrived at the change to epoch N
+ *   e<N>/proposer         counter: the first member to arrive proposes epoch N
+ *   e<N>/members          "id id ..." in rank order, or "! why" when the job cannot go on
+ *   target                the requested number of workers (tide_elastic_request)
+ *   done                  training finished: waiting joiners give up
+ * A member that died is seen through the store's "event/lost/<ns>:<rank>",
+ * set when its watch connection drops; a joiner that died while waiting,
+ * through "event/lost/elastic-join:<id>".
+ *
+ * Threads: like the communicator, one thread at a time per communicator. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "comm/comm.h"
+
+#define ID_CAP 24
+#define POLL_MS 2
+
+struct tide__membership {
+  long epoch;
+  char id[ID_CAP]; /* this process */
+  int count;
+  char (*ids)[ID_CAP]; /* by rank */
+  int joined; /* this process joined a running job into this epoch */
+};
+
+static void nap_ms(int ms) {
+  struct timespec ts = {0, (long)ms * 1000000L};
+  nanosleep(&ts, NULL);
+}
+
+void tide__membership_free(struct tide__membership *m) {
+  if (m == NULL) return;
+  tide__free(m->ids);
+  tide__free(m);
+}
+
+static struct tide__membership *membership_alloc(long epoch, const char *id, int count) {
+  struct tide__membership *m = tide__calloc(1, sizeof *m);
+  if (m == NULL) return NULL;
+  m->ids = tide__calloc((size_t)count, sizeof *m->ids);
+  if (m->ids == NULL) {
+    tide__free(m);
+    return NULL;
+  }
+  m->epoch = epoch;
+  m->count = count;
+  snprintf(m->id, sizeof m->id, "%s", id);
+  return m;
+}
+
+int tide__membership_start(tide_comm_t *comm) {
+  char id[ID_CAP];
+  snprintf(id, sizeof id, "r%d", comm->rank);
+  struct tide__membership *m = membership_alloc(0, id, comm->size);
+  if (m == NULL) return TIDE_ENOMEM;
+  for (int r = 0; r < comm->size; r++) snprintf(m->ids[r], ID_CAP, "r%d", r);
+  comm->membership = m;
+  return 0;
+}
+
+/* ---- store helpers -------------------------------------------------------------- */
+
+/* 1 and the value when key exists now, 0 when it does not. */
+static int peek(tide_store_t *store, const char *key, char *out, size_t cap) {
+  void *value;
+  size_t len;
+  int rc = tide_store_get(store, key, 0, &value, &len);
+  if (rc == TIDE_ETIMEDOUT) return 0;
+  if (rc != 0) return rc;
+  size_t n = len < cap - 1 ? len : cap - 1;
+  memcpy(out, value, n);
+  out[n] = '\0';
+  tide__free(value);
+  return 1;
+}
+
+static int put(tide_store_t *store, const char *key, const char *value) {
+  return tide_store_set(store, key, value, strlen(value));
+}
+
+static int counter(tide_store_t *store, const char *key, int64_t *out) { return tide_store_add(store, key, 0, out); }
+
+/* Splits "id id ..." into m (count and ids). */
+static int parse_members(const char *text, long epoch, const char *me, struct tide__membership **out, int *my_rank) {
+  int count = 0;
+  for (const char *p = text; *p;) {
+    p += strspn(p, " ");
+    if (*p == 0) break;
+    count++;
+    p += strcspn(p, " ");
+  }
+  if (count == 0) return TIDE_EPROTO;
+  struct tide__membership *m = membership_alloc(epoch, me, count);
+  if (m == NULL) return TIDE_ENOMEM;
+  int r = 0;
+  *my_rank = -1;
+  for (const char *p = text; *p && r < count;) {
+    p += strspn(p, " ");
+    size_t n = strcspn(p, " ");
+    if (n >= ID_CAP) {
+      tide__membership_free(m);
+      return TIDE_EPROTO;
+    }
+    memcpy(m->ids[r], p, n);
+    m->ids[r][n] = '\0';
+    if (strcmp(m->ids[r], me) == 0) *my_rank = r;
+    r++;
+    p += n;
+  }
+  *out = m;
+  return 0;
+}
+
+/* Waits for the members of epoch (written by its proposer) and connects to
+ * them: *out is the new communicator, or NULL when this process is not a
+ * member. */
+static int enter_epoch(tide_store_t *store, const char *host, int port, const char *token, long epoch,
+                       const char *me, int joined, tide_comm_t **out) {
+  int64_t limit = tide__param_int(TIDE__PARAM_ELASTIC_TIMEOUT_MS);
+  char key[96], text[4096];
+  snprintf(key, sizeof key, "elastic/e%ld/members", epoch);
+  void *value;
+  size_t len;
+  /* The proposer waits up to the limit for members that neither arrive nor
+   * die; give it that and as much again. */
+  int rc = tide_store_get(store, key, (int)(2 * limit < 2147483647 ? 2 * limit : limit), &value, &len);
+  if (rc != 0) {
+    TIDE_ERROR("elastic: no membership for epoch %ld appeared (did the proposing member die?): %s", epoch,
+               tide_strerror(rc));
+    return rc;
+  }
+  size_t n = len < sizeof text - 1 ? len : sizeof text - 1;
+  memcpy(text, value, n);
+  text[n] = '\0';
+  tide__free(value);
+  if (text[0] == '!') {
+    TIDE_ERROR("elastic: epoch %ld cannot start: %s", epoch, text + 1);
+    return TIDE_EPEER;
+  }
+  struct tide__membership *m;
+  int my_rank;
+  TIDE_CHECK(parse_members(text, epoch, me, &m, &my_rank));
+  if (my_rank < 0) {
+    TIDE_INFO("elastic: %s is not a member of epoch %ld (%s): it leaves the job", me, epoch, text);
+    tide__membership_free(m);
+    *out = NULL;
+    return 0;
+  }
+  char ns[32];
+  snprintf(ns, sizeof ns, "x%ld", epoch);
+  tide_comm_t *comm;
+  tide__log_set_rank(my_rank);
+  rc = tide__comm_create(host, port, token, ns, my_rank, m->count, limit, &comm);
+  if (rc != 0) {
+    TIDE_ERROR("elastic: %s could not connect to the %d members of epoch %ld: %s", me, m->count, epoch,
+               tide_strerror(rc));
+    tide__membership_free(m);
+    return rc;
+  }
+  m->joined = joined;
+  comm->membership = m;
+  *out = comm;
+  return 0;
+}
+
+/* ---- the change ---------------------------------------------------------------- */
+
+/* The proposer of epoch `next`: waits until every member of comm's epoch
+ * has arrived or is known dead (or the limit passed), then writes the
+ * members: the arrived ones in rank order without `exclude`, cut to `size`,
+ * then waiting joiners up to `size` (0: up to TIDE_ELASTIC_MAX). */
+static int propose(tide_comm_t *comm, long next, int size, int exclude) {
+  struct tide__membership *m = comm->membership;
+  tide_store_t *store = comm->store;
+  int64_t deadline = tide__deadline_after_ms(tide__param_int(TIDE__PARAM_ELASTIC_TIMEOUT_MS));
+  int n = m->count, rc = 0;
+  int *state = tide__calloc((size_t)n, sizeof *state); /* 0 unknown, 1 here, 2 gone */
+  if (state == NULL) return TIDE_ENOMEM;
+  char key[200], value[64];
+  for (int left = n; left > 0;) {
+    for (int r = 0; r < n; r++) {
+      if (state[r] != 0) continue;
+      snprintf(key, sizeof key, "elastic/e%ld/here/%s", next, m->ids[r]);
+      int here = peek(store, key, value, sizeof value);
+      snprintf(key, sizeof key, "event/lost/%s:%d", comm->ns, r);
+      int lost = here == 0 ? peek(store, key, value, sizeof value) : 0;
+      if (here < 0 || lost < 0) {
+        rc = here < 0 ? here : lost;
+        goto out;
+      }
+      if (here || lost) {
+        state[r] = here ? 1 : 2;
+        left--;
+      }
+    }
+    if (left == 0) break;
+    if (tide__now_ns() >= deadline) {
+      for (int r = 0; r < n; r++)
+        if (state[r] == 0) {
+          TIDE_WARN("elastic: member %s (rank %d of epoch %ld) neither arrived nor died within "
+                    "TIDE_ELASTIC_TIMEOUT_MS; epoch %ld goes on without it",
+                    m->ids[r], r, m->epoch, next);
+          state[r] = 2;
+        }
+      break;
+    }
+    nap_ms(POLL_MS);
+  }
+  int max = (int)tide__param_int(TIDE__PARAM_ELASTIC_MAX), min = (int)tide__param_int(TIDE__PARAM_ELASTIC_MIN);
+  int want = size > 0 ? size : max;
+  if (want > max) want = max;
+  char list[4096] = "";
+  size_t at = 0;
+  int count = 0;
+  for (int r = 0; r < n; r++) {
+    if (state[r] != 1 || r == exclude || count >= want) continue;
+    at += (size_t)snprintf(list + at, sizeof list - at, "%s%s", count ? " " : "", m->ids[r]);
+    count++;
+  }
+  int64_t joiners = 0, admitted = 0;
+  if ((rc = counter(store, "elastic/joiners", &joiners)) != 0 || (rc = counter(store, "elastic/admitted", &admitted)) != 0)
+    goto out;
+  char admit_ids[64][ID_CAP];
+  int nadmit = 0;
+  int64_t slot = admitted;
+  while (slot < joiners && count < want && nadmit < 64 && at + ID_CAP + 2 < sizeof list) {
+    slot++;
+    char id[ID_CAP];
+    snprintf(key, sizeof key, "elastic/joiner/%lld", (long long)slot);
+    void *v;
+    size_t len;
+    /* The joiner bumps the counter before it writes its id. */
+    if (tide_store_get(store, key, 1000, &v, &len) != 0) continue;
+    size_t k = len < ID_CAP - 1 ? len : ID_CAP - 1;
+    memcpy(id, v, k);
+    id[k] = '\0';
+    tide__free(v);
+    snprintf(key, sizeof key, "event/lost/elastic-join:%s", id);
+    int lost = peek(store, key, value, sizeof value);
+    if (lost != 0) continue;
+    snprintf(admit_ids[nadmit++], ID_CAP, "%s", id);
+    at += (size_t)snprintf(list + at, sizeof list - at, "%s%s", count ? " " : "", id);
+    count++;
+  }
+  if ((rc = tide_store_add(store, "elastic/admitted", slot - admitted, &admitted)) != 0) goto out;
+  snprintf(key, sizeof key, "elastic/e%ld/members", next);
+  if (count < min || count == 0) {
+    char why[200];
+    snprintf(why, sizeof why, "! %d worker(s) remain, fewer than the minimum of %d (TIDE_ELASTIC_MIN)", count,
+             min < 1 ? 1 : min);
+    TIDE_ERROR("elastic: epoch %ld cannot start: %s", next, why + 2);
+    rc = put(store, key, why);
+    goto out;
+  }
+  if ((rc = put(store, key, list)) != 0) goto out;
+  for (int j = 0; j < nadmit; j++) {
+    snprintf(key, sizeof key, "elastic/admit/%.23s", admit_ids[j]);
+    snprintf(value, sizeof value, "%ld", next);
+    if ((rc = put(store, key, value)) != 0) goto out;
+  }
+  int64_t sealed;
+  rc = tide_store_add(store, "elastic/epoch", next - m->epoch, &sealed);
+  TIDE_INFO("elastic: epoch %ld: %d member(s): %s", next, count, list);
+out:
+  tide__free(state);
+  return rc;
+}
+
+long tide_comm_epoch(const tide_comm_t *comm) {
+  return comm != NULL && comm->membership != NULL ? comm->membership->epoch : -1;
+}
+
+int tide_comm_joined(const tide_comm_t *comm) { return comm != NULL && comm->membership != NULL && comm->membership->joined; }
+
+int tide_comm_resize(tide_comm_t *comm, int size, int exclude, tide_comm_t **out) {
+  if (comm == NULL || out == NULL) return tide__null_arg("tide_comm_resize", comm == NULL ? "comm" : "out");
+  if (comm->membership == NULL || comm->store == NULL) {
+    TIDE_ERROR("tide_comm_resize: the communicator is not elastic (start the job with tiderun --elastic, or "
+               "set TIDE_ELASTIC=1 on every rank)");
+    return TIDE_ESTATE;
+  }
+  if (size < 0 || exclude < -1 || exclude >= comm->size) {
+    TIDE_ERROR("tide_comm_resize: size %d must be >= 0 (0: everyone available) and exclude %d a rank of the "
+               "communicator or -1",
+               size, exclude);
+    return TIDE_EINVAL;
+  }
+  struct tide__membership *m = comm->membership;
+  long next = m->epoch + 1;
+  char key[200];
+  /* A member of an older epoch than the newest sealed one is stale: the job
+   * went on without it. */
+  int64_t sealed = 0;
+  TIDE_CHECK(counter(comm->store, "elastic/epoch", &sealed));
+  if (sealed >= next) {
+    snprintf(key, sizeof key, "elastic/e%ld/here/%s", next, m->id);
+    char v[8];
+    if (peek(comm->store, key, v, sizeof v) == 0) {
+      TIDE_ERROR("tide_comm_resize: %s (rank %d of epoch %ld) is stale: the job has gone on to epoch %lld "
+                 "without it",
+                 m->id, comm->rank, m->epoch, (long long)sealed);
+      return TIDE_ESTATE;
+    }
+  }
+  snprintf(key, sizeof key, "elastic/e%ld/here/%s", next, m->id);
+  TIDE_CHECK(put(comm->store, key, "1"));
+  snprintf(key, sizeof key, "elastic/e%ld/proposer", next);
+  int64_t order;
+  TIDE_CHECK(tide_store_add(comm->store, key, 1, &order));
+  if (order == 1) TIDE_CHECK(propose(comm, next, size, exclude));
+  return enter_epoch(comm->store, comm->store_host, comm->store_port, comm->token, next, m->id, 0, out);
+}
+
+/* ---- joining a running job --------------------------------------------------------- */
+
+int tide__elastic_join(tide_comm_t **out) {
+  const char *rdzv = tide__param_str(TIDE__PARAM_RDZV), *token = tide__param_str(TIDE__PARAM_JOB_TOKEN);
+  char host[256];
+  int port;
+  if (rdzv[0] == '\0' || token[0] == '\0' || tide__parse_host_port(rdzv, host, sizeof host, &port) != 0) {
+    TIDE_ERROR("TIDE_ELASTIC_JOIN=1: TIDE_RDZV (host:port of the job's store) and TIDE_JOB_TOKEN must be set "
+               "to join a running job");
+    return TIDE_EINVAL;
+  }
+  int64_t timeout = tide__param_int(TIDE__PARAM_TIMEOUT_MS);
+  tide_store_t *store = NULL;
+  tide__store_watch_t *watch = NULL;
+  int rc = tide_store_connect(host, port, token, (int)timeout, &store);
+  if (rc != 0) {
+    TIDE_ERROR("elastic: cannot join the job at %s: %s", rdzv, tide_strerror(rc));
+    return rc;
+  }
+  int64_t n, slot;
+  char id[ID_CAP], key[200], name[64], value[64];
+  TIDE_CHECK_GOTO(tide_store_add(store, "elastic/ids", 1, &n), rc, out);
+  snprintf(id, sizeof id, "j%lld", (long long)n);
+  /* Watched from before it asks, so its death while waiting is seen. */
+  snprintf(name, sizeof name, "elastic-join:%s", id);
+  TIDE_CHECK_GOTO(tide__store_watch_open(host, port, token, name, (int)timeout, &watch), rc, out);
+  TIDE_CHECK_GOTO(tide_store_add(store, "elastic/joiners", 1, &slot), rc, out);
+  snprintf(key, sizeof key, "elastic/joiner/%lld", (long long)slot);
+  TIDE_CHECK_GOTO(put(store, key, id), rc, out);
+  TIDE_INFO("elastic: %s waits to be admitted (joiner slot %lld)", id, (long long)slot);
+  int64_t deadline = tide__deadline_after_ms(timeout);
+  long epoch = -1;
+  snprintf(key, sizeof key, "elastic/admit/%s", id);
+  while (epoch < 0) {
+    void *v;
+    size_t len;
+    rc = tide_store_get(store, key, 100, &v, &len);
+    if (rc == 0) {
+      size_t k = len < sizeof value - 1 ? len : sizeof value - 1;
+      memcpy(value, v, k);
+      value[k] = '\0';
+      tide__free(v);
+      epoch = atol(value);
+      break;
+    }
+    if (rc != TIDE_ETIMEDOUT) goto out;
+    int done = peek(store, "elastic/done", value, sizeof value);
+    if (done != 0) {
+      rc = done < 0 ? done : TIDE_ESTATE;
+      if (done > 0) TIDE_INFO("elastic: the job finished before %s was admitted", id);
+      goto out;
+    }
+    if (tide__now_ns() >= deadline) {
+      TIDE_ERROR("elastic: %s waited %lld ms to be admitted to the job (TIDE_TIMEOUT_MS); is it at its "
+                 "TIDE_ELASTIC_MAX or asked for fewer workers?",
+                 id, (long long)timeout);
+      rc = TIDE_ETIMEDOUT;
+      goto out;
+    }
+  }
+  tide_comm_t *comm = NULL;
+  rc = enter_epoch(store, host, port, token, epoch, id, 1, &comm);
+  if (rc == 0 && comm == NULL) rc = TIDE_EPROTO; /* admitted but not listed: cannot happen */
+  if (rc == 0) *out = comm;
+out:
+  tide__store_watch_close(watch);
+  tide_store_close(store);
+  return rc;
+}
+
+/* ---- requests ------------------------------------------------------------------------ */
+
+int tide_elastic_request(tide_store_t *store, int size) {
+  if (store == NULL) return tide__null_arg("tide_elastic_request", "store");
+  if (size < 0) {
+    TIDE_ERROR("tide_elastic_request: size %d must be >= 0 (0 withdraws the request)", size);
+    return TIDE_EINVAL;
+  }
+  char value[32];
+  snprintf(value, sizeof value, "%d", size);
+  return put(store, "elastic/target", value);
+}
+
+int tide_comm_elastic_status(tide_comm_t *comm, int *target, int *waiting) {
+  if (comm == NULL || target == NULL || waiting == NULL)
+    return tide__null_arg("tide_comm_elastic_status", comm == NULL ? "comm" : target == NULL ? "target" : "waiting");
+  if (comm->membership == NULL || comm->store == NULL) {
+    *target = *waiting = 0;
+    return 0;
+  }
+  char value[32];
+  int got = peek(comm->store, "elastic/target", value, sizeof value);
+  if (got < 0) return got;
+  *target = got ? atoi(value) : 0;
+  int64_t joiners, admitted;
+  TIDE_CHECK(counter(comm->store, "elastic/joiners", &joiners));
+  TIDE_CHECK(counter(comm->store, "elastic/admitted", &admitted));
+  *waiting = (int)(joiners - admitted);
+  return 0;
+}
+
+int tide_comm_elastic_finish(tide_comm_t *comm) {
+  if (comm == NULL || comm->membership == NULL || comm->store == NULL) return 0;
+  return put(comm->store, "elastic/done", "1");
+}

@@ -1,0 +1,432 @@
+/* Elastic jobs (docs/elastic.md): a rank killed mid-epoch and training
+ * completes with 3; 2 -> 4 -> 3 workers mid-epoch; a hung rank left out
+ * and refused as stale when it comes back; a joiner with a wrong token
+ * refused. After each run: every sample of every data epoch used exactly
+ * once (the samples of a step that failed, once in the step redone),
+ * identical parameters on every member, nothing left in /dev/shm.
+ *
+ * Workers record what they compute ("C membership-epoch step data-epoch
+ * indices...") and what completed ("S membership-epoch step") in one file
+ * each; the parent checks coverage from them. */
+#include <dirent.h>
+#include <math.h>
+#include <signal.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "comm/comm.h"
+#include "core/core.h"
+#include "harness.h"
+
+#define N 600    /* samples */
+#define D 8      /* parameters */
+#define EPOCHS 3
+#define MAX_STEPS 4096
+
+typedef struct {
+  const char *name;
+  int kill_rank, kill_step; /* a rank that dies (SIGKILL) when handed this step; -1 none */
+  int initial;              /* first members; harness ranks >= initial join later */
+  int join_step;            /* joiners start when rank 0 reaches this step */
+  int shrink_step, shrink_to; /* rank 0 asks for shrink_to workers at this step */
+  int hang_rank, hang_step;   /* a rank that stops for a while (then is stale) */
+  int bad_token_rank;         /* a joiner with the wrong job token */
+  int grow_step, grow_to;     /* rank 0 asks for grow_to workers at this step */
+  int tiderun;                /* started by tiderun --elastic: it starts the joiners */
+  int slow_rank, slow_step;   /* a rank that computes 20x slower from this step (0: none) */
+  char dir[256];
+} scenario_t;
+
+static void features(uint64_t i, float *x, float *y) {
+  unsigned s = (unsigned)i * 2654435761u + 12345u;
+  float dot = 0;
+  for (int k = 0; k < D; k++) {
+    x[k] = (float)((int)(harness_rand(&s) % 2001) - 1000) / 1000.0f;
+    dot += x[k] * (float)(k + 1) * 0.25f;
+  }
+  *y = dot;
+}
+
+/* Mean gradient and loss of 0.5 (w.x - y)^2 over the batch. */
+static double grad(const float *w, const uint64_t *idx, size_t n, float *g) {
+  memset(g, 0, D * sizeof *g);
+  double loss = 0;
+  for (size_t j = 0; j < n; j++) {
+    float x[D], y, p = 0;
+    features(idx[j], x, &y);
+    for (int k = 0; k < D; k++) p += w[k] * x[k];
+    float r = p - y;
+    loss += 0.5 * (double)r * r;
+    for (int k = 0; k < D; k++) g[k] += r * x[k] / (float)n;
+  }
+  return n ? loss / (double)n : 0;
+}
+
+static tide_store_t *connect_store(const char *token) {
+  char host[256];
+  int port;
+  CHECK_OK(tide__parse_host_port(getenv("TIDE_RDZV"), host, sizeof host, &port));
+  tide_store_t *store;
+  CHECK_OK(tide_store_connect(host, port, token, 20000, &store));
+  return store;
+}
+
+static int worker(int rank, int size, void *arg) {
+  (void)size;
+  scenario_t *sc = arg;
+  setenv("TIDE_ELASTIC", "1", 1);
+  const char *join_env = getenv("TIDE_ELASTIC_JOIN");
+  int joiner = sc->tiderun ? join_env != NULL && strcmp(join_env, "1") == 0 : rank >= sc->initial;
+  if (joiner && !sc->tiderun) {
+    /* The parameters are read once, at the first tide call. */
+    setenv("TIDE_ELASTIC_JOIN", "1", 1);
+    char token[128];
+    snprintf(token, sizeof token, "%s", getenv("TIDE_JOB_TOKEN"));
+    if (rank == sc->bad_token_rank) setenv("TIDE_JOB_TOKEN", "not-the-job-token", 1);
+    /* Wait for rank 0 to reach join_step. */
+    tide_store_t *store = connect_store(token);
+    void *v;
+    size_t len;
+    CHECK_OK(tide_store_get(store, "test/join", 60000, &v, &len));
+    tide_free(v);
+    tide_store_close(store);
+    if (rank == sc->bad_token_rank) {
+      tide_comm_t *comm = NULL;
+      int rc = tide_comm_init(&comm);
+      fprintf(stderr, "wrong-token joiner: %s\n", tide_err_name(rc));
+      CHECK_RC(rc, TIDE_EAUTH);
+      return 0;
+    }
+  } else if (!sc->tiderun) {
+    char text[16];
+    snprintf(text, sizeof text, "%d", sc->initial);
+    setenv("TIDE_SIZE", text, 1);
+  }
+  char path[512];
+  snprintf(path, sizeof path, "%s/rec.%d", sc->dir, (int)getpid());
+  FILE *rec = fopen(path, "w");
+  CHECK(rec != NULL);
+  tide_comm_t *comm;
+  CHECK_OK(tide_comm_init(&comm));
+  tide_trainer_config_t c;
+  tide_trainer_config_default(&c);
+  c.dataset_size = N;
+  c.seed = 7;
+  c.batch = 8;
+  c.base_batch = 32;
+  c.epochs = EPOCHS;
+  tide_optim_config_default(TIDE_OPTIM_SGD, &c.optim);
+  c.schedule.base_lr = 1.0f;
+  float w[D] = {0}, g[D];
+  tide_trainer_t *tr;
+  CHECK_OK(tide_trainer_create(comm, &c, w, g, D, NULL, 0, &tr));
+  CHECK_OK(tide_trainer_elastic(tr));
+  int member0 = tide_comm_rank(tide_trainer_comm(tr)) == 0 && !joiner;
+  tide_store_t *store = member0 ? connect_store(getenv("TIDE_JOB_TOKEN")) : NULL;
+  int recoveries = 0, grown = 0, shrunk = sc->shrink_step < 0;
+  for (;;) {
+    tide_batch_t b;
+    tide_step_stats_t st;
+    int rc = tide_trainer_next(tr, &b);
+    if (rc == 0 && b.done) break;
+    if (rc == 0) {
+      long epoch = tide_comm_epoch(tide_trainer_comm(tr));
+      if (b.micro == 0) {
+        if (member0 && b.step == sc->join_step) CHECK_OK(tide_store_set(store, "test/join", "1", 1));
+        int members = tide_comm_size(tide_trainer_comm(tr));
+        if (member0 && b.step == sc->grow_step) CHECK_OK(tide_elastic_request(store, sc->grow_to));
+        /* Steps this small end the job before the launcher's workers join:
+         * slow down until they have. */
+        if (member0 && sc->grow_to > 0 && b.step >= sc->grow_step && !grown) {
+          if (members < sc->grow_to)
+            usleep(20000);
+          else
+            grown = 1;
+        }
+        if (member0 && !shrunk && b.step >= sc->shrink_step && (sc->grow_to == 0 || grown)) {
+          CHECK_OK(tide_elastic_request(store, sc->shrink_to));
+          shrunk = 1;
+        }
+      }
+      fprintf(rec, "C %ld %ld %llu", epoch, b.step, (unsigned long long)b.epoch);
+      for (size_t j = 0; j < b.count; j++) fprintf(rec, " %llu", (unsigned long long)b.indices[j]);
+      fprintf(rec, "\n");
+      fflush(rec);
+      if (rank == sc->kill_rank && !joiner && b.step == sc->kill_step) raise(SIGKILL);
+      if (rank == sc->hang_rank && b.step == sc->hang_step && !joiner) sleep(3);
+      if (sc->slow_rank > 0) {
+        /* Everyone computes about 1 ms; the straggler 20 ms. */
+        if (rank == sc->slow_rank && b.step >= sc->slow_step) {
+          usleep(20000);
+        } else {
+          int64_t until = tide__now_ns() + 1000000;
+          while (tide__now_ns() < until) {
+          }
+        }
+      }
+      double loss = grad(w, b.indices, b.count, g);
+      rc = tide_trainer_step(tr, loss, &st);
+      if (rc == 0 && st.stepped) {
+        fprintf(rec, "S %ld %ld\n", epoch, st.step - 1);
+        fflush(rec);
+      }
+    }
+    if (rc != 0) {
+      recoveries++;
+      rc = tide_trainer_recover(tr, rc);
+      if (rank == sc->hang_rank && rc == TIDE_ESTATE) {
+        /* Left out while it hung: the job went on without it. */
+        fprintf(stderr, "rank %d: stale, refused: %s\n", rank, tide_trainer_last_error(tr));
+        fprintf(rec, "STALE\n");
+        fclose(rec);
+        tide_trainer_destroy(tr);
+        return 0;
+      }
+      CHECK_OK(rc);
+      CHECK(recoveries < 5);
+    }
+  }
+  if (tide_trainer_detached(tr)) {
+    fprintf(rec, "DETACHED %ld\n", tide_trainer_stats(tr)->step);
+    if (sc->slow_rank > 0) {
+      long late = tide_trainer_stats(tr)->step - sc->slow_step;
+      fprintf(stderr, "rank %d: slowed at step %d, removed as a straggler %ld steps later\n", rank, sc->slow_step, late);
+      CHECK(rank == sc->slow_rank && late <= 20);
+    }
+  } else {
+    /* Identical parameters on every member. */
+    tide_comm_t *now = tide_trainer_comm(tr);
+    float lo[D], hi[D];
+    CHECK_OK(tide_allreduce(now, w, lo, D, TIDE_F32, TIDE_MIN));
+    CHECK_OK(tide_allreduce(now, w, hi, D, TIDE_F32, TIDE_MAX));
+    CHECK(memcmp(lo, hi, sizeof lo) == 0);
+    double err = 0;
+    for (int k = 0; k < D; k++) err += fabs(w[k] - (k + 1) * 0.25);
+    fprintf(rec, "END %d %d %g\n", tide_comm_rank(now), tide_comm_size(now), err);
+    if (err >= 0.01) fprintf(stderr, "rank %d: |w - w*|_1 = %g: it did not converge\n", rank, err);
+    CHECK(err < 0.01);
+  }
+  fclose(rec);
+  tide_store_close(store);
+  tide_trainer_destroy(tr);
+  return 0;
+}
+
+/* ---- the checker ------------------------------------------------------------------- */
+
+typedef struct {
+  int epoch;     /* membership epoch it completed in, -1 not yet */
+  int data_epoch;
+} step_t;
+
+/* The record files of a run, "rec.*" in sc->dir. */
+static int record_files(const scenario_t *sc, char names[][64], int cap) {
+  DIR *d = opendir(sc->dir);
+  CHECK(d != NULL);
+  int n = 0;
+  struct dirent *e;
+  while ((e = readdir(d)) != NULL && n < cap)
+    if (strncmp(e->d_name, "rec.", 4) == 0) snprintf(names[n++], 64, "%.60s", e->d_name);
+  closedir(d);
+  return n;
+}
+
+static int check_records(const scenario_t *sc, int want_end_size) {
+  static char files[64][64];
+  int np = record_files(sc, files, 64);
+  static step_t steps[MAX_STEPS];
+  for (int s = 0; s < MAX_STEPS; s++) steps[s] = (step_t){-1, -1};
+  static char line[1 << 16];
+  int ends = 0, end_size = -1;
+  /* Pass 1: where each step completed. */
+  for (int r = 0; r < np; r++) {
+    char path[512];
+    snprintf(path, sizeof path, "%.256s/%.60s", sc->dir, files[r]);
+    FILE *f = fopen(path, "r");
+    if (f == NULL) continue;
+    while (fgets(line, sizeof line, f)) {
+      long e, s;
+      if (sscanf(line, "S %ld %ld", &e, &s) == 2) {
+        CHECK(s >= 0 && s < MAX_STEPS);
+        if (steps[s].epoch >= 0 && steps[s].epoch != e) {
+          fprintf(stderr, "%s: step %ld completed in membership epochs %d and %ld\n", sc->name, s, steps[s].epoch, e);
+          return 1;
+        }
+        steps[s].epoch = (int)e;
+      }
+      int rk, sz;
+      double err;
+      if (sscanf(line, "END %d %d %lg", &rk, &sz, &err) == 3) {
+        ends++;
+        end_size = sz;
+      }
+    }
+    fclose(f);
+  }
+  /* Pass 2: the samples of each completed step's attempt. */
+  static unsigned char used[EPOCHS + 1][N];
+  memset(used, 0, sizeof used);
+  for (int r = 0; r < np; r++) {
+    char path[512];
+    snprintf(path, sizeof path, "%.256s/%.60s", sc->dir, files[r]);
+    FILE *f = fopen(path, "r");
+    if (f == NULL) continue;
+    while (fgets(line, sizeof line, f)) {
+      if (line[0] != 'C') continue;
+      char *p = line + 2, *end;
+      long e = strtol(p, &end, 10);
+      long s = strtol(end, &end, 10);
+      long de = strtol(end, &end, 10);
+      CHECK(s >= 0 && s < MAX_STEPS && de >= 0 && de <= EPOCHS);
+      if (steps[s].epoch != e) continue; /* an attempt that did not complete */
+      for (;;) {
+        p = end;
+        unsigned long long idx = strtoull(p, &end, 10);
+        if (end == p) break;
+        CHECK(idx < N);
+        if (used[de][idx]++) {
+          fprintf(stderr, "%s: sample %llu used twice in data epoch %ld (step %ld)\n", sc->name, idx, de, s);
+          return 1;
+        }
+      }
+    }
+    fclose(f);
+  }
+  for (int de = 0; de < EPOCHS; de++)
+    for (int i = 0; i < N; i++)
+      if (used[de][i] != 1) {
+        fprintf(stderr, "%s: sample %d used %d times in data epoch %d\n", sc->name, i, used[de][i], de);
+        return 1;
+      }
+  if (ends != want_end_size || end_size != want_end_size) {
+    fprintf(stderr, "%s: %d ranks finished in a job of %d; wanted %d\n", sc->name, ends, end_size, want_end_size);
+    return 1;
+  }
+  fprintf(stderr, "%s: every sample used once per epoch, %d members at the end, identical parameters\n", sc->name,
+          end_size);
+  return 0;
+}
+
+static int shm_leftovers(void) {
+  DIR *d = opendir("/dev/shm");
+  if (d == NULL) return 0;
+  int n = 0;
+  struct dirent *e;
+  /* Elastic epochs' communicators are named x<epoch>; nobody else's are. */
+  while ((e = readdir(d)) != NULL)
+    if (strncmp(e->d_name, "tide-", 5) == 0 && strstr(e->d_name, "-x") != NULL) n++;
+  closedir(d);
+  return n;
+}
+
+static int run(scenario_t *sc, int np, int transport, int want_end_size) {
+  static const char *const hosts[] = {"hostA", "hostA", "hostB", "hostB", "hostB"};
+  snprintf(sc->dir, sizeof sc->dir, "/tmp/tide-elastic-XXXXXX");
+  CHECK(mkdtemp(sc->dir) != NULL);
+  /* A unique token per run names the shared-memory segments. */
+  char token[64];
+  snprintf(token, sizeof token, "elastic-%d-%s", (int)getpid(), sc->name);
+  harness_opts_t opts = {np, transport == 2 ? hosts : NULL, transport == 1, 120, token};
+  const char *names[] = {"shm", "tcp", "2 emulated hosts"};
+  fprintf(stderr, "== %s over %s\n", sc->name, names[transport]);
+  harness_run(&opts, worker, sc);
+  int rc = 0;
+  for (int r = 0; r < np; r++) {
+    int st = harness_status[r];
+    int killed = WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL;
+    if (r == sc->kill_rank ? !killed : !(WIFEXITED(st) && WEXITSTATUS(st) == 0)) {
+      fprintf(stderr, "%s: rank %d ended with status 0x%x\n", sc->name, r, st);
+      rc = 1;
+    }
+  }
+  if (rc == 0) rc = check_records(sc, want_end_size);
+  char cmd[600];
+  snprintf(cmd, sizeof cmd, "rm -rf %s", sc->dir);
+  if (system(cmd) != 0) rc = 1;
+  return rc;
+}
+
+/* Under tiderun --elastic: argv = --worker DIR KILL_RANK KILL_STEP GROW_STEP GROW_TO SHRINK_STEP SHRINK_TO. */
+static int tiderun_worker(char **argv) {
+  scenario_t sc = {.name = "tiderun", .tiderun = 1, .join_step = -1, .hang_rank = -1, .bad_token_rank = -1};
+  snprintf(sc.dir, sizeof sc.dir, "%s", argv[2]);
+  sc.kill_rank = atoi(argv[3]);
+  sc.kill_step = atoi(argv[4]);
+  sc.grow_step = atoi(argv[5]);
+  sc.grow_to = atoi(argv[6]);
+  sc.shrink_step = atoi(argv[7]);
+  sc.shrink_to = atoi(argv[8]);
+  return worker(atoi(getenv("TIDE_RANK")), 0, &sc);
+}
+
+static int run_tiderun(const char *self, const char *name, const char *launch, const char *scenario, int want_end_size) {
+  scenario_t sc = {.name = name};
+  snprintf(sc.dir, sizeof sc.dir, "/tmp/tide-elastic-XXXXXX");
+  CHECK(mkdtemp(sc.dir) != NULL);
+  const char *tools = getenv("TIDE_TOOLS_DIR");
+  char cmd[2048];
+  snprintf(cmd, sizeof cmd, "%s/tiderun --bind none --timeout 120 %s %s --worker %s %s", tools ? tools : "tools",
+           launch, self, sc.dir, scenario);
+  fprintf(stderr, "== %s: %s\n", name, cmd);
+  int st = system(cmd);
+  int rc = 0;
+  if (!(WIFEXITED(st) && WEXITSTATUS(st) == 0)) {
+    fprintf(stderr, "%s: tiderun ended with status 0x%x\n", name, st);
+    rc = 1;
+  }
+  if (rc == 0) rc = check_records(&sc, want_end_size);
+  snprintf(cmd, sizeof cmd, "rm -rf %s", sc.dir);
+  if (system(cmd) != 0) rc = 1;
+  return rc;
+}
+
+int main(int argc, char **argv) {
+  if (argc == 9 && strcmp(argv[1], "--worker") == 0) return tiderun_worker(argv);
+  setenv("TIDE_TIMEOUT_MS", "20000", 1);
+  setenv("TIDE_ELASTIC_TIMEOUT_MS", "5000", 1);
+  int failed = 0;
+  /* A peer hello of another epoch's communicator is refused. */
+  tide__peer_hello_t hello = {TIDE__PEER_HELLO_MAGIC, tide__fnv1a_str("x1"), 2, 0};
+  CHECK_RC(tide__peer_hello_check(&hello, tide__fnv1a_str("x2"), 0, 4), TIDE_EPROTO);
+  CHECK_OK(tide__peer_hello_check(&hello, tide__fnv1a_str("x1"), 0, 4));
+
+  for (int t = 0; t < 3; t++) {
+    setenv("TIDE_ELASTIC_MIN", "3", 1);
+    setenv("TIDE_ELASTIC_MAX", "4", 1);
+    scenario_t kill = {.name = "kill 1 of 4", .kill_rank = 3, .kill_step = 25, .initial = 4, .join_step = -1,
+                       .shrink_step = -1, .hang_rank = -1, .bad_token_rank = -1};
+    failed |= run(&kill, 4, t, 3);
+    if (t == 1) continue;
+    setenv("TIDE_ELASTIC_MIN", "2", 1);
+    scenario_t grow = {.name = "grow 2 to 4, shrink to 3", .kill_rank = -1, .initial = 2, .join_step = 5,
+                       .shrink_step = 35, .shrink_to = 3, .hang_rank = -1, .bad_token_rank = 4};
+    failed |= run(&grow, 5, t, 3);
+  }
+  /* A straggler is found and taken out of the job. */
+  setenv("TIDE_ELASTIC_MIN", "3", 1);
+  setenv("TIDE_STRAGGLER", "remove", 1);
+  scenario_t slow = {.name = "straggler removed", .kill_rank = -1, .initial = 4, .join_step = -1, .shrink_step = -1,
+                     .hang_rank = -1, .bad_token_rank = -1, .slow_rank = 2, .slow_step = 10};
+  failed |= run(&slow, 4, 0, 3);
+  setenv("TIDE_STRAGGLER", "report", 1);
+
+  /* tiderun replaces a killed worker; grows 2 -> 4 and shrinks to 3 on request. */
+  char self[4096];
+  ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+  CHECK(n > 0);
+  self[n] = 0;
+  failed |= run_tiderun(self, "tiderun: a killed worker replaced", "--elastic --min-np 3 --max-np 4 -np 4",
+                        "3 25 -1 0 -1 0", 4);
+  failed |= run_tiderun(self, "tiderun: 2 -> 4 -> 3", "--elastic --min-np 2 --max-np 4 -np 2", "-1 -1 5 4 35 3", 3);
+
+  setenv("TIDE_ELASTIC_MIN", "2", 1);
+  setenv("TIDE_TIMEOUT_MS", "1500", 1);
+  setenv("TIDE_ELASTIC_TIMEOUT_MS", "1000", 1);
+  scenario_t hang = {.name = "hung rank left out, stale", .kill_rank = -1, .initial = 3, .join_step = -1,
+                     .shrink_step = -1, .hang_rank = 2, .hang_step = 10, .bad_token_rank = -1};
+  failed |= run(&hang, 3, 0, 2);
+  int left = shm_leftovers();
+  if (left) fprintf(stderr, "%d shared-memory files of this test remain in /dev/shm\n", left);
+  return failed || left;
+}
