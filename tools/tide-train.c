@@ -300,6 +300,17 @@ static void job_close(job_t *job) {
   if (!job->trainer_owns_comm) tide_comm_destroy(job->comm);
 }
 
+/* The buffers of one forward/backward pass (--max-batch images). */
+static int batch_buffers(job_t *job) {
+  job->images = malloc((size_t)job->o.max_batch * NN_IMAGE_SIZE * sizeof *job->images);
+  job->labels = malloc((size_t)job->o.max_batch * sizeof *job->labels);
+  if (job->images == NULL || job->labels == NULL) {
+    fprintf(stderr, "tide-train: rank %d: out of memory for a batch of %d images\n", job->rank, job->o.max_batch);
+    return 1;
+  }
+  return 0;
+}
+
 /* --data names something only the loader reads: a URL, fashion-mnist, or
  * a directory without Fashion-MNIST's idx files. */
 static int uses_loader(const options_t *o) {
@@ -350,13 +361,7 @@ static int join_loader(job_t *job) {
     return 1;
   }
   job->n_train = tide_loader_size(job->loader);
-  job->images = malloc((size_t)job->o.max_batch * NN_IMAGE_SIZE * sizeof *job->images);
-  job->labels = malloc((size_t)job->o.max_batch * sizeof *job->labels);
-  if (job->images == NULL || job->labels == NULL) {
-    fprintf(stderr, "tide-train: rank %d: out of memory for a batch of %d images\n", job->rank, job->o.max_batch);
-    return 1;
-  }
-  return 0;
+  return batch_buffers(job);
 }
 
 static int load_data(job_t *job) {
@@ -422,13 +427,7 @@ static int join(job_t *job) {
   if (!job->o.elastic && load_data(job) != 0) return 1;
   job->n_train = nn_dataset_count(job->train);
   if (job->o.subset > 0 && (size_t)job->o.subset < job->n_train) job->n_train = (size_t)job->o.subset;
-  job->images = malloc((size_t)job->o.max_batch * NN_IMAGE_SIZE * sizeof *job->images);
-  job->labels = malloc((size_t)job->o.max_batch * sizeof *job->labels);
-  if (job->images == NULL || job->labels == NULL) {
-    fprintf(stderr, "tide-train: rank %d: out of memory for a batch of %d images\n", job->rank, job->o.max_batch);
-    return 1;
-  }
-  return 0;
+  return batch_buffers(job);
 }
 
 static double wall_clock(void) {
