@@ -242,7 +242,7 @@ static void *http_conn(void *arg) {
     close(fd);
     return NULL;
   }
-  char path[1024] = "", file[1400], head[256];
+  char path[1024] = "", file[1600], head[256];
   sscanf(req, "GET %1000s", path);
   if (atomic_load(&http_fail_next) > 0) {
     atomic_fetch_sub(&http_fail_next, 1);
