@@ -124,7 +124,7 @@ static int worker(int rank, int size, void *arg) {
   CHECK_OK(tide_trainer_elastic(tr));
   int member0 = tide_comm_rank(tide_trainer_comm(tr)) == 0 && !joiner;
   tide_store_t *store = member0 ? connect_store(getenv("TIDE_JOB_TOKEN")) : NULL;
-  int recoveries = 0, grown = 0, shrunk = sc->shrink_step < 0;
+  int recoveries = 0, grown = 0, replaced = 0, most = 0, shrunk = sc->shrink_step < 0;
   for (;;) {
     tide_batch_t b;
     tide_step_stats_t st;
@@ -143,6 +143,15 @@ static int worker(int rank, int size, void *arg) {
             usleep(20000);
           else
             grown = 1;
+        }
+        /* Likewise after a kill under tiderun: slow down until its
+         * replacement has joined (slow sanitizer builds start it late). */
+        if (members > most) most = members;
+        if (member0 && sc->tiderun && sc->kill_rank >= 0 && b.step > sc->kill_step && !replaced) {
+          if (members < most)
+            usleep(20000);
+          else
+            replaced = 1;
         }
         if (member0 && !shrunk && b.step >= sc->shrink_step && (sc->grow_to == 0 || grown)) {
           CHECK_OK(tide_elastic_request(store, sc->shrink_to));
