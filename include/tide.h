@@ -859,13 +859,17 @@ size_t tide_trainer_optim_bytes(const tide_trainer_t *tr);
 
 /* State an elastic resize or a checkpoint moves: step, progress, data epoch
  * and position, batch plan, exchange, the monitor's averages, the policies'
- * state, the optimizer's state and this rank's compressor residual (rank
- * specific: error feedback not yet sent). Parameters are the caller's and
- * not included. Host byte order. Under config.pto the optimizer state is
- * still the whole model's: tide_trainer_state_get gathers every rank's
- * shard (so it is collective then), and tide_trainer_state_set keeps this
- * rank's shard of it, so a state restores on any number of ranks, with
- * PTO or without. */
+ * state, the optimizer's state, this rank's compressor residual (rank
+ * specific: error feedback not yet sent) and, with K-FAC, its factors and
+ * eigendecompositions. Parameters are the caller's and not included. Host
+ * byte order. Under config.pto the optimizer state is still the whole
+ * model's: tide_trainer_state_get gathers every rank's shard (so it is
+ * collective then), and tide_trainer_state_set keeps this rank's shard of
+ * it, so a state restores on any number of ranks, with PTO or without.
+ * K-FAC's decompositions are gathered from the ranks that own them in the
+ * same way (collective when config.distribute spreads them over ranks); a
+ * state without K-FAC restores into a K-FAC trainer (its factors start
+ * from I), one with K-FAC only into a trainer with the same K-FAC layers. */
 size_t tide_trainer_state_size(const tide_trainer_t *tr);
 int tide_trainer_state_get(const tide_trainer_t *tr, void *buf, size_t len);
 /* Restores a state from a trainer with the same config, nparams and

@@ -38,6 +38,8 @@ typedef struct {
   float *params0;  /* if non-NULL, gets the initial parameters (rank 0) */
 } run_t;
 
+static int train_steps(nn_model_t *m, tide_trainer_t *tr, int batch, int steps);
+
 static int run_training(tide_comm_t *comm, const run_t *r, nn_model_t **model_out, tide_trainer_t **tr_out) {
   nn_model_t *m;
   CHECK_OK(nn_model_create(ARCH, r->batch, 7, &m));
@@ -70,13 +72,19 @@ static int run_training(tide_comm_t *comm, const run_t *r, nn_model_t **model_ou
   CHECK(layers[0].in_dim == 9 && layers[0].out_dim == 4 && layers[1].in_dim == 784 && layers[2].in_dim == 16);
   CHECK_OK(tide_trainer_kfac(tr, &kc, layers, 3));
   if (r->params0 != NULL) memcpy(r->params0, nn_params(m), nparams * sizeof(float));
-  float *images = malloc(sizeof(float) * DATASET * NN_IMAGE_SIZE), *x = malloc(sizeof(float) * r->batch * NN_IMAGE_SIZE);
+  *model_out = m;
+  *tr_out = tr;
+  return train_steps(m, tr, r->batch, r->steps);
+}
+
+static int train_steps(nn_model_t *m, tide_trainer_t *tr, int batch, int steps) {
+  float *images = malloc(sizeof(float) * DATASET * NN_IMAGE_SIZE), *x = malloc(sizeof(float) * batch * NN_IMAGE_SIZE);
   int32_t *labels = malloc(sizeof(int32_t) * DATASET), y[64];
   CHECK(images != NULL && x != NULL);
   make_data(images, labels, DATASET);
   tide_batch_t b;
   tide_step_stats_t s;
-  for (int step = 0; step < r->steps;) {
+  for (int step = 0; step < steps;) {
     CHECK_OK(tide_trainer_next(tr, &b));
     for (size_t i = 0; i < b.count; i++) {
       memcpy(x + i * NN_IMAGE_SIZE, images + b.indices[i] * NN_IMAGE_SIZE, NN_IMAGE_SIZE * sizeof(float));
@@ -94,8 +102,6 @@ static int run_training(tide_comm_t *comm, const run_t *r, nn_model_t **model_ou
   free(images);
   free(x);
   free(labels);
-  *model_out = m;
-  *tr_out = tr;
   return 0;
 }
 
@@ -115,6 +121,45 @@ static int rank_main(int rank, int size, void *arg) {
   fclose(f);
   tide_trainer_destroy(tr);
   nn_model_destroy(m);
+  tide_comm_destroy(comm);
+  return 0;
+}
+
+/* rank_main's run in two halves: after half of the steps the trainer's
+ * state (factors, decompositions, momentum) and the parameters move to a new
+ * model and trainer, which takes the other half. */
+static int resume_main(int rank, int size, void *arg) {
+  const run_t *r = arg;
+  tide_comm_t *comm;
+  CHECK_OK(tide_comm_init(&comm));
+  run_t half = *r, fresh = *r;
+  half.steps = r->steps / 2;
+  fresh.steps = 0;
+  nn_model_t *m, *m2;
+  tide_trainer_t *tr, *tr2;
+  run_training(comm, &half, &m, &tr);
+  size_t len = tide_trainer_state_size(tr);
+  char *state = malloc(len);
+  CHECK(state != NULL);
+  CHECK_OK(tide_trainer_state_get(tr, state, len));
+  run_training(comm, &fresh, &m2, &tr2);
+  /* A state that lost its end is refused, and nothing changes. */
+  CHECK_RC(tide_trainer_state_set(tr2, state, len - 4), TIDE_EINVAL);
+  CHECK_OK(tide_trainer_state_set(tr2, state, len));
+  memcpy(nn_params(m2), nn_params(m), nn_param_count(m) * sizeof(float));
+  tide_trainer_destroy(tr);
+  nn_model_destroy(m);
+  train_steps(m2, tr2, r->batch, r->steps - half.steps);
+  char path[512];
+  snprintf(path, sizeof path, "%s.rank%d", r->out, rank);
+  FILE *f = fopen(path, "wb");
+  CHECK(f != NULL);
+  CHECK(fwrite(nn_params(m2), sizeof(float), nn_param_count(m2), f) == nn_param_count(m2));
+  fclose(f);
+  (void)size;
+  free(state);
+  tide_trainer_destroy(tr2);
+  nn_model_destroy(m2);
   tide_comm_destroy(comm);
   return 0;
 }
@@ -185,6 +230,40 @@ static void test_distributed(void) {
   CHECK(system(cmd) == 0);
   free(ref);
   free(got);
+}
+
+/* Save and restore mid-run, between two decompositions, on 2 ranks with
+ * the decompositions spread over them: the resumed run ends with the
+ * uninterrupted run's bits. */
+static void test_resume(void) {
+  char dir[] = "/tmp/tide-kfac-XXXXXX";
+  CHECK(mkdtemp(dir) != NULL);
+  enum { CAP = 1 << 20 };
+  float *a = malloc(CAP * sizeof(float)), *b = malloc(CAP * sizeof(float));
+  CHECK(a != NULL && b != NULL);
+  char whole[300], resumed[300];
+  snprintf(whole, sizeof whole, "%s/whole", dir);
+  snprintf(resumed, sizeof resumed, "%s/resumed", dir);
+  run_t r = {.batch = 6, .steps = 8, .distribute = 1, .kl_clip = 0.001f, .factor_decay = 0.9f, .damping = 0.03f,
+             .lr = 0.002f, .momentum = 0.9f, .factor_every = 1, .inverse_every = 3, .out = whole};
+  harness_opts_t opts = {.np = 2, .timeout_s = 120};
+  CHECK(harness_run(&opts, rank_main, &r) == 0);
+  r.out = resumed;
+  CHECK(harness_run(&opts, resume_main, &r) == 0);
+  for (int rank = 0; rank < 2; rank++) {
+    char pa[320], pb[320];
+    snprintf(pa, sizeof pa, "%s.rank%d", whole, rank);
+    snprintf(pb, sizeof pb, "%s.rank%d", resumed, rank);
+    size_t n = read_params(pa, a, CAP);
+    CHECK(n > 0 && read_params(pb, b, CAP) == n);
+    CHECK(memcmp(a, b, n * sizeof(float)) == 0);
+  }
+  fprintf(stderr, "resume: 4 + 4 steps with the state moved between them = 8 steps, bit for bit\n");
+  char cmd[400];
+  snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+  CHECK(system(cmd) == 0);
+  free(a);
+  free(b);
 }
 
 /* Bad options name the field; bad layers name the layer. One rank. */
@@ -386,6 +465,7 @@ int main(int argc, char **argv) {
   harness_opts_t one = {.np = 1, .timeout_s = 60};
   CHECK(harness_run(&one, bad_options, NULL) == 0);
   test_distributed();
+  test_resume();
   test_tide_train();
   fprintf(stderr, "test_kfac: ok\n");
   return 0;

@@ -495,3 +495,142 @@ int tide__kfac_run(tide_trainer_t *tr, float lr, double *seconds) {
   k->add_s = 0;
   return 0;
 }
+
+/* ---- state (tide_trainer_state_get/set) ----------------------------------- */
+
+/* Per layer, in layer order: A, G, then the decomposition the layer's
+ * preconditioning uses: a 0/1 flag (decomposed yet), Q_A, d_A, Q_G, d_G.
+ * The decompositions live on their owners; get gathers them, so the state
+ * does not depend on the rank count and restores on any. */
+static size_t eigen_floats(const layer_t *l) {
+  return 1 + (size_t)l->dim_a * ((size_t)l->dim_a + 1) + (size_t)l->dim_g * ((size_t)l->dim_g + 1);
+}
+
+static size_t factor_floats(const layer_t *l) {
+  return (size_t)l->dim_a * l->dim_a + (size_t)l->dim_g * l->dim_g;
+}
+
+size_t tide__kfac_state_floats(const tide__kfac_t *k) {
+  size_t n = 0;
+  for (size_t i = 0; k != NULL && i < k->nlayers; i++) n += factor_floats(&k->layers[i]) + eigen_floats(&k->layers[i]);
+  return n;
+}
+
+static float *put(float *out, const float *src, size_t n) {
+  memcpy(out, src, n * sizeof *out);
+  return out + n;
+}
+
+static void eigen_pack(const layer_t *l, float *out) {
+  size_t na = (size_t)l->dim_a, ng = (size_t)l->dim_g;
+  *out++ = l->decomposed ? 1.0f : 0.0f;
+  if (!l->decomposed) {
+    memset(out, 0, (eigen_floats(l) - 1) * sizeof *out);
+    return;
+  }
+  out = put(out, l->q[TIDE_KFAC_A], na * na);
+  out = put(out, l->d[TIDE_KFAC_A], na);
+  out = put(out, l->q[TIDE_KFAC_G], ng * ng);
+  put(out, l->d[TIDE_KFAC_G], ng);
+}
+
+int tide__kfac_state_get(const tide_trainer_t *tr, void *out) {
+  const tide__kfac_t *k = tr->kfac;
+  if (k == NULL) return 0;
+  size_t total = tide__kfac_state_floats(k), own = 0;
+  for (size_t i = 0; i < k->nlayers; i++)
+    if (mine(k, &k->layers[i])) own += eigen_floats(&k->layers[i]);
+  int gather = k->config.distribute && k->ranks > 1;
+  size_t *counts = gather ? tide__calloc((size_t)k->ranks, sizeof *counts) : NULL;
+  float *state = tide__malloc(total * sizeof *state), *send = gather ? tide__malloc(own * sizeof *send) : NULL,
+        *recv = gather ? tide__malloc((total ? total : 1) * sizeof *recv) : NULL;
+  int rc = 0;
+  if (state == NULL || (gather && (counts == NULL || send == NULL || recv == NULL))) rc = TIDE_ENOMEM;
+  if (rc == 0 && gather) {
+    float *s = send;
+    for (size_t i = 0; i < k->nlayers; i++) {
+      const layer_t *l = &k->layers[i];
+      counts[l->owner] += eigen_floats(l);
+      if (l->owner != k->rank) continue;
+      eigen_pack(l, s);
+      s += eigen_floats(l);
+    }
+    rc = tide_allgatherv(tr->comm, send, own, recv, counts, TIDE_F32);
+    if (rc != 0)
+      TIDE_ERROR("tide_trainer_state_get: gathering the K-FAC decompositions: %s", tide_comm_last_error(tr->comm));
+  }
+  if (rc == 0) {
+    /* Each layer's place in the state, then its decomposition from recv
+     * (owners in rank order) or from this rank. */
+    size_t *at = tide__calloc(k->nlayers, sizeof *at);
+    if (at == NULL) rc = TIDE_ENOMEM;
+    float *p = state;
+    for (size_t i = 0; rc == 0 && i < k->nlayers; i++) {
+      const layer_t *l = &k->layers[i];
+      p = put(p, l->a, (size_t)l->dim_a * l->dim_a);
+      p = put(p, l->g, (size_t)l->dim_g * l->dim_g);
+      at[i] = (size_t)(p - state);
+      if (!gather) eigen_pack(l, p);
+      p += eigen_floats(l);
+    }
+    size_t offset = 0;
+    for (int r = 0; rc == 0 && gather && r < k->ranks; r++)
+      for (size_t i = 0; i < k->nlayers; i++) {
+        const layer_t *l = &k->layers[i];
+        if (l->owner != r) continue;
+        memcpy(state + at[i], recv + offset, eigen_floats(l) * sizeof *state);
+        offset += eigen_floats(l);
+      }
+    tide__free(at);
+  }
+  if (rc == 0) memcpy(out, state, total * sizeof *state);
+  tide__free(counts);
+  tide__free(state);
+  tide__free(send);
+  tide__free(recv);
+  return rc;
+}
+
+const char *tide__kfac_state_check(const tide__kfac_t *k, const void *in, size_t floats) {
+  if (floats == 0) return NULL; /* a state without K-FAC: the factors start from I */
+  if (k == NULL) return "the state has K-FAC factors and this trainer has no K-FAC (tide_trainer_kfac first)";
+  if (floats != tide__kfac_state_floats(k)) return "the state's K-FAC layers are not this trainer's";
+  const char *p = in;
+  for (size_t i = 0; i < k->nlayers; i++) {
+    const layer_t *l = &k->layers[i];
+    p += factor_floats(l) * sizeof(float);
+    float flag;
+    memcpy(&flag, p, sizeof flag);
+    if (flag != 0.0f && flag != 1.0f) return "the state's K-FAC part is damaged";
+    p += eigen_floats(l) * sizeof(float);
+  }
+  return NULL;
+}
+
+static const char *take(float *dst, const char *src, size_t n) {
+  memcpy(dst, src, n * sizeof *dst);
+  return src + n * sizeof *dst;
+}
+
+void tide__kfac_state_set(tide__kfac_t *k, const void *in, size_t floats) {
+  if (k == NULL || floats == 0) return;
+  const char *p = in;
+  for (size_t i = 0; i < k->nlayers; i++) {
+    layer_t *l = &k->layers[i];
+    size_t na = (size_t)l->dim_a, ng = (size_t)l->dim_g;
+    p = take(l->a, p, na * na);
+    p = take(l->g, p, ng * ng);
+    float flag;
+    memcpy(&flag, p, sizeof flag);
+    if (!mine(k, l)) {
+      p += eigen_floats(l) * sizeof(float);
+      continue;
+    }
+    l->decomposed = flag == 1.0f;
+    p += sizeof flag;
+    p = take(l->q[TIDE_KFAC_A], p, na * na);
+    p = take(l->d[TIDE_KFAC_A], p, na);
+    p = take(l->q[TIDE_KFAC_G], p, ng * ng);
+    p = take(l->d[TIDE_KFAC_G], p, ng);
+  }
+}

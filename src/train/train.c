@@ -659,7 +659,7 @@ int tide_trainer_adapt(tide_trainer_t *tr, const char *list) {
 
 /* ---- state ---------------------------------------------------------------- */
 
-enum { STATE_MAGIC = 0x54524e31 /* "TRN1" */ };
+enum { STATE_MAGIC = 0x54524e32 /* "TRN2" */ };
 
 typedef struct {
   uint32_t magic, ntensors;
@@ -668,7 +668,7 @@ typedef struct {
   double progress, prev_exchange_s, prev_step_s;
   int32_t batch, accum, exchange, npolicies;
   tide__gns_t gns;
-  uint64_t optim_bytes, residual_len;
+  uint64_t optim_bytes, residual_len, kfac_len;
 } state_header_t;
 
 static size_t policy_bytes(const tide_trainer_t *tr) {
@@ -693,7 +693,7 @@ size_t tide_trainer_state_size(const tide_trainer_t *tr) {
   size_t residual;
   residual_of(tr, &residual);
   return sizeof(state_header_t) + tr->ntensors * sizeof(tide__gns_t) + policy_bytes(tr) +
-         tide_optim_state_size(tr->optim) + residual * sizeof(float);
+         tide_optim_state_size(tr->optim) + (residual + tide__kfac_state_floats(tr->kfac)) * sizeof(float);
 }
 
 int tide_trainer_state_get(const tide_trainer_t *tr, void *buf, size_t len) {
@@ -714,7 +714,7 @@ int tide_trainer_state_get(const tide_trainer_t *tr, void *buf, size_t len) {
   state_header_t h = {STATE_MAGIC, (uint32_t)tr->ntensors, tr->nparams, tr->config.dataset_size, tr->epoch,
                       tr->position, tr->step, tr->config.base_batch, tr->progress, tr->prev_exchange_s,
                       tr->prev_step_s, tr->batch, tr->accum, tr->exchange_kind, (int32_t)tr->npolicies, tr->gns,
-                      tide_optim_state_size(tr->optim), residual_len};
+                      tide_optim_state_size(tr->optim), residual_len, tide__kfac_state_floats(tr->kfac)};
   char *p = buf;
   memcpy(p, &h, sizeof h);
   p += sizeof h;
@@ -731,7 +731,8 @@ int tide_trainer_state_get(const tide_trainer_t *tr, void *buf, size_t len) {
   TIDE_CHECK(tide__pto_gather_state(tr, p));
   p += h.optim_bytes;
   if (residual_len) memcpy(p, residual, residual_len * sizeof(float));
-  return 0;
+  p += residual_len * sizeof(float);
+  return tide__kfac_state_get(tr, p);
 }
 
 int tide_trainer_state_set(tide_trainer_t *tr, const void *buf, size_t len) {
@@ -749,8 +750,14 @@ int tide_trainer_state_set(tide_trainer_t *tr, const void *buf, size_t len) {
     goto bad;
   const char *p = (const char *)buf + sizeof h;
   size_t need = sizeof h + tr->ntensors * sizeof(tide__gns_t) + policy_bytes(tr) + h.optim_bytes +
-                h.residual_len * sizeof(float);
+                (h.residual_len + h.kfac_len) * sizeof(float);
   if (len < need) goto bad;
+  const char *kfac = p + need - sizeof h - h.kfac_len * sizeof(float);
+  const char *why = tide__kfac_state_check(tr->kfac, kfac, h.kfac_len);
+  if (why != NULL) {
+    TIDE_ERROR("tide_trainer_state_set: %s", why);
+    return TIDE_EINVAL;
+  }
   const char *policies = p + tr->ntensors * sizeof(tide__gns_t), *q = policies;
   for (size_t i = 0; i < tr->npolicies; i++) {
     uint64_t n;
@@ -768,6 +775,7 @@ int tide_trainer_state_set(tide_trainer_t *tr, const void *buf, size_t len) {
     memcpy(residual, q + h.optim_bytes, h.residual_len * sizeof *residual);
   }
   memcpy(tr->tensor_gns, p, tr->ntensors * sizeof *tr->tensor_gns);
+  tide__kfac_state_set(tr->kfac, kfac, h.kfac_len);
   q = policies;
   for (size_t i = 0; i < tr->npolicies; i++) {
     uint64_t n;

@@ -56,6 +56,15 @@ void tide__kfac_micro_end(tide__kfac_t *k);
  * preconditioning of tr->exchange in place, sharing. Collective. *seconds
  * gets the stage's time plus this step's tide_trainer_kfac_add time. */
 int tide__kfac_run(tide_trainer_t *tr, float lr, double *seconds);
+/* Its part of the trainer state: factors and decompositions (floats; 0
+ * without K-FAC). get gathers the decompositions from their owners
+ * (collective when they are spread over the ranks); check returns why a
+ * state's part does not fit (NULL: it does; 0 floats always fits and
+ * leaves the factors as they are); set takes it. */
+size_t tide__kfac_state_floats(const tide__kfac_t *k);
+int tide__kfac_state_get(const tide_trainer_t *tr, void *out);
+const char *tide__kfac_state_check(const tide__kfac_t *k, const void *in, size_t floats);
+void tide__kfac_state_set(tide__kfac_t *k, const void *in, size_t floats);
 
 struct tide_trainer {
   tide_comm_t *comm;
