@@ -105,6 +105,16 @@ static int train_steps(nn_model_t *m, tide_trainer_t *tr, int batch, int steps) 
   return 0;
 }
 
+/* Each rank writes its final parameters to out.rankR. */
+static void write_params(const char *out, int rank, nn_model_t *m) {
+  char path[512];
+  snprintf(path, sizeof path, "%s.rank%d", out, rank);
+  FILE *f = fopen(path, "wb");
+  CHECK(f != NULL);
+  CHECK(fwrite(nn_params(m), sizeof(float), nn_param_count(m), f) == nn_param_count(m));
+  fclose(f);
+}
+
 static int rank_main(int rank, int size, void *arg) {
   const run_t *r = arg;
   tide_comm_t *comm;
@@ -113,12 +123,7 @@ static int rank_main(int rank, int size, void *arg) {
   nn_model_t *m;
   tide_trainer_t *tr;
   run_training(comm, r, &m, &tr);
-  char path[512];
-  snprintf(path, sizeof path, "%s.rank%d", r->out, rank);
-  FILE *f = fopen(path, "wb");
-  CHECK(f != NULL);
-  CHECK(fwrite(nn_params(m), sizeof(float), nn_param_count(m), f) == nn_param_count(m));
-  fclose(f);
+  write_params(r->out, rank, m);
   tide_trainer_destroy(tr);
   nn_model_destroy(m);
   tide_comm_destroy(comm);
@@ -150,12 +155,7 @@ static int resume_main(int rank, int size, void *arg) {
   tide_trainer_destroy(tr);
   nn_model_destroy(m);
   train_steps(m2, tr2, r->batch, r->steps - half.steps);
-  char path[512];
-  snprintf(path, sizeof path, "%s.rank%d", r->out, rank);
-  FILE *f = fopen(path, "wb");
-  CHECK(f != NULL);
-  CHECK(fwrite(nn_params(m2), sizeof(float), nn_param_count(m2), f) == nn_param_count(m2));
-  fclose(f);
+  write_params(r->out, rank, m2);
   (void)size;
   free(state);
   tide_trainer_destroy(tr2);
