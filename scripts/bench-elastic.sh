@@ -5,13 +5,18 @@
 #   resize 2 -> 4 -> 3 workers (tide ctl resize) in place, time from the decision to the first
 #          step on the new membership; vs a restart of the job (the torchrun/Horovod way): the time
 #          from launching it to its first step (a lower bound: no checkpoint written or read).
-# usage: scripts/bench-elastic.sh BUILD_DIR [RUNS]     (EPOCHS=5, TIDE_SHM=0 for TCP only)
+#   straggler  a 3-worker CNN run with TIDE_STRAGGLER=remove; at step 20 worker 2 is put in a cgroup
+#          that gives it 20% of one core (cpu.cfs_quota_us, root); the steps until it is flagged,
+#          and the throughput after the last membership change against a healthy run of that size.
+# usage: scripts/bench-elastic.sh BUILD_DIR [RUNS]     (EPOCHS=5, TIDE_SHM=0 for TCP only,
+#        ONLY=straggler or ONLY=kill-resize for one part)
 set -u
 B=$(cd "${1:-build}" && pwd)
 RUNS=${2:-5}
 EPOCHS=${EPOCHS:-5}
 OUT=$(mktemp -d /tmp/tide-bench-elastic-XXXXXX)
-trap 'rm -rf "$OUT"' EXIT
+CG=/sys/fs/cgroup/cpu/tide-straggler-$$
+trap 'rm -rf "$OUT"; [ -d "$CG" ] && rmdir "$CG"' EXIT
 export TIDE_JOB_TOKEN=bench-elastic-$$
 TRAIN="$B/tools/tide-train --elastic --model mlp --epochs $EPOCHS --seed 1 --runs $OUT"
 now() { date +%s.%N; }
@@ -34,9 +39,22 @@ worker_pid() {
   done
 }
 
+# The last step number in run $1's metrics.
+last_step() { grep '"type":"step"' "$OUT/$1/metrics.jsonl" 2>/dev/null | tail -n 1 | grep -o '"step":[0-9]*' | cut -d: -f2; }
+
+# Median images/s of run $1's steps from step $2 on (to step $3).
+median_rate() {
+  grep '"type":"step"' "$OUT/$1/metrics.jsonl" | awk -v from="$2" -v to="${3:-1000000000}" '{
+    match($0, /"step":[0-9]+/); s = substr($0, RSTART + 7, RLENGTH - 7) + 0
+    match($0, /"images_per_s":[0-9.]+/); if (s >= from && s <= to) print substr($0, RSTART + 15, RLENGTH - 15) + 0
+  }' | sort -n | awk '{ v[NR] = $1 } END { if (!NR) print "null"; else print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'
+}
+
 acc() { grep -o '"final_test_accuracy":[0-9.]*' "$OUT/$1/summary.json" | cut -d: -f2; }
 
+ONLY=${ONLY:-all}
 for i in $(seq 1 "$RUNS"); do
+  [ "$ONLY" = straggler ] && break
   # kill: the same run, uninterrupted and with a kill
   "$B/tools/tiderun" --elastic --min-np 3 --max-np 4 -np 4 $TRAIN --name base$i > /dev/null 2>&1
   "$B/tools/tiderun" --elastic --min-np 3 --max-np 4 -np 4 --max-restarts 0 $TRAIN --name kill$i \
@@ -80,3 +98,42 @@ for i in $(seq 1 "$RUNS"); do
   echo "{\"bench\":\"resize\",\"run\":$i,\"rc\":$rc,\"grow_2_to_4_s\":${grow:-null},\"shrink_4_to_3_s\":${shrink:-null},"\
 "\"restart_to_first_step_s\":$(echo "$t1 - $t0" | bc -l)}"
 done
+
+# straggler: the CNN on 19,200 images (100 steps an epoch at 3 x 64), 2 epochs
+STRAIN="$B/tools/tide-train --elastic --model cnn --subset 19200 --epochs 2 --seed 1 --runs $OUT"
+if [ "$ONLY" = kill-resize ]; then
+  :
+elif mkdir "$CG" 2>/dev/null && echo 20000 > "$CG/cpu.cfs_quota_us"; then
+  for i in $(seq 1 "$RUNS"); do
+    for n in 2 3; do
+      "$B/tools/tiderun" --elastic --min-np 2 --max-np $n -np $n $STRAIN --name healthy$n-$i > /dev/null 2>&1
+    done
+    TIDE_STRAGGLER=remove "$B/tools/tiderun" --elastic --min-np 2 --max-np 3 -np 3 --max-restarts 0 $STRAIN \
+      --name straggler$i > "$OUT/straggler$i.out" 2> "$OUT/straggler$i.err" &
+    job=$!
+    until [ "$(last_step straggler$i)" -ge 20 ] 2>/dev/null || ! kill -0 $job 2>/dev/null; do sleep 0.01; done
+    slow=$(worker_pid $job 2)
+    echo "$slow" > "$CG/cgroup.procs"
+    from=$(last_step straggler$i)
+    wait $job
+    rc=$?
+    flagged=$(grep -o 'rank 2 is a straggler at step [0-9]*' "$OUT/straggler$i.err" | head -1 | awk '{print $NF}')
+    change=$(grep -o 'step [0-9]*, the first on [0-9]* worker(s)' "$OUT/straggler$i.err" | tail -1)
+    cstep=$(echo "$change" | awk '{print $2}' | tr -d ,)
+    size=$(echo "$change" | awk '{print $6}')
+    after=$(median_rate straggler$i $(( ${cstep:-0} + 5 )))
+    healthy=$(median_rate healthy${size:-3}-$i 5)
+    slowed=$(median_rate straggler$i $(( ${from:-0} + 1 )) ${flagged:-0})
+    echo "{\"bench\":\"straggler\",\"run\":$i,\"rc\":$rc,\"slowed_at_step\":${from:-null},\"flagged_at_step\":${flagged:-null},"\
+"\"steps_to_flag\":$(( ${flagged:-0} - ${from:-0} )),\"images_per_s_slowed\":$slowed,\"size_after\":${size:-null},\"images_per_s_after\":$after,"\
+"\"images_per_s_healthy_same_size\":$healthy,\"ratio\":$(echo "$after / $healthy" | bc -l 2>/dev/null || echo null)}"
+  done
+else
+  echo "bench-elastic: straggler: cannot make the cgroup $CG (needs root and the cgroup v1 cpu controller); skipped" >&2
+fi
+
+# Nothing of the jobs outlives them: processes, shared-memory files, listening ports.
+procs=$(pgrep -fc "$B/tools/tide-train" || true)
+shm=$(ls /dev/shm | grep -c '^tide' || true)
+ports=$(ss -ltnp 2>/dev/null | grep -c 'tide-train\|tiderun' || true)
+echo "{\"bench\":\"leftovers\",\"processes\":$procs,\"shm_files\":$shm,\"listening_ports\":$ports}"
