@@ -125,6 +125,8 @@ def parse_args():
     p.add_argument("--weight-decay", type=float, default=5e-4)
     p.add_argument("--schedule", choices=["cosine", "constant"], default="cosine")
     p.add_argument("--compression", default="none", help="none, topk:DENSITY or hitopk:DENSITY (tide)")
+    p.add_argument("--sparse-warmup-epochs", type=float, default=0,
+                   help="density warm-up of --compression over the first N epochs (Compression's warmup_steps)")
     p.add_argument("--op", choices=["average", "adasum"], default="average")
     p.add_argument("--adapt", default=None, help="policies of tide's step API, e.g. gns,adascale (tide)")
     p.add_argument("--bucket-kb", type=int, default=256, help="tide's allreduce bucket size")
@@ -177,7 +179,8 @@ def main():
         opt = run_optimizer(args, backend, model, x, y, state, record, steps_per_epoch, total_steps)
     acc = state["evals"][-1]["accuracy"]
     result = {"model": args.model, "backend": args.backend, "ranks": backend.size, "batch": args.batch,
-              "threads": torch.get_num_threads(), "compression": args.compression, "op": args.op,
+              "threads": torch.get_num_threads(), "compression": args.compression,
+              "sparse_warmup_epochs": args.sparse_warmup_epochs if args.compression != "none" else 0, "op": args.op,
               "adapt": args.adapt or "", "final_accuracy": acc, "train_s": round(state["train_s"], 3),
               "images_per_s": round(state["images"] / state["train_s"], 1),
               "time_to_target_s": state["target_s"], "target_accuracy": args.target_accuracy}
@@ -201,8 +204,10 @@ def run_optimizer(args, backend, model, x, y, state, record, steps_per_epoch, to
     if args.backend == "tide":
         tt = backend.tt
         kind, _, density = args.compression.partition(":")
-        compression = {"none": lambda: tt.Compression.none, "topk": lambda: tt.Compression.topk(float(density)),
-                       "hitopk": lambda: tt.Compression.hitopk(float(density))}[kind]()
+        warmup = int(args.sparse_warmup_epochs * steps_per_epoch)
+        compression = {"none": lambda: tt.Compression.none,
+                       "topk": lambda: tt.Compression.topk(float(density), warmup_steps=warmup),
+                       "hitopk": lambda: tt.Compression.hitopk(float(density), warmup_steps=warmup)}[kind]()
         opt = tt.DistributedOptimizer(opt, named_parameters=model.named_parameters(), compression=compression,
                                       op=tt.Adasum if args.op == "adasum" else tt.Average,
                                       bucket_bytes=args.bucket_kb * 1024, measure_overlap=args.report_overlap)

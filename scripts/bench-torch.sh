@@ -26,6 +26,7 @@ usage: scripts/bench-torch.sh [options] local|emulated
   --epochs N           local: epochs (default 2); emulated: 3
   --repeat R           run each pair R times, alternating (default 1)
   --compression C      emulated: tide's compression (default hitopk:0.01)
+  --sparse-warmup E    emulated: its density warm-up in epochs (default 0)
   --bandwidth RATE     emulated: each host's uplink (default 1gbit)
   --target X           emulated: target accuracy (default 0.85)
   --eval-every N       emulated: evaluate every N steps (default 25)
@@ -33,7 +34,7 @@ usage: scripts/bench-torch.sh [options] local|emulated
 EOF2
 }
 
-build=$src/build models="mlp cnn" epochs="" repeat=1 compression=hitopk:0.01 bandwidth=1gbit target=0.85
+build=$src/build models="mlp cnn" epochs="" repeat=1 compression=hitopk:0.01 sparse_warmup=0 bandwidth=1gbit target=0.85
 eval_every=25 out=""
 while [ $# -gt 0 ]; do
   case $1 in
@@ -42,6 +43,7 @@ while [ $# -gt 0 ]; do
     --epochs) epochs=$2; shift 2 ;;
     --repeat) repeat=$2; shift 2 ;;
     --compression) compression=$2; shift 2 ;;
+    --sparse-warmup) sparse_warmup=$2; shift 2 ;;
     --bandwidth) bandwidth=$2; shift 2 ;;
     --target) target=$2; shift 2 ;;
     --eval-every) eval_every=$2; shift 2 ;;
@@ -83,7 +85,7 @@ else
   for r in $(seq "$repeat"); do
     for backend in tide ddp; do
       extra=()
-      [ "$backend" = tide ] && extra=(--compression "$compression")
+      [ "$backend" = tide ] && extra=(--compression "$compression" --sparse-warmup-epochs "$sparse_warmup")
       GLOO_SOCKET_IFNAME=eth0 run "emulated $backend #$r" bash "$here/emulate-cluster.sh" --hosts 2 \
         --ranks-per-host 2 --bandwidth "$bandwidth" --build "$build" --no-prefix -- /usr/bin/python3 "$example" \
         --model mlp --backend "$backend" --epochs "$epochs" --target-accuracy "$target" \

@@ -168,6 +168,7 @@ _PROTOS = {
     "tide_compressor_create": (c_int, [c_int, c_double, c_int, P(Tensor), c_size_t, c_size_t, c_void_p,
                                        P(c_void_p)]),
     "tide_compressor_k": (c_size_t, [c_void_p]),
+    "tide_compressor_set_density": (c_int, [c_void_p, c_double]),
     "tide_compressor_compress": (c_int, [c_void_p, c_void_p, c_size_t, c_void_p, c_void_p, P(c_size_t)]),
     "tide_compressor_last_error": (c_char_p, [c_void_p]),
     "tide_compressor_destroy": (None, [c_void_p]),

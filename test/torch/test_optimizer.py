@@ -18,6 +18,7 @@ def worker():
     import torch.nn as nn
     import torch.nn.functional as F
     import tide.torch as tt
+    from tide import _lib
     tt.init()
     r, n = tt.rank(), tt.size()
     torch.set_num_threads(1)
@@ -90,6 +91,14 @@ def worker():
         identical(mc, repr(c))
         assert torch.isfinite(flat(mc)).all()
         assert not torch.equal(flat(mc), flat(start)), "%r did not train" % c
+    # density warm-up: the compressor follows density ** ((t + 1) / (W + 1)), falling step by step
+    c = tt.Compression.topk(0.05, warmup_steps=2 * STEPS)
+    assert c.density_at(0) > c.density_at(STEPS - 1) > c.density_at(2 * STEPS) == 0.05
+    _, mw, ow = train(compression=c)
+    identical(mw, repr(c))
+    assert ow._density == c.density_at(STEPS - 1), "the last step's density is %g" % ow._density
+    k_first, k_last = ow._values.numel(), _lib.lib.tide_compressor_k(ow._compressor)
+    assert k_last < k_first, "k did not fall during the warm-up (%d -> %d)" % (k_first, k_last)
     _, ma, _ = train(op=tt.Adasum)
     identical(ma, "Adasum")
     assert torch.isfinite(flat(ma)).all() and not torch.equal(flat(ma), flat(start))
@@ -111,10 +120,15 @@ def worker():
             assert words in str(e), str(e)
         else:
             raise AssertionError("accepted %r" % kw)
-    try:
-        tt.Compression.hitopk(0.0)
-    except tt.InvalidArgumentError as e:
-        assert "density" in str(e)
+    for bad, words in ((lambda: tt.Compression.hitopk(0.0), "density"),
+                       (lambda: tt.Compression.topk(0.1, warmup_steps=-1), "warmup_steps"),
+                       (lambda: tt.Compression.hitopk(0.1, warmup_steps=2.5), "warmup_steps")):
+        try:
+            bad()
+        except tt.InvalidArgumentError as e:
+            assert words in str(e), str(e)
+        else:
+            raise AssertionError("accepted a bad %s" % words)
 
     # the step API: gns,adascale drive the loop, the monitor's figures are readable
     m = model_for(5)

@@ -23,33 +23,49 @@ class Compression:
     density share (TopK-AllGather) and hitopk(density) runs HiTopKComm
     (intra-host reduce-scatter, top-k of the host's sum across hosts). Both
     keep what they did not send in a residual added to the next step's
-    gradient (error feedback)."""
+    gradient (error feedback). With warmup_steps=W > 0 the density starts
+    higher and falls to its target over the first W steps, as Deep Gradient
+    Compression's warm-up does: step t < W uses density ** ((t + 1) / (W + 1))
+    (tide-train's --sparse-warmup-epochs with a step for an epoch); a
+    common choice is one epoch's steps."""
 
     class _Kind:
-        def __init__(self, name, density=1.0, selector="sampled"):
+        def __init__(self, name, density=1.0, selector="sampled", warmup_steps=0):
             self.name = name
             self.density = density
             self.selector = selector
+            self.warmup_steps = warmup_steps
+
+        def density_at(self, step):
+            """The density of step `step` (0-based), warm-up included."""
+            w = self.warmup_steps
+            return self.density ** ((step + 1.0) / (w + 1.0)) if step < w else self.density
 
         def __repr__(self):
-            return "Compression.%s(%g)" % (self.name, self.density) if self.name != "none" else "Compression.none"
+            if self.name == "none":
+                return "Compression.none"
+            w = ", warmup_steps=%d" % self.warmup_steps if self.warmup_steps else ""
+            return "Compression.%s(%g%s)" % (self.name, self.density, w)
 
     none = _Kind("none")
 
     @staticmethod
-    def topk(density, selector="sampled"):
-        Compression._check(density, "topk")
-        return Compression._Kind("topk", float(density), selector)
+    def topk(density, selector="sampled", warmup_steps=0):
+        Compression._check(density, warmup_steps, "topk")
+        return Compression._Kind("topk", float(density), selector, warmup_steps)
 
     @staticmethod
-    def hitopk(density, selector="sampled"):
-        Compression._check(density, "hitopk")
-        return Compression._Kind("hitopk", float(density), selector)
+    def hitopk(density, selector="sampled", warmup_steps=0):
+        Compression._check(density, warmup_steps, "hitopk")
+        return Compression._Kind("hitopk", float(density), selector, warmup_steps)
 
     @staticmethod
-    def _check(density, name):
-        if not (isinstance(density, (int, float)) and 0 < density <= 1):
+    def _check(density, warmup_steps, name):
+        if isinstance(density, bool) or not (isinstance(density, (int, float)) and 0 < density <= 1):
             raise _comm._invalid("Compression.%s" % name, "density must be in (0, 1], got %r" % (density,))
+        if isinstance(warmup_steps, bool) or not (isinstance(warmup_steps, int) and warmup_steps >= 0):
+            raise _comm._invalid("Compression.%s" % name,
+                                 "warmup_steps must be an integer >= 0, got %r" % (warmup_steps,))
 
 
 class _Bucket:
@@ -205,6 +221,7 @@ class _DistributedMixin:
         call = "DistributedOptimizer %r" % self._compression
         kind = ctypes.c_int()
         _lib.check(lib.tide_topk_parse(self._compression.selector.encode(), ctypes.byref(kind)), call)
+        density = self._compression.density_at(self._steps)
         if self._compressor is None:
             n = d
             if self._compression.name == "hitopk":
@@ -214,12 +231,18 @@ class _DistributedMixin:
                     raise _comm._fail(rc, call)
                 n = ln.value
             c = ctypes.c_void_p()
-            _lib.check(lib.tide_compressor_create(kind.value, self._compression.density, _lib.TOPK_GLOBAL, None, 0,
+            # Created at the first step's density, the highest: the pair
+            # buffers then hold every later step's k.
+            _lib.check(lib.tide_compressor_create(kind.value, density, _lib.TOPK_GLOBAL, None, 0,
                                                   n, None, ctypes.byref(c)), call)
             self._compressor = c
+            self._density = density
             k = lib.tide_compressor_k(c)
             self._values = torch.empty(k, dtype=torch.float32)
             self._indices = torch.empty(k, dtype=torch.int32)
+        elif density != self._density:
+            _lib.check(lib.tide_compressor_set_density(self._compressor, density), call)
+            self._density = density
         op = _lib.AVG if self._op == Average else _lib.SUM
         if self._compression.name == "hitopk":
             rc = lib.tide_hitopk_allreduce(comm, ptr, ptr, d, self._compressor, op)
