@@ -246,6 +246,9 @@ cleanup() {
       printf "emulate-cluster: storage: served %d bytes in %d requests (", b, n
       sep = ""; for (k in s) { printf "%sHTTP %s: %d", sep, k, s[k]; sep = ", " }; print ")" }' \
       "$tmp/storage-access.log" >&2 2>/dev/null
+    # lighttpd's own complaints (the last few), when it had any.
+    grep -v 'server started\|server stopped\|graceful shutdown' "$tmp/storage-error.log" 2>/dev/null | tail -n 3 |
+      sed 's/^/emulate-cluster: storage: lighttpd: /' >&2
   fi
   remove_namespaces "$ns_prefix-$run_id-"
   for pid in "${sed_pids[@]}"; do wait "$pid" 2>/dev/null; done
