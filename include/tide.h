@@ -202,6 +202,12 @@ int tide_comm_resize(tide_comm_t *comm, int size, int exclude, tide_comm_t **out
  * (tide_elastic_request; 0: none), and *waiting, workers waiting to join.
  * Both 0 outside elastic jobs. Reads the store: any member, any time. */
 int tide_comm_elastic_status(tide_comm_t *comm, int *target, int *waiting);
+/* A member's tide_elastic_request: asks the job for `size` workers (0
+ * withdraws the request); the members act at their next step boundary and
+ * tiderun --elastic starts or stops workers. A policy's world_size reaches
+ * the job this way (rank 0 of the trainer calls it). TIDE_ESTATE outside
+ * elastic jobs; TIDE_EINVAL for a negative size. */
+int tide_comm_elastic_request(tide_comm_t *comm, int size);
 /* Marks the job finished, so that workers still waiting to join give up
  * (tide_comm_init returns TIDE_ESTATE for them). No-op outside elastic jobs. */
 int tide_comm_elastic_finish(tide_comm_t *comm);
@@ -959,6 +965,9 @@ int tide_trainer_add_policy(tide_trainer_t *tr, const tide_policy_ops_t *ops, vo
  *   gns        grow the global batch towards the measured noise scale
  *   pollux     the batch that maximises goodput (fitted throughput x efficiency)
  *   exchange   dense or hitopk from the measured communication share
+ *   autoscale  elastic jobs: add workers while each added one raises the
+ *              throughput by at least threshold (0.5) of a worker's, give
+ *              them back when not (Resource Elasticity; docs/elastic.md)
  * TIDE_EINVAL names an unknown policy or key, or a bad value. */
 int tide_trainer_adapt(tide_trainer_t *tr, const char *list);
 

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "harness.h"
+#include "policy/policy.h"
 
 static int close_to(double a, double b, double rel) { return fabs(a - b) <= rel * fabs(b); }
 
@@ -396,6 +397,60 @@ static int bad_rank(int rank, int size, void *arg) {
 
 /* Every check runs in harness processes: tide reads its TIDE_* parameters
  * once, so this process calls nothing of tide's. */
+/* The autoscale policy's decisions, fed synthetic all-reduced statistics:
+ * `steps` steps at `ranks` workers and `rate` samples/s; returns the last
+ * world_size it asked for in them (0: none). */
+static int feed(const tide_policy_ops_t *ops, void *state, long *step, int ranks, double rate, int steps) {
+  int asked = 0;
+  for (int i = 0; i < steps; i++) {
+    tide_step_stats_t st = {.step = ++*step, .ranks = ranks, .global_batch = 256, .mean_step_s = 256.0 / rate};
+    tide_decision_t d = {.world_size = 0, .exchange = -1};
+    CHECK_OK(ops->before_step(state, &st, &d));
+    if (d.world_size > 0) asked = d.world_size;
+  }
+  return asked;
+}
+
+static void autoscale_case(void) {
+  tide__policy_env_t env = {.base_batch = 256, .ranks = 2, .nodes = 1, .batch = 128, .max_batch = 128};
+  tide_policy_ops_t ops;
+  void *state;
+  long step = 0;
+  /* Scales well from 2 to 3 (0.9 of a worker's throughput gained), badly
+   * from 3 to 4 (0.31): asks for 3, then 4, then gives the fourth back. */
+  CHECK_OK(tide__policy_builtin("autoscale:window=4:settle=1", &env, &ops, &state));
+  CHECK(feed(&ops, state, &step, 2, 100, 4) == 0); /* settle 1 + 3 of the window */
+  CHECK(feed(&ops, state, &step, 2, 100, 1) == 3);
+  CHECK(feed(&ops, state, &step, 2, 100, 10) == 0); /* waiting for the third */
+  CHECK(feed(&ops, state, &step, 3, 145, 5) == 4);
+  CHECK(feed(&ops, state, &step, 4, 160, 5) == 3);
+  CHECK(feed(&ops, state, &step, 3, 145, 50) == 0); /* settled */
+  ops.destroy(state);
+  /* Workers that never come: after `patience` steps it stays where it is. */
+  step = 0;
+  CHECK_OK(tide__policy_builtin("autoscale:window=2:settle=0:patience=6", &env, &ops, &state));
+  CHECK(feed(&ops, state, &step, 2, 100, 2) == 3);
+  CHECK(feed(&ops, state, &step, 2, 100, 5) == 0);
+  CHECK(feed(&ops, state, &step, 2, 100, 1) == 2);
+  CHECK(feed(&ops, state, &step, 2, 100, 20) == 0);
+  ops.destroy(state);
+  /* At max it stops asking; a higher threshold gives back sooner. */
+  step = 0;
+  CHECK_OK(tide__policy_builtin("autoscale:window=2:settle=0:max=3:threshold=0.95", &env, &ops, &state));
+  CHECK(feed(&ops, state, &step, 2, 100, 2) == 3);
+  CHECK(feed(&ops, state, &step, 3, 145, 2) == 2); /* 0.9 < 0.95: back to 2 */
+  ops.destroy(state);
+  step = 0;
+  CHECK_OK(tide__policy_builtin("autoscale:window=2:settle=0:max=3", &env, &ops, &state));
+  CHECK(feed(&ops, state, &step, 2, 100, 2) == 3);
+  CHECK(feed(&ops, state, &step, 3, 145, 2) == 3); /* kept, and 3 is the max */
+  CHECK(feed(&ops, state, &step, 3, 145, 20) == 0);
+  ops.destroy(state);
+  const char *bad[] = {"autoscale:threshold=-1", "autoscale:window=0", "autoscale:add=0", "autoscale:speed=2"};
+  for (int i = 0; i < 4; i++) CHECK_RC(tide__policy_builtin(bad[i], &env, &ops, &state), TIDE_EINVAL);
+  printf("autoscale: grows while an added worker adds >= threshold of one, gives back, waits, caps\n");
+}
+
 int main(void) {
   harness_opts_t one = {.np = 1}, two = {.np = 2}, four = {.np = 4};
   setvbuf(stdout, NULL, _IONBF, 0);
@@ -418,6 +473,7 @@ int main(void) {
   CHECK(harness_run(&two, restore_rank, &adasum) == 0);
   CHECK(harness_run(&two, adasum_rank, NULL) == 0);
   CHECK(harness_run(&four, adasum_rank, NULL) == 0);
+  autoscale_case();
   printf("all adaptation checks passed\n");
   return 0;
 }

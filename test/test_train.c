@@ -197,6 +197,24 @@ static void refused(const char *args, const char *expect) {
   }
 }
 
+/* --adapt autoscale in an elastic job from 1 worker, max 2: the policy asks
+ * for a second worker, tiderun starts it, it joins; whether it stays depends
+ * on the measured throughput (either is right), but the growth must happen,
+ * the job end normally and the replicas agree. */
+static void autoscale(void) {
+  char cmd[4096], out[65536];
+  snprintf(cmd, sizeof cmd,
+           "TIDE_JOB_TOKEN=test-autoscale-%d %s/tiderun --rdzv 127.0.0.1:%d --timeout 120 --elastic --min-np 1 "
+           "--max-np 2 -np 1 %s/tide-train --elastic --model mlp --epochs 2 --batch 32 --subset 3000 "
+           "--adapt autoscale:window=5:settle=1:max=2 --name autoscale --runs %s 2>&1",
+           (int)getpid(), tools, 20000 + (int)(getpid() % 20000), tools, runs);
+  int rc = run(cmd, out, sizeof out);
+  if (rc != 0 || strstr(out, "the first on 2 worker(s)") == NULL || strstr(out, "replicas identical: yes") == NULL) {
+    fprintf(stderr, "%s\n-> exit %d (want 0, a step on 2 workers, identical replicas)\n%s\n", cmd, rc, out);
+    exit(1);
+  }
+}
+
 int main(void) {
   const char *dir = getenv("TIDE_TOOLS_DIR");
   if (dir == NULL) {
@@ -228,6 +246,7 @@ int main(void) {
   train(2, "hitopk:0.01");
   /* each worker's optimizer step, combined by Adasum */
   train(4, "adasum");
+  autoscale();
   eval_every();
   pto_same(3, "--optim adam --lr 0.001");
   pto_same(2, "--optim kfac --lr 0.02"); /* K-FAC preconditions, PTO shards the update */

@@ -67,7 +67,7 @@ static void usage(FILE *out) {
           "  --sparse-warmup-epochs N density warm-up (DGC): epoch e < N uses RHO^((e+1)/(N+1))\n"
           "                           (default 1)\n"
           "  --adapt LIST             adaptation policies, comma-separated, each NAME or\n"
-          "                           NAME:key=value:...: adascale, gns, pollux, exchange\n"
+          "                           NAME:key=value:...: adascale, gns, pollux, exchange, autoscale\n"
           "                           (docs/adaptation.md); e.g. --adapt gns,adascale\n"
           "  --gns-decay X            the noise-scale averages' factor per base-batch step (default 0.99)\n"
           "  --eval-every N           also evaluate the test set every N steps, not only at epoch ends\n"

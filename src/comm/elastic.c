@@ -428,6 +428,15 @@ int tide_comm_elastic_status(tide_comm_t *comm, int *target, int *waiting) {
   return 0;
 }
 
+int tide_comm_elastic_request(tide_comm_t *comm, int size) {
+  if (comm == NULL) return tide__null_arg("tide_comm_elastic_request", "comm");
+  if (comm->membership == NULL || comm->store == NULL) {
+    TIDE_ERROR("tide_comm_elastic_request: the communicator is not elastic (start the job with tiderun --elastic)");
+    return TIDE_ESTATE;
+  }
+  return tide_elastic_request(comm->store, size);
+}
+
 int tide_comm_elastic_finish(tide_comm_t *comm) {
   if (comm == NULL || comm->membership == NULL || comm->store == NULL) return 0;
   return put(comm->store, "elastic/done", "1");

@@ -1,5 +1,6 @@
 /* Built-in policies (docs/adaptation.md, "Policies"): AdaScale, noise-scale
- * batch sizing, the exchange switch, and Pollux (pollux.c). Each reads the
+ * batch sizing, the exchange switch, elastic autoscaling, and Pollux
+ * (pollux.c). Each reads the
  * all-reduced statistics every rank has, so every rank decides the same. */
 #include <errno.h>
 #include <math.h>
@@ -193,6 +194,116 @@ static int switch_create(int n, const char *const *keys, const char *const *valu
   return 0;
 }
 
+/* ---- autoscale -------------------------------------------------------------- */
+
+/* Resource Elasticity's scaling rule (Or et al., MLSys 2020; spec §8): the
+ * job's throughput is measured over `window` steps at its size, then `add`
+ * more workers are asked for; once they are members it is measured again.
+ * The added workers stay, and more are asked for, while the throughput
+ * gained per added worker is at least `threshold` times the per-worker
+ * throughput of the smaller size; otherwise they are given back and the size
+ * stays. Throughput: samples over the all-reduced mean step time, after
+ * `settle` steps at a new size. Workers that do not come within `patience`
+ * steps (no capacity, or the job's --max-np) end the search at the size
+ * the job has. */
+enum { AUTOSCALE_MEASURE = 0, AUTOSCALE_WAIT, AUTOSCALE_SETTLED };
+
+typedef struct {
+  double threshold;
+  long window, settle, patience;
+  int add, max;
+  int mode;
+  int size, asked;        /* the members being measured; the size asked for */
+  int kept_size;          /* the last size kept, and its throughput (0: none yet) */
+  double kept_rate;
+  long since, skip, waited;
+  double samples, seconds;
+} autoscale_t;
+
+static void autoscale_settle(autoscale_t *a, int size, tide_decision_t *d) {
+  a->mode = AUTOSCALE_SETTLED;
+  d->world_size = size;
+  TIDE_INFO("policy autoscale: staying at %d worker(s)", size);
+}
+
+static int autoscale_before_step(void *state, const tide_step_stats_t *s, tide_decision_t *d) {
+  autoscale_t *a = state;
+  if (a->mode == AUTOSCALE_SETTLED || s->step < 1 || !(s->mean_step_s > 0)) return 0;
+  if (s->ranks != a->size) { /* a new membership: measure it afresh */
+    a->size = s->ranks;
+    a->since = 0;
+    a->samples = a->seconds = 0;
+    a->skip = a->settle;
+  }
+  if (a->mode == AUTOSCALE_WAIT) {
+    if (s->ranks != a->asked) {
+      if (++a->waited >= a->patience) autoscale_settle(a, s->ranks, d);
+      return 0;
+    }
+    a->mode = AUTOSCALE_MEASURE;
+  }
+  if (a->skip > 0) {
+    a->skip--;
+    return 0;
+  }
+  a->samples += (double)s->global_batch;
+  a->seconds += s->mean_step_s;
+  if (++a->since < a->window) return 0;
+  double rate = a->samples / a->seconds;
+  a->since = 0;
+  a->samples = a->seconds = 0;
+  if (a->kept_size > 0 && a->size > a->kept_size) {
+    double per_worker = a->kept_rate / a->kept_size, gained = (rate - a->kept_rate) / (a->size - a->kept_size);
+    TIDE_INFO("policy autoscale: %d -> %d worker(s): %.0f -> %.0f samples/s, %.2f of a worker's throughput per "
+              "added worker (threshold %.2f)", a->kept_size, a->size, a->kept_rate, rate, gained / per_worker,
+              a->threshold);
+    if (gained < a->threshold * per_worker) {
+      autoscale_settle(a, a->kept_size, d);
+      return 0;
+    }
+  }
+  a->kept_size = a->size;
+  a->kept_rate = rate;
+  int next = a->size + a->add;
+  if (a->max > 0 && next > a->max) next = a->max;
+  if (next <= a->size) {
+    autoscale_settle(a, a->size, d);
+    return 0;
+  }
+  a->mode = AUTOSCALE_WAIT;
+  a->asked = next;
+  a->waited = 0;
+  d->world_size = next;
+  return 0;
+}
+
+static int autoscale_create(int n, const char *const *keys, const char *const *values, tide_policy_ops_t *ops,
+                            void **state) {
+  autoscale_t a = {.threshold = 0.5, .window = 20, .settle = 5, .patience = 200, .add = 1};
+  for (int i = 0; i < n; i++) {
+    double v;
+    if (strcmp(keys[i], "threshold") == 0) {
+      TIDE_CHECK(tide__policy_number("autoscale", keys[i], values[i], 0, 10, &a.threshold));
+    } else if (strcmp(keys[i], "window") == 0 || strcmp(keys[i], "settle") == 0 ||
+               strcmp(keys[i], "patience") == 0) {
+      TIDE_CHECK(tide__policy_number("autoscale", keys[i], values[i], keys[i][0] == 's' ? 0 : 1, 1e9, &v));
+      *(keys[i][0] == 'w' ? &a.window : keys[i][0] == 's' ? &a.settle : &a.patience) = (long)v;
+    } else if (strcmp(keys[i], "add") == 0 || strcmp(keys[i], "max") == 0) {
+      TIDE_CHECK(tide__policy_number("autoscale", keys[i], values[i], keys[i][0] == 'a' ? 1 : 0, 1048576, &v));
+      *(keys[i][0] == 'a' ? &a.add : &a.max) = (int)v;
+    } else {
+      return unknown_key("autoscale", keys[i], "threshold, window, settle, patience, add, max");
+    }
+  }
+  autoscale_t *p = tide__malloc(sizeof *p);
+  if (p == NULL) return TIDE_ENOMEM;
+  *p = a;
+  *ops = (tide_policy_ops_t){.name = "autoscale", .before_step = autoscale_before_step, .destroy = tide__free,
+                             .state_size = sizeof *p};
+  *state = p;
+  return 0;
+}
+
 /* ---- the table ------------------------------------------------------------- */
 
 int tide__policy_builtin(const char *spec, const tide__policy_env_t *env, tide_policy_ops_t *ops, void **state) {
@@ -223,6 +334,7 @@ int tide__policy_builtin(const char *spec, const tide__policy_env_t *env, tide_p
   if (strcmp(name, "gns") == 0) return gns_create(n, keys, values, env, ops, state);
   if (strcmp(name, "exchange") == 0) return switch_create(n, keys, values, ops, state);
   if (strcmp(name, "pollux") == 0) return tide__pollux_create(keys, values, n, env, ops, state);
-  TIDE_ERROR("unknown policy '%s': use adascale, gns, pollux or exchange (docs/adaptation.md)", name);
+  if (strcmp(name, "autoscale") == 0) return autoscale_create(n, keys, values, ops, state);
+  TIDE_ERROR("unknown policy '%s': use adascale, gns, pollux, exchange or autoscale (docs/adaptation.md)", name);
   return TIDE_EINVAL;
 }

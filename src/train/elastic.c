@@ -62,7 +62,18 @@ void tide__trainer_elastic_fini(tide_trainer_t *tr) {
   tr->comm = NULL;
 }
 
-void tide__trainer_elastic_request(tide_trainer_t *tr, int world_size) { tr->elastic->requested = world_size; }
+/* A policy's world_size: kept as the cap of the next boundaries, and
+ * published by rank 0 as the job's request, so that tiderun --elastic starts
+ * the workers a growth needs (and does not replace the ones a shrink lets go). */
+void tide__trainer_elastic_request(tide_trainer_t *tr, int world_size) {
+  struct tide__elastic_trainer *e = tr->elastic;
+  if (world_size == e->requested) return;
+  e->requested = world_size;
+  int rc = tr->rank == 0 ? tide_comm_elastic_request(tr->comm, world_size) : 0;
+  if (rc != 0)
+    TIDE_WARN("elastic: a policy asked for %d workers, but the request could not be written to the job's store: %s",
+              world_size, tide_strerror(rc));
+}
 
 void tide__trainer_elastic_done(tide_trainer_t *tr) {
   /* Every member says so before it exits: a launcher that sees a worker
