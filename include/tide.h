@@ -1103,7 +1103,11 @@ void tide_loader_config_default(tide_loader_config_t *out);
  * attempts with back-off for a URL). */
 int tide_loader_open(tide_comm_t *comm, const tide_loader_config_t *config, tide_loader_t **out);
 /* Stops the threads (the ranks agree at the next step), frees everything.
- * Collective; NULL is fine. */
+ * Collective; NULL is fine. After tide_loader_get/next failed on this rank
+ * (a bad sample, a source that stopped answering), the other ranks may be
+ * mid-step and cannot agree: close then waits at most a second and leaves
+ * the loader to the process's exit, so end the process after it (its
+ * peers then see TIDE_EPEER). */
 void tide_loader_close(tide_loader_t *loader);
 
 /* Samples in the source (the trainer's dataset_size), its classes and the

@@ -5,11 +5,14 @@
 #   resize 2 -> 4 -> 3 workers (tide ctl resize) in place, time from the decision to the first
 #          step on the new membership; vs a restart of the job (the torchrun/Horovod way): the time
 #          from launching it to its first step (a lower bound: no checkpoint written or read).
+#   emulated  the resize on scripts/emulate-cluster.sh's 2 hosts (root): 1 worker on each, then
+#          `tide ctl resize 4` (node 0 starts the joiners) and `resize 3`, in place; the time from
+#          each change's start to its first step, per change
 #   straggler  a 3-worker CNN run with TIDE_STRAGGLER=remove; at step 20 worker 2 is put in a cgroup
 #          that gives it 20% of one core (cpu.cfs_quota_us, root); the steps until it is flagged,
 #          and the throughput after the last membership change against a healthy run of that size.
 # usage: scripts/bench-elastic.sh BUILD_DIR [RUNS]     (EPOCHS=5, TIDE_SHM=0 for TCP only,
-#        ONLY=straggler or ONLY=kill-resize for one part)
+#        ONLY=kill-resize, ONLY=emulated or ONLY=straggler for one part)
 set -u
 B=$(cd "${1:-build}" && pwd)
 RUNS=${2:-5}
@@ -54,7 +57,7 @@ acc() { grep -o '"final_test_accuracy":[0-9.]*' "$OUT/$1/summary.json" | cut -d:
 
 ONLY=${ONLY:-all}
 for i in $(seq 1 "$RUNS"); do
-  [ "$ONLY" = straggler ] && break
+  [ "$ONLY" = straggler ] || [ "$ONLY" = emulated ] && break
   # kill: the same run, uninterrupted and with a kill
   "$B/tools/tiderun" --elastic --min-np 3 --max-np 4 -np 4 $TRAIN --name base$i > /dev/null 2>&1
   "$B/tools/tiderun" --elastic --min-np 3 --max-np 4 -np 4 --max-restarts 0 $TRAIN --name kill$i \
@@ -101,7 +104,29 @@ done
 
 # straggler: the CNN on 19,200 images (100 steps an epoch at 3 x 64), 2 epochs
 STRAIN="$B/tools/tide-train --elastic --model cnn --subset 19200 --epochs 2 --seed 1 --runs $OUT"
-if [ "$ONLY" = kill-resize ]; then
+# emulated: 2 -> 4 -> 3 across 2 emulated hosts (1 Gbit/s, 0.5 ms), tiderun --elastic --nnodes 2
+if [ "$ONLY" = all ] || [ "$ONLY" = emulated ]; then
+  for i in $(seq 1 "$RUNS"); do
+    log=$OUT/emulated$i.log
+    bash "$(dirname "$0")/emulate-cluster.sh" --hosts 2 --ranks-per-host 1 --build "$B" --no-prefix \
+      --tiderun-arg --elastic --tiderun-arg --max-np=4 -- $TRAIN --name emulated$i > "$log" 2>&1 &
+    job=$!
+    wait_progress emulated$i 0.5 $job
+    ns=$(ip netns list | grep -o "tide-emu-[0-9]*-h0" | head -1)
+    ip netns exec "$ns" "$B/tools/tide" ctl --rdzv 10.213.0.1:29500 resize 4 > /dev/null
+    while kill -0 $job 2>/dev/null && ! grep -q 'the first on 4 worker' "$log"; do sleep 0.02; done
+    p=$(tail -n 1 "$OUT/emulated$i/metrics.jsonl" | grep -o '"epochs_done":[0-9.]*' | cut -d: -f2)
+    wait_progress emulated$i "$(echo "${p:-0} + 0.3" | bc -l)" $job
+    ip netns exec "$ns" "$B/tools/tide" ctl --rdzv 10.213.0.1:29500 resize 3 > /dev/null
+    wait $job
+    rc=$?
+    changes=$(grep -o 'the first on [0-9]* worker(s), completed at [0-9.]*: [0-9.]* s after' "$log" |
+      awk '{ printf "%s{\"to\":%s,\"s\":%s}", n++ ? "," : "", $4, $(NF-2) }')
+    echo "{\"bench\":\"emulated\",\"run\":$i,\"rc\":$rc,\"changes\":[$changes]}"
+  done
+fi
+
+if [ "$ONLY" = kill-resize ] || [ "$ONLY" = emulated ]; then
   :
 elif mkdir "$CG" 2>/dev/null && echo 20000 > "$CG/cpu.cfs_quota_us"; then
   for i in $(seq 1 "$RUNS"); do

@@ -51,6 +51,8 @@ different hosts use TCP over a bridge whose links are shaped with tc.
                         the storage host's uplink, as --bandwidth (default
                         100mbit): the rate at which the hosts can read data
   --no-prefix           do not prefix output lines with "[hostH] [RANK] "
+  --tiderun-arg ARG     pass ARG to every host's tiderun (repeat it for several), e.g.
+                        --tiderun-arg --elastic --tiderun-arg --max-np=4
   --cleanup             remove the namespaces (and processes in them) left by
                         runs that were killed (SIGKILL); runs still alive are kept
   -h, --help            print this help
@@ -66,7 +68,8 @@ What it sets up (names carry this script's pid, so runs do not collide):
                         packet held for TIME by tide-netdelay (test/netdelay.c:
                         DIR/test/tide-netdelay, else tide-netdelay on PATH)
 The hosts have no default route: they reach each other and their loopback,
-nothing else. Every tiderun gets the same random TIDE_JOB_TOKEN,
+nothing else. Every tiderun gets the same TIDE_JOB_TOKEN (the caller's, else
+a random one),
 TIDE_SOCKET_IFNAME=eth0 and --rdzv 10.213.0.1:29500 (the store on host 0);
 TIDE_HOST_ID is removed (hosts are told apart by their namespaces) and the
 rest of the environment (TIDE_LOG_LEVEL, TIDE_ALGO ...) is passed on.
@@ -127,7 +130,7 @@ cleanup_stale() {
 # --- options ----------------------------------------------------------------
 
 hosts=2 ranks=2 bandwidth=1gbit latency=0.5ms delay_with=auto build=${TIDE_BUILD_DIR:-}
-timeout="" prefix=1 do_cleanup=0 storage="" storage_bandwidth=100mbit
+timeout="" prefix=1 do_cleanup=0 storage="" storage_bandwidth=100mbit extra_tiderun=()
 while [ $# -gt 0 ]; do
   case $1 in
     --hosts) [ $# -ge 2 ] || die_usage "$1 needs a value"; hosts=$2; shift 2 ;;
@@ -138,6 +141,7 @@ while [ $# -gt 0 ]; do
     --build) [ $# -ge 2 ] || die_usage "$1 needs a value"; build=$2; shift 2 ;;
     --timeout) [ $# -ge 2 ] || die_usage "$1 needs a value"; timeout=$2; shift 2 ;;
     --no-prefix) prefix=0; shift ;;
+    --tiderun-arg) [ $# -ge 2 ] || die_usage "$1 needs a value"; extra_tiderun+=("$2"); shift 2 ;;
     --storage) [ $# -ge 2 ] || die_usage "$1 needs a value"; storage=$2; shift 2 ;;
     --storage-bandwidth) [ $# -ge 2 ] || die_usage "$1 needs a value"; storage_bandwidth=$2; shift 2 ;;
     --cleanup) do_cleanup=1; shift ;;
@@ -395,10 +399,11 @@ log "$hosts host(s) x $ranks rank(s) on $subnet.0/24 (namespaces $ns_prefix-$run
 
 # --- the job ------------------------------------------------------------------
 
-token=$(head -c16 /dev/urandom | od -An -tx1 | tr -d ' \n')
+token=${TIDE_JOB_TOKEN:-$(head -c16 /dev/urandom | od -An -tx1 | tr -d ' \n')}
 tiderun_args=(--nnodes "$hosts" --nproc-per-node "$ranks" --rdzv "$subnet.1:$port")
 [ "$prefix" = 1 ] && tiderun_args+=(--prefix)
 [ -n "$timeout" ] && tiderun_args+=(--timeout "$timeout")
+tiderun_args+=("${extra_tiderun[@]}")
 declare -A host_of
 for ((h = 0; h < hosts; h++)); do
   ns=$ns_prefix-$run_id-h$h

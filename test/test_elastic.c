@@ -369,14 +369,32 @@ static int tiderun_worker(char **argv) {
   return worker(atoi(getenv("TIDE_RANK")), 0, &sc);
 }
 
-static int run_tiderun(const char *self, const char *name, const char *launch, const char *scenario, int want_end_size) {
+/* Runs the scenario under tiderun --elastic with `launch`'s options; with
+ * nodes = 2, two tiderun processes (--nnodes 2, node ranks 0 and 1, hosts
+ * told apart by TIDE_HOST_ID) make one job across two emulated hosts; with
+ * nodes = -2 the same with --nnodes 1:2 (node 1 joins the running job). */
+static int run_tiderun(const char *self, const char *name, const char *launch, int nodes, const char *scenario,
+                       int want_end_size) {
   scenario_t sc = {.name = name};
   snprintf(sc.dir, sizeof sc.dir, "/tmp/tide-elastic-XXXXXX");
   CHECK(mkdtemp(sc.dir) != NULL);
   const char *tools = getenv("TIDE_TOOLS_DIR");
-  char cmd[2048];
-  snprintf(cmd, sizeof cmd, "%s/tiderun --bind none --timeout 120 %s %s --worker %s %s", tools ? tools : "tools",
-           launch, self, sc.dir, scenario);
+  char cmd[4096];
+  if (nodes == 1) {
+    snprintf(cmd, sizeof cmd, "%s/tiderun --bind none --timeout 120 %s %s --worker %s %s", tools ? tools : "tools",
+             launch, self, sc.dir, scenario);
+  } else {
+    static int cases;
+    int port = 20000 + (int)(getpid() % 5000) * 4 + cases++ % 4;
+    char node[2][1024];
+    for (int k = 0; k < 2; k++)
+      snprintf(node[k], sizeof node[k],
+               "TIDE_HOST_ID=elastic-host%d %s/tiderun --bind none --timeout 120 --nnodes %s --node-rank %d "
+               "--rdzv 127.0.0.1:%d %s %s --worker %s %s",
+               k, tools ? tools : "tools", nodes < 0 ? "1:2" : "2", k, port, launch, self, sc.dir, scenario);
+    snprintf(cmd, sizeof cmd, "export TIDE_JOB_TOKEN=test-elastic-nodes-%d; (%s) & a=$!; %s; b=$?; wait $a; "
+             "a=$?; exit $((a | b))", (int)getpid(), node[0], node[1]);
+  }
   fprintf(stderr, "== %s: %s\n", name, cmd);
   int st = system(cmd);
   int rc = 0;
@@ -425,9 +443,19 @@ int main(int argc, char **argv) {
   ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
   CHECK(n > 0);
   self[n] = 0;
-  failed |= run_tiderun(self, "tiderun: a killed worker replaced", "--elastic --min-np 3 --max-np 4 -np 4",
+  failed |= run_tiderun(self, "tiderun: a killed worker replaced", "--elastic --min-np 3 --max-np 4 -np 4", 1,
                         "3 25 -1 0 -1 0", 4);
-  failed |= run_tiderun(self, "tiderun: 2 -> 4 -> 3", "--elastic --min-np 2 --max-np 4 -np 2", "-1 -1 5 4 35 3", 3);
+  failed |= run_tiderun(self, "tiderun: 2 -> 4 -> 3", "--elastic --min-np 2 --max-np 4 -np 2", 1, "-1 -1 5 4 35 3",
+                        3);
+  /* Two tiderun processes, one per emulated host: 2 -> 4 (node 0 starts the
+   * joiners) -> 3, and a killed worker replaced by its node. */
+  failed |= run_tiderun(self, "tiderun --nnodes 2: 2 -> 4 -> 3", "--elastic --min-np 2 --max-np 4 -np 1", 2,
+                        "-1 -1 5 4 35 3", 3);
+  failed |= run_tiderun(self, "tiderun --nnodes 2: a killed worker replaced", "--elastic --min-np 3 --max-np 4 -np 2",
+                        2, "3 25 -1 0 -1 0", 4);
+  /* --nnodes 1:2: node 0 starts the job with 2 workers, node 1's 2 join it. */
+  failed |= run_tiderun(self, "tiderun --nnodes 1:2: a second host joins", "--elastic --min-np 2 --max-np 4 -np 2",
+                        -2, "-1 -1 -1 0 -1 0", 4);
 
   setenv("TIDE_ELASTIC_MIN", "2", 1);
   setenv("TIDE_TIMEOUT_MS", "1500", 1);

@@ -53,7 +53,10 @@ static const char usage_text[] =
     "Starts the ranks of a tide job on this host, one process per rank.\n"
     "\n"
     "  -np N, --nproc-per-node N  ranks on this host (default 1)\n"
-    "  --nnodes K                 hosts in the job, one tiderun on each (default 1)\n"
+    "  --nnodes K                 hosts in the job, one tiderun on each (default 1); with\n"
+    "                             --elastic also MIN:MAX: nodes 0..MIN-1 start the job, a\n"
+    "                             node started later with --node-rank MIN..MAX-1 adds its\n"
+    "                             workers to the running job\n"
     "  --node-rank I              this host's index, 0 <= I < K (default 0)\n"
     "  --rdzv HOST:PORT           the rendezvous store: node 0 listens on PORT, the other\n"
     "                             nodes connect to it (required when K > 1; default: a\n"
@@ -70,7 +73,9 @@ static const char usage_text[] =
     "  --elastic                  an elastic job (docs/elastic.md): a failed rank does not stop\n"
     "                             the others; it is replaced by a new worker that joins the\n"
     "                             running job (up to --max-restarts times); workers are added\n"
-    "                             or released as `tide ctl resize N` asks (one host only)\n"
+    "                             or released as `tide ctl resize N` asks (node 0 starts\n"
+    "                             the added ones); with --nnodes, -np is per node and\n"
+    "                             --min-np/--max-np count the whole job\n"
     "  --min-np N                 elastic: the job fails when fewer than N workers remain\n"
     "                             (default 1)\n"
     "  --max-np M                 elastic: at most M workers (default: -np); -np is how many\n"
@@ -96,7 +101,8 @@ static const char usage_text[] =
 
 typedef struct {
   int nproc; /* ranks on this host */
-  int nnodes;
+  int nnodes;      /* hosts at most (--nnodes K or MIN:MAX) */
+  int nnodes_min;  /* hosts that start the job; later ones join it (elastic) */
   int node_rank;
   const char *rdzv; /* NULL: a private store on 127.0.0.1 */
   char rdzv_host[256];
@@ -144,6 +150,8 @@ typedef struct {
   int capacity;
   int failures, first_failure;
   int finished; /* the workers said training is over (elastic/done) */
+  int replaced; /* --nnodes > 1: failed workers this node replaced */
+  int grown_for; /* --nnodes > 1, node 0: the request it last started workers for */
   int64_t next_poll;
   tide_store_t *store;
   const char *rdzv, *token, *job_id;
@@ -196,7 +204,7 @@ static const struct {
 static int parse_args(int argc, char **argv, options_t *opts) {
   memset(opts, 0, sizeof *opts);
   opts->nproc = 1;
-  opts->nnodes = 1;
+  opts->nnodes = opts->nnodes_min = 1;
   opts->grace_ms = 3000;
   opts->bind = -1;
   opts->max_restarts = 3;
@@ -249,7 +257,29 @@ static int parse_args(int argc, char **argv, options_t *opts) {
       case OPT_MIN_NP: rc = parse_int(name, value, 1, MAX_NPROC, &opts->min_np); break;
       case OPT_MAX_NP: rc = parse_int(name, value, 1, MAX_NPROC, &opts->max_np); break;
       case OPT_MAX_RESTARTS: rc = parse_int(name, value, 0, 1000000, &opts->max_restarts); break;
-      case OPT_NNODES: rc = parse_int(name, value, 1, MAX_NNODES, &opts->nnodes); break;
+      case OPT_NNODES: {
+        const char *colon = strchr(value, ':');
+        if (colon == NULL) {
+          rc = parse_int(name, value, 1, MAX_NNODES, &opts->nnodes);
+          opts->nnodes_min = opts->nnodes;
+          break;
+        }
+        char low[32];
+        size_t n = (size_t)(colon - value);
+        if (n == 0 || n >= sizeof low) {
+          fprintf(stderr, "tiderun: --nnodes expects K or MIN:MAX, got \"%s\"\n", value);
+          rc = -1;
+          break;
+        }
+        memcpy(low, value, n);
+        low[n] = '\0';
+        if ((rc = parse_int(name, low, 1, MAX_NNODES, &opts->nnodes_min)) == 0 &&
+            (rc = parse_int(name, colon + 1, 1, MAX_NNODES, &opts->nnodes)) == 0 && opts->nnodes_min > opts->nnodes) {
+          fprintf(stderr, "tiderun: --nnodes MIN:MAX needs MIN <= MAX, got \"%s\"\n", value);
+          rc = -1;
+        }
+        break;
+      }
       case OPT_NODE_RANK: rc = parse_int(name, value, 0, MAX_NNODES - 1, &opts->node_rank); break;
       case OPT_RDZV: opts->rdzv = value; break;
       case OPT_PREFIX: opts->prefix = 1; break;
@@ -277,11 +307,23 @@ static int parse_args(int argc, char **argv, options_t *opts) {
     fprintf(stderr, "tiderun: --min-np and --max-np need --elastic\n");
     return -1;
   }
-  if (opts->elastic) {
-    if (opts->nnodes > 1) {
-      fprintf(stderr, "tiderun: --elastic runs on one host only (--nnodes 1); see docs/elastic.md\n");
+  if (!opts->elastic && opts->nnodes_min != opts->nnodes) {
+    fprintf(stderr, "tiderun: --nnodes MIN:MAX needs --elastic (a fixed job has --nnodes K)\n");
+    return -1;
+  }
+  if (opts->elastic && opts->nnodes > 1) {
+    /* -np is this node's; --min-np and --max-np count the whole job. */
+    int first = opts->nnodes_min * opts->nproc;
+    if (opts->max_np == 0) opts->max_np = opts->nnodes * opts->nproc;
+    if (opts->min_np == 0) opts->min_np = 1;
+    /* A node that joins later checks only the bounds (the first nodes check the start). */
+    if (opts->node_rank >= opts->nnodes_min) first = opts->min_np;
+    if (opts->min_np > first || first > opts->max_np) {
+      fprintf(stderr, "tiderun: --elastic needs --min-np (%d) <= the first nodes' workers (%d x %d) <= --max-np (%d)\n",
+              opts->min_np, opts->nnodes_min, opts->nproc, opts->max_np);
       return -1;
     }
+  } else if (opts->elastic) {
     if (opts->max_np == 0) opts->max_np = opts->np_given ? opts->nproc : 1;
     if (!opts->np_given) opts->nproc = opts->max_np;
     if (opts->min_np == 0) opts->min_np = 1;
@@ -901,7 +943,7 @@ static int launch(job_t *job, int i, int joiner) {
   char rank_text[16], size_text[16], local_text[16], local_size_text[16], node_text[16], nnodes_text[16],
       cpus_text[256] = "unbound";
   snprintf(rank_text, sizeof rank_text, "%d", job->ranks[i].rank);
-  snprintf(size_text, sizeof size_text, "%d", opts->nnodes * opts->nproc);
+  snprintf(size_text, sizeof size_text, "%d", opts->nnodes_min * opts->nproc);
   snprintf(local_text, sizeof local_text, "%d", i);
   snprintf(local_size_text, sizeof local_size_text, "%d", opts->nproc);
   snprintf(node_text, sizeof node_text, "%d", opts->node_rank);
@@ -920,28 +962,82 @@ static int launch(job_t *job, int i, int joiner) {
   return rc;
 }
 
+/* A store value as text (at most cap - 1 bytes); 0, or -1 when absent. */
+static int store_text(tide_store_t *store, const char *key, char *text, size_t cap) {
+  void *value;
+  size_t len;
+  if (tide_store_get(store, key, 0, &value, &len) != 0) return -1;
+  size_t n = len < cap - 1 ? len : cap - 1;
+  memcpy(text, value, n);
+  text[n] = '\0';
+  tide_free(value);
+  return 0;
+}
+
+/* The job's members now and the workers waiting to join it (epoch 0, the
+ * first members, has no list in the store). */
+static void job_census(tide_store_t *store, int first, int *members, int *waiting) {
+  char key[64];
+  int64_t epoch = 0, joiners = 0, admitted = 0;
+  void *value;
+  size_t len;
+  *members = first;
+  tide_store_add(store, "elastic/epoch", 0, &epoch);
+  snprintf(key, sizeof key, "elastic/e%lld/members", (long long)epoch);
+  if (epoch > 0 && tide_store_get(store, key, 0, &value, &len) == 0) {
+    const char *ids = value; /* "id id ...", or "! why" */
+    *members = 0;
+    for (size_t i = 0; i < len && ids[0] != '!'; i++)
+      if (ids[i] != ' ' && (i == 0 || ids[i - 1] == ' ')) (*members)++;
+    tide_free(value);
+  }
+  tide_store_add(store, "elastic/joiners", 0, &joiners);
+  tide_store_add(store, "elastic/admitted", 0, &admitted);
+  *waiting = (int)(joiners - admitted);
+}
+
+/* A multi-node elastic job (--nnodes > 1): each node replaces its own failed
+ * workers (up to --max-restarts) while the job has fewer than it asked for;
+ * node 0 starts the workers a larger request needs, once per request. A
+ * released worker (exit 0) is not replaced. */
+static void elastic_poll_nodes(job_t *job, int target) {
+  const options_t *opts = job->opts;
+  int members, waiting;
+  job_census(job->store, opts->nnodes_min * opts->nproc, &members, &waiting);
+  int want = target > 0 ? target : opts->max_np;
+  int replaceable = (job->failures < opts->max_restarts ? job->failures : opts->max_restarts) - job->replaced;
+  for (; replaceable > 0 && members + waiting < want && job->nranks < job->capacity; replaceable--) {
+    fprintf(stderr, "tiderun: starting a worker to replace a failed one (%d members, %d waiting)\n", members, waiting);
+    job->replaced++;
+    waiting++;
+    if (launch(job, job->nranks, 1) != 0) job->nranks++; /* the slot is spent */
+  }
+  if (opts->node_rank != 0 || target <= 0 || target == job->grown_for) return;
+  job->grown_for = target;
+  if (target > opts->max_np) target = opts->max_np;
+  for (; members + waiting < target && job->nranks < job->capacity; waiting++) {
+    fprintf(stderr, "tiderun: starting a worker to join the elastic job (%d members, %d waiting, %d asked for)\n",
+            members, waiting, target);
+    if (launch(job, job->nranks, 1) != 0) job->nranks++;
+  }
+}
+
 /* An elastic job's requests: starts workers while fewer run than asked for
  * (tide ctl resize, else -np), replacing failed or released ones, until the
  * workers say training is over. */
 static void elastic_poll(job_t *job) {
   const options_t *opts = job->opts;
   if (job->store == NULL || job->finished) return;
-  void *value;
-  size_t len;
-  if (tide_store_get(job->store, "elastic/done", 0, &value, &len) == 0) {
-    tide_free(value);
+  char text[32];
+  if (store_text(job->store, "elastic/done", text, sizeof text) == 0) {
     job->finished = 1;
     return;
   }
   if (job->stopping) return;
-  int target = 0;
-  if (tide_store_get(job->store, "elastic/target", 0, &value, &len) == 0) {
-    char text[32];
-    size_t n = len < sizeof text - 1 ? len : sizeof text - 1;
-    memcpy(text, value, n);
-    text[n] = '\0';
-    tide_free(value);
-    target = atoi(text);
+  int target = store_text(job->store, "elastic/target", text, sizeof text) == 0 ? atoi(text) : 0;
+  if (opts->nnodes > 1) {
+    elastic_poll_nodes(job, target);
+    return;
   }
   /* Without a request: -np workers, less the failures beyond --max-restarts. */
   int unreplaced = job->failures > opts->max_restarts ? job->failures - opts->max_restarts : 0;
@@ -1070,15 +1166,18 @@ int main(int argc, char **argv) {
     snprintf(text, sizeof text, "%d", opts.max_np);
     setenv("TIDE_ELASTIC_MAX", text, 1);
     unsetenv("TIDE_ELASTIC_JOIN");
-    rc = tide_store_connect(server_host, server_port, token, 10000, &job.store);
+    rc = opts.node_rank == 0 ? tide_store_connect(server_host, server_port, token, 10000, &job.store)
+                             : tide_store_connect(opts.rdzv_host, opts.rdzv_port, token, 10000, &job.store);
     if (rc != 0) {
       fprintf(stderr, "tiderun: cannot read the elastic job's requests from its store: %s\n", tide_strerror(rc));
       job.exit_code = 1;
     }
     job.next_poll = tide__deadline_after_ms(ELASTIC_POLL_MS);
   }
+  /* A node beyond the first --nnodes MIN adds its workers to the running job. */
+  int late = opts.elastic && opts.node_rank >= opts.nnodes_min;
   for (int i = 0; i < opts.nproc && job.exit_code == 0; i++) {
-    if (launch(&job, i, 0) != 0) {
+    if (launch(&job, i, late) != 0) {
       job.exit_code = 1;
       stop_ranks(&job);
     }
@@ -1086,17 +1185,22 @@ int main(int argc, char **argv) {
 
   run_loop(&job, signal_fd);
 
-  if (opts.nnodes > 1 && opts.node_rank != 0) report_node_done(&opts, token);
-  if (opts.nnodes > 1 && opts.node_rank == 0 && job.exit_code == 0)
-    wait_for_other_nodes(server_host, server_port, token, signal_fd);
   if (opts.elastic) {
-    /* Done when the workers said so; otherwise the first failure. */
+    /* Done when the workers said so; otherwise the first failure. (Read
+     * before telling node 0 this node is done: it may then stop the store.) */
     elastic_poll(&job);
-    if (job.exit_code == 0 && !job.finished) job.exit_code = job.first_failure ? job.first_failure : 1;
-    if (!job.finished && job.first_failure == 0)
+    int released = !job.finished && job.first_failure == 0 && opts.nnodes > 1;
+    if (released)
+      fprintf(stderr, "tiderun: this node's workers were released; the job goes on without them\n");
+    else if (job.exit_code == 0 && !job.finished)
+      job.exit_code = job.first_failure ? job.first_failure : 1;
+    if (!job.finished && job.first_failure == 0 && !released)
       fprintf(stderr, "tiderun: every worker exited but none said training is over\n");
     tide_store_close(job.store);
   }
+  if (opts.nnodes > 1 && opts.node_rank != 0) report_node_done(&opts, token);
+  if (opts.nnodes > 1 && opts.node_rank == 0 && job.exit_code == 0)
+    wait_for_other_nodes(server_host, server_port, token, signal_fd);
   if (server != NULL) tide_store_server_stop(server);
   close(signal_fd);
   for (int i = 0; i < job.capacity; i++)

@@ -83,6 +83,7 @@ struct tide_loader {
   int nslots;
   uint64_t produced, consumed;
   int stop, thread_done, thread_rc;
+  int failed; /* a get/next returned an error (bad data, a stuck source): close does not wait on peers */
   pthread_t thread;
   int thread_started;
 
@@ -685,13 +686,35 @@ int tide_loader_open(tide_comm_t *comm, const tide_loader_config_t *config, tide
   return 0;
 }
 
+/* After an error on this rank alone, its peers may be in the middle of a
+ * step (their prefetch threads waiting for room, their callers in the
+ * training's collectives): the prefetch thread then cannot agree with them
+ * to stop. close gives it FAILED_CLOSE_MS, and otherwise returns without
+ * freeing: the threads keep the loader's memory until the process exits,
+ * which is what tells the peers this rank is gone (TIDE_EPEER). */
+#define FAILED_CLOSE_MS 1000
+
 void tide_loader_close(tide_loader_t *l) {
   if (l == NULL) return;
   if (l->thread_started) {
     pthread_mutex_lock(&l->lock);
     l->stop = 1;
     pthread_cond_broadcast(&l->cond);
+    int64_t deadline = tide__deadline_after_ms(FAILED_CLOSE_MS);
+    while (l->failed && !l->thread_done && tide__now_ns() < deadline) {
+      struct timespec ts;
+      clock_gettime(CLOCK_REALTIME, &ts);
+      ts.tv_nsec += 50000000;
+      if (ts.tv_nsec >= 1000000000) ts.tv_sec++, ts.tv_nsec -= 1000000000;
+      pthread_cond_timedwait(&l->cond, &l->lock, &ts);
+    }
+    int abandon = l->failed && !l->thread_done;
     pthread_mutex_unlock(&l->lock);
+    if (abandon) {
+      TIDE_WARN("tide_loader_close: after the error above, the other ranks' loaders are mid-step: this rank's "
+                "loader is left to the process's exit");
+      return;
+    }
     pthread_join(l->thread, NULL);
   }
   pthread_mutex_lock(&l->job_lock);
@@ -772,6 +795,7 @@ static int advance(tide_loader_t *l, double *waited) {
     l->cursor = 0;
   }
   pthread_mutex_unlock(&l->lock);
+  if (rc < 0) l->failed = 1;
   *waited = (double)(tide__now_ns() - t0) * 1e-9;
   l->wait_s += *waited;
   if (rc == TIDE_ETIMEDOUT)
@@ -787,6 +811,7 @@ static int deliver(tide_loader_t *l, size_t first, size_t count, double waited, 
   slot_t *s = l->current;
   if (s->rc != 0) {
     TIDE_ERROR("data: %s", s->error);
+    l->failed = 1;
     return s->rc;
   }
   size_t skipped = 0;
