@@ -122,7 +122,22 @@ if [ "$ONLY" = all ] || [ "$ONLY" = emulated ]; then
     rc=$?
     changes=$(grep -o 'the first on [0-9]* worker(s), completed at [0-9.]*: [0-9.]* s after' "$log" |
       awk '{ printf "%s{\"to\":%s,\"s\":%s}", n++ ? "," : "", $4, $(NF-2) }')
-    echo "{\"bench\":\"emulated\",\"run\":$i,\"rc\":$rc,\"changes\":[$changes]}"
+    # restart: the same cluster started afresh with 4 workers (2 per host), the way a job grows when
+    # it restarts; from the moment the hosts exist (emulate-cluster's "host(s) x" line) to the first step
+    log=$OUT/restart-emulated$i.log
+    bash "$(dirname "$0")/emulate-cluster.sh" --hosts 2 --ranks-per-host 2 --build "$B" --no-prefix \
+      -- ${TRAIN/--elastic/} --name restart-emulated$i > "$log" 2>&1 &
+    job=$!
+    until grep -q 'host(s) x' "$log" 2>/dev/null || ! kill -0 $job 2>/dev/null; do sleep 0.005; done
+    t0=$(now)
+    until grep -qs '"type":"step"' "$OUT/restart-emulated$i/metrics.jsonl" || ! kill -0 $job 2>/dev/null; do
+      sleep 0.005
+    done
+    t1=$(now)
+    kill -TERM $job
+    wait $job 2>/dev/null
+    echo "{\"bench\":\"emulated\",\"run\":$i,\"rc\":$rc,\"changes\":[$changes],"\
+"\"restart_to_first_step_s\":$(echo "$t1 - $t0" | bc -l)}"
   done
 fi
 
