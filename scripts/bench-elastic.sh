@@ -53,6 +53,16 @@ median_rate() {
   }' | sort -n | awk '{ v[NR] = $1 } END { if (!NR) print "null"; else print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'
 }
 
+# Waits for run $1's first completed step (or job $2's end), stops the job and sets restart_s to the
+# seconds since $3: a restart's launch-to-first-step time.
+restart_s=null
+first_step() {
+  until grep -qs '"type":"step"' "$OUT/$1/metrics.jsonl" || ! kill -0 "$2" 2>/dev/null; do sleep 0.005; done
+  restart_s=$(echo "$(now) - $3" | bc -l)
+  kill -TERM "$2"
+  wait "$2" 2>/dev/null
+}
+
 acc() { grep -o '"final_test_accuracy":[0-9.]*' "$OUT/$1/summary.json" | cut -d: -f2; }
 
 ONLY=${ONLY:-all}
@@ -93,13 +103,9 @@ for i in $(seq 1 "$RUNS"); do
   # restart: launch to the first completed step of the 3-worker job
   t0=$(now)
   "$B/tools/tiderun" -np 3 ${TRAIN/--elastic/} --name restart$i > /dev/null 2>&1 &
-  job=$!
-  until [ -s "$OUT/restart$i/metrics.jsonl" ] && grep -q '"type":"step"' "$OUT/restart$i/metrics.jsonl"; do sleep 0.005; done
-  t1=$(now)
-  kill -TERM $job
-  wait $job 2>/dev/null
+  first_step restart$i $! "$t0"
   echo "{\"bench\":\"resize\",\"run\":$i,\"rc\":$rc,\"grow_2_to_4_s\":${grow:-null},\"shrink_4_to_3_s\":${shrink:-null},"\
-"\"restart_to_first_step_s\":$(echo "$t1 - $t0" | bc -l)}"
+"\"restart_to_first_step_s\":$restart_s}"
 done
 
 # straggler: the CNN on 19,200 images (100 steps an epoch at 3 x 64), 2 epochs
@@ -129,15 +135,8 @@ if [ "$ONLY" = all ] || [ "$ONLY" = emulated ]; then
       -- ${TRAIN/--elastic/} --name restart-emulated$i > "$log" 2>&1 &
     job=$!
     until grep -q 'host(s) x' "$log" 2>/dev/null || ! kill -0 $job 2>/dev/null; do sleep 0.005; done
-    t0=$(now)
-    until grep -qs '"type":"step"' "$OUT/restart-emulated$i/metrics.jsonl" || ! kill -0 $job 2>/dev/null; do
-      sleep 0.005
-    done
-    t1=$(now)
-    kill -TERM $job
-    wait $job 2>/dev/null
-    echo "{\"bench\":\"emulated\",\"run\":$i,\"rc\":$rc,\"changes\":[$changes],"\
-"\"restart_to_first_step_s\":$(echo "$t1 - $t0" | bc -l)}"
+    first_step restart-emulated$i $job "$(now)"
+    echo "{\"bench\":\"emulated\",\"run\":$i,\"rc\":$rc,\"changes\":[$changes],\"restart_to_first_step_s\":$restart_s}"
   done
 fi
 

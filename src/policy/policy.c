@@ -32,6 +32,20 @@ static int unknown_key(const char *policy, const char *key, const char *known) {
 
 static int is_adam(tide_optim_kind_t k) { return k == TIDE_OPTIM_ADAM || k == TIDE_OPTIM_ADAMW || k == TIDE_OPTIM_LAMB; }
 
+typedef int (*hook_fn)(void *state, const tide_step_stats_t *stats, tide_decision_t *decision);
+
+/* Hands out a policy that decides before each step: its state, copied to
+ * the heap (the trainer owns it from then on), and its hooks. */
+static int with_before_step(const char *name, hook_fn before_step, const void *state, size_t size,
+                            tide_policy_ops_t *ops, void **out) {
+  void *p = tide__malloc(size);
+  if (p == NULL) return TIDE_ENOMEM;
+  memcpy(p, state, size);
+  *ops = (tide_policy_ops_t){.name = name, .before_step = before_step, .destroy = tide__free, .state_size = size};
+  *out = p;
+  return 0;
+}
+
 /* ---- adascale --------------------------------------------------------------- */
 
 /* AdaScale (Johnson et al. 2020): the step's learning rate is the schedule's
@@ -118,13 +132,7 @@ static int gns_create(int n, const char *const *keys, const char *const *values,
       return unknown_key("gns", keys[i], "max, factor, growth, every, warmup");
     }
   }
-  gns_t *p = tide__malloc(sizeof *p);
-  if (p == NULL) return TIDE_ENOMEM;
-  *p = g;
-  *ops = (tide_policy_ops_t){.name = "gns", .before_step = gns_before_step, .destroy = tide__free,
-                             .state_size = sizeof *p};
-  *state = p;
-  return 0;
+  return with_before_step("gns", gns_before_step, &g, sizeof g, ops, state);
 }
 
 /* ---- exchange: dense or sparse from the communication share ------------------ */
@@ -185,13 +193,7 @@ static int switch_create(int n, const char *const *keys, const char *const *valu
       return unknown_key("exchange", keys[i], "high, window, sparse");
     }
   }
-  switch_t *p = tide__malloc(sizeof *p);
-  if (p == NULL) return TIDE_ENOMEM;
-  *p = w;
-  *ops = (tide_policy_ops_t){.name = "exchange", .before_step = switch_before_step, .destroy = tide__free,
-                             .state_size = sizeof *p};
-  *state = p;
-  return 0;
+  return with_before_step("exchange", switch_before_step, &w, sizeof w, ops, state);
 }
 
 /* ---- autoscale -------------------------------------------------------------- */
@@ -284,24 +286,26 @@ static int autoscale_create(int n, const char *const *keys, const char *const *v
     double v;
     if (strcmp(keys[i], "threshold") == 0) {
       TIDE_CHECK(tide__policy_number("autoscale", keys[i], values[i], 0, 10, &a.threshold));
-    } else if (strcmp(keys[i], "window") == 0 || strcmp(keys[i], "settle") == 0 ||
-               strcmp(keys[i], "patience") == 0) {
-      TIDE_CHECK(tide__policy_number("autoscale", keys[i], values[i], keys[i][0] == 's' ? 0 : 1, 1e9, &v));
-      *(keys[i][0] == 'w' ? &a.window : keys[i][0] == 's' ? &a.settle : &a.patience) = (long)v;
-    } else if (strcmp(keys[i], "add") == 0 || strcmp(keys[i], "max") == 0) {
-      TIDE_CHECK(tide__policy_number("autoscale", keys[i], values[i], keys[i][0] == 'a' ? 1 : 0, 1048576, &v));
-      *(keys[i][0] == 'a' ? &a.add : &a.max) = (int)v;
+    } else if (strcmp(keys[i], "window") == 0) {
+      TIDE_CHECK(tide__policy_number("autoscale", keys[i], values[i], 1, 1e9, &v));
+      a.window = (long)v;
+    } else if (strcmp(keys[i], "settle") == 0) {
+      TIDE_CHECK(tide__policy_number("autoscale", keys[i], values[i], 0, 1e9, &v));
+      a.settle = (long)v;
+    } else if (strcmp(keys[i], "patience") == 0) {
+      TIDE_CHECK(tide__policy_number("autoscale", keys[i], values[i], 1, 1e9, &v));
+      a.patience = (long)v;
+    } else if (strcmp(keys[i], "add") == 0) {
+      TIDE_CHECK(tide__policy_number("autoscale", keys[i], values[i], 1, 1048576, &v));
+      a.add = (int)v;
+    } else if (strcmp(keys[i], "max") == 0) {
+      TIDE_CHECK(tide__policy_number("autoscale", keys[i], values[i], 0, 1048576, &v));
+      a.max = (int)v;
     } else {
       return unknown_key("autoscale", keys[i], "threshold, window, settle, patience, add, max");
     }
   }
-  autoscale_t *p = tide__malloc(sizeof *p);
-  if (p == NULL) return TIDE_ENOMEM;
-  *p = a;
-  *ops = (tide_policy_ops_t){.name = "autoscale", .before_step = autoscale_before_step, .destroy = tide__free,
-                             .state_size = sizeof *p};
-  *state = p;
-  return 0;
+  return with_before_step("autoscale", autoscale_before_step, &a, sizeof a, ops, state);
 }
 
 /* ---- the table ------------------------------------------------------------- */
