@@ -363,7 +363,7 @@ static void test_success_and_prefix(void) {
 /* Bad arguments: non-zero exit and a message naming the option. */
 static void test_bad_options(void) {
   struct {
-    const char *args[10];
+    const char *args[12];
     const char *want;
   } cases[] = {
       {{"-np", "0", "/bin/true", NULL}, "-np"},
@@ -379,6 +379,11 @@ static void test_bad_options(void) {
       {{"--nnodes", "2", "/bin/true", NULL}, "--rdzv"},
       {{"--nnodes", "2", "--rdzv", "127.0.0.1:1", "/bin/true", NULL}, "export TIDE_JOB_TOKEN"},
       {{"--prefix=1", "/bin/true", NULL}, "--prefix takes no value"},
+      {{"--nnodes", "1:2", "--rdzv", "127.0.0.1:1", "/bin/true", NULL}, "--nnodes MIN:MAX needs --elastic"},
+      {{"--elastic", "--nnodes", "3:2", "--rdzv", "127.0.0.1:1", "/bin/true", NULL}, "MIN <= MAX"},
+      {{"--elastic", "--nnodes", ":2", "--rdzv", "127.0.0.1:1", "/bin/true", NULL}, "K or MIN:MAX"},
+      {{"--elastic", "--nnodes", "2", "--min-np", "5", "-np", "2", "--rdzv", "127.0.0.1:1", "/bin/true", NULL},
+       "--min-np (5) <= the first nodes' workers (2 x 2)"},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     proc_t p;
