@@ -426,9 +426,10 @@ static void autoscale_case(void) {
   CHECK(feed(&ops, state, &step, 4, 160, 5) == 3);
   CHECK(feed(&ops, state, &step, 3, 145, 50) == 0); /* settled */
   ops.destroy(state);
-  /* Workers that never come: after `patience` steps it stays where it is. */
+  /* Workers that never come: after `patience` seconds of steps (2.56 s
+   * each here) it stays where it is. */
   step = 0;
-  CHECK_OK(tide__policy_builtin("autoscale:window=2:settle=0:patience=6", &env, &ops, &state));
+  CHECK_OK(tide__policy_builtin("autoscale:window=2:settle=0:patience=15", &env, &ops, &state));
   CHECK(feed(&ops, state, &step, 2, 100, 2) == 3);
   CHECK(feed(&ops, state, &step, 2, 100, 5) == 0);
   CHECK(feed(&ops, state, &step, 2, 100, 1) == 2);

@@ -206,20 +206,21 @@ static int switch_create(int n, const char *const *keys, const char *const *valu
  * throughput of the smaller size; otherwise they are given back and the size
  * stays. Throughput: samples over the all-reduced mean step time, after
  * `settle` steps at a new size. Workers that do not come within `patience`
- * steps (no capacity, or the job's --max-np) end the search at the size
- * the job has. */
+ * seconds of training (no capacity, or the job's --max-np) end the search
+ * at the size the job has; seconds, not steps, since a new worker's start
+ * takes the same time however short the steps are. */
 enum { AUTOSCALE_MEASURE = 0, AUTOSCALE_WAIT, AUTOSCALE_SETTLED };
 
 typedef struct {
-  double threshold;
-  long window, settle, patience;
+  double threshold, patience;
+  long window, settle;
   int add, max;
   int mode;
   int size, asked;        /* the members being measured; the size asked for */
   int kept_size;          /* the last size kept, and its throughput (0: none yet) */
   double kept_rate;
-  long since, skip, waited;
-  double samples, seconds;
+  long since, skip;
+  double waited, samples, seconds; /* waited: seconds of steps since the request */
 } autoscale_t;
 
 static void autoscale_settle(autoscale_t *a, int size, tide_decision_t *d) {
@@ -239,7 +240,7 @@ static int autoscale_before_step(void *state, const tide_step_stats_t *s, tide_d
   }
   if (a->mode == AUTOSCALE_WAIT) {
     if (s->ranks != a->asked) {
-      if (++a->waited >= a->patience) autoscale_settle(a, s->ranks, d);
+      if ((a->waited += s->mean_step_s) >= a->patience) autoscale_settle(a, s->ranks, d);
       return 0;
     }
     a->mode = AUTOSCALE_MEASURE;
@@ -281,7 +282,7 @@ static int autoscale_before_step(void *state, const tide_step_stats_t *s, tide_d
 
 static int autoscale_create(int n, const char *const *keys, const char *const *values, tide_policy_ops_t *ops,
                             void **state) {
-  autoscale_t a = {.threshold = 0.5, .window = 20, .settle = 5, .patience = 200, .add = 1};
+  autoscale_t a = {.threshold = 0.5, .window = 20, .settle = 5, .patience = 120, .add = 1};
   for (int i = 0; i < n; i++) {
     double v;
     if (strcmp(keys[i], "threshold") == 0) {
@@ -293,8 +294,7 @@ static int autoscale_create(int n, const char *const *keys, const char *const *v
       TIDE_CHECK(tide__policy_number("autoscale", keys[i], values[i], 0, 1e9, &v));
       a.settle = (long)v;
     } else if (strcmp(keys[i], "patience") == 0) {
-      TIDE_CHECK(tide__policy_number("autoscale", keys[i], values[i], 1, 1e9, &v));
-      a.patience = (long)v;
+      TIDE_CHECK(tide__policy_number("autoscale", keys[i], values[i], 0.001, 1e9, &a.patience));
     } else if (strcmp(keys[i], "add") == 0) {
       TIDE_CHECK(tide__policy_number("autoscale", keys[i], values[i], 1, 1048576, &v));
       a.add = (int)v;
