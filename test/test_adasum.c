@@ -161,6 +161,8 @@ static const layout_t layouts[] = {
     {3, 1, {3}},
     {1315, 6, {1, 8, 308, 310, 1310, 1315}},
     {4099, 3, {2000, 2001, 4099}},
+    /* halves of several 512 KiB pieces, cut inside a tensor */
+    {300007, 3, {5, 150001, 300007}},
 };
 #define NLAYOUTS (sizeof layouts / sizeof layouts[0])
 

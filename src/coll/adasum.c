@@ -63,13 +63,18 @@ static int lift(tide_comm_t *comm, tide_comm_t *sub, int rc) {
   KERNEL_CLONES static void dots_##suffix(const T *a, const T *b, size_t n, double *out) {         \
     double ab[LANES] = {0}, aa[LANES] = {0}, bb[LANES] = {0};                                      \
     size_t i = 0;                                                                                  \
-    for (; i + LANES <= n; i += LANES)                                                             \
+    /* One loop per sum: with the three in one loop body GCC vectorised                            \
+     * only two and left a.b scalar (10x slower, the same bits). */                               \
+    for (; i + LANES <= n; i += LANES) {                                                           \
+      double x[LANES], y[LANES];                                                                   \
       for (int k = 0; k < LANES; k++) {                                                            \
-        double x = a[i + k], y = b[i + k];                                                         \
-        ab[k] += x * y;                                                                            \
-        aa[k] += x * x;                                                                            \
-        bb[k] += y * y;                                                                            \
+        x[k] = a[i + k];                                                                           \
+        y[k] = b[i + k];                                                                           \
       }                                                                                            \
+      for (int k = 0; k < LANES; k++) ab[k] += x[k] * y[k];                                        \
+      for (int k = 0; k < LANES; k++) aa[k] += x[k] * x[k];                                        \
+      for (int k = 0; k < LANES; k++) bb[k] += y[k] * y[k];                                        \
+    }                                                                                              \
     for (int k = 0; i < n; i++, k++) {                                                             \
       double x = a[i], y = b[i];                                                                   \
       ab[k] += x * y;                                                                              \
@@ -201,6 +206,25 @@ static int swap_and_dot(adasum_t *x, int peer, const uint8_t *give, size_t give_
   return 0;
 }
 
+/* The last level: base[lo, hi) = the combination of a and b (which start
+ * at element lo), piece by piece, each piece sent to peer as soon as it is
+ * made, while the peer's finished base[other_lo, other_hi) comes in (both
+ * sides cut the same pieces). */
+static int combine_and_swap(adasum_t *x, int peer, const uint8_t *a, const uint8_t *b, uint8_t *base, size_t lo,
+                            size_t hi, size_t other_lo, size_t other_hi) {
+  size_t esize = tide_dtype_size(x->dtype), n = hi - lo, other_n = other_hi - other_lo;
+  size_t most = n > other_n ? n : other_n;
+  int pieces = most == 0 ? 1 : (int)((most * esize + PIECE_BYTES - 1) / PIECE_BYTES);
+  for (int q = 0; q < pieces; q++) {
+    size_t go, gl, ko, kl;
+    tide_block(n, pieces, q, &go, &gl);
+    tide_block(other_n, pieces, q, &ko, &kl);
+    combine(x, base + (lo + go) * esize, a + go * esize, b + go * esize, lo + go, lo + go + gl);
+    TIDE_CHECK(exchange(x, peer, base + (lo + go) * esize, gl * esize, base + (other_lo + ko) * esize, kl * esize));
+  }
+  return 0;
+}
+
 /* Sums x->partial over the virtual ranks v ^ m, m = 1, 2, ..., width/2
  * (recursive doubling: x+y here, y+x there), then over the shards. */
 static int sum_partials(adasum_t *x, int v, int width, int extra) {
@@ -241,8 +265,11 @@ static int vhdd(adasum_t *x, const void *in, void *buf, size_t count) {
   } else {
     v = r - extra;
   }
-  /* Reduce phase: the segment [lo, hi) halves at every level. */
+  /* Reduce phase: the segment [lo, hi) halves at every level. The last
+   * level's combination waits: it is made piece by piece just before the
+   * piece goes out in the first gather swap, while it is in the cache. */
   size_t lo = 0, hi = count, seg_lo[32], seg_hi[32];
+  const uint8_t *last_a = NULL, *last_b = NULL;
   int levels = 0;
   for (int d = 1; d < p; d <<= 1, levels++) {
     size_t mid = lo + (hi - lo) / 2;
@@ -255,8 +282,12 @@ static int vhdd(adasum_t *x, const void *in, void *buf, size_t count) {
     TIDE_CHECK(sum_partials(x, v, 2 * d, extra));
     t_sum += (t0 = tide__now_ns()) - t1;
     const uint8_t *mine = src + keep_lo * esize;
-    combine(x, base + keep_lo * esize, upper ? scratch : mine, upper ? mine : scratch, keep_lo, keep_hi);
-    src = base;
+    last_a = upper ? scratch : mine;
+    last_b = upper ? mine : scratch;
+    if (2 * d < p) {
+      combine(x, base + keep_lo * esize, last_a, last_b, keep_lo, keep_hi);
+      src = base;
+    }
     t_combine += (t1 = tide__now_ns()) - t0;
     t0 = t1;
     seg_lo[levels] = lo;
@@ -270,8 +301,12 @@ static int vhdd(adasum_t *x, const void *in, void *buf, size_t count) {
     size_t mid = seg_lo[l] + (seg_hi[l] - seg_lo[l]) / 2;
     int upper = (v & d) != 0; /* then the peer holds the lower half */
     size_t other_lo = upper ? seg_lo[l] : mid, other_hi = upper ? mid : seg_hi[l];
-    TIDE_CHECK(exchange(x, real_rank(v ^ d, extra), base + lo * esize, (hi - lo) * esize, base + other_lo * esize,
-                        (other_hi - other_lo) * esize));
+    if (l == levels - 1) {
+      TIDE_CHECK(combine_and_swap(x, real_rank(v ^ d, extra), last_a, last_b, base, lo, hi, other_lo, other_hi));
+    } else {
+      TIDE_CHECK(exchange(x, real_rank(v ^ d, extra), base + lo * esize, (hi - lo) * esize, base + other_lo * esize,
+                          (other_hi - other_lo) * esize));
+    }
     lo = seg_lo[l];
     hi = seg_hi[l];
   }
