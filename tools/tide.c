@@ -726,14 +726,17 @@ static int cmd_report(int argc, char **argv) {
           "set title 'noise scale (B_simple) and global batch'\nset xlabel 'step'\nset ylabel 'samples'\n"
           "set logscale y\n"
           "plot s u 1:7 w l lw 2 lc rgb '#0000c0' t 'noise scale', s u 1:8 w l lw 2 lc rgb '#c00000' t 'global batch'\n"
-          "unset logscale y\nset title 'learning-rate factor and AdaScale gain ratio'\nset ylabel 'factor'\n"
+          "unset logscale y\nset title 'learning-rate factor and AdaScale gain ratio'\nset ylabel 'factor'\nset yrange [0:*]\n"
           "plot s u 1:9 w l lw 2 lc rgb '#008000' t 'lr factor', s u 1:10 w l lc rgb '#806000' t 'gain ratio'\n"
           "set title 'per-rank compute time of each step (fastest, median, slowest rank)'\nset ylabel 'seconds'\n"
+          "set yrange [*:*]\n"
           "plot s u 1:11 w l lc rgb '#80c080' t 'fastest', s u 1:12 w l lc rgb '#0000c0' t 'median', "
           "s u 1:13 w l lc rgb '#c00000' t 'slowest'\nunset multiplot\n"
           "set output '%s/data_wait.png'\nset terminal pngcairo size 900,560 noenhanced\n"
           "set title 'time each step waited for its data (data_s; 0 without the loader)'\n"
           "set xlabel 'step'\nset ylabel 'share of step time'\nset yrange [0:*]\n"
+          /* all zeros (no loader) would make gnuplot warn of an empty range */
+          "stats s u ($15 > 0 ? $14 / $15 : 0) nooutput\nif (STATS_max <= 0) set yrange [0:1]\n"
           "plot s u 1:($15 > 0 ? $14 / $15 : 0) w l lc rgb '#c08000' t 'data_s / step_s'\n",
           steps_path, epochs_path, dir,
           nepochs > 0 ? ", e u 3:4 w lp pt 7 lw 2 lc rgb '#c00000' t 'test loss'" : "", dir,
