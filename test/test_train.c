@@ -217,6 +217,24 @@ static void autoscale(void) {
   }
 }
 
+/* An elastic job of 3 where a worker dies during an evaluation (the test
+ * hook TIDE_TRAIN_TEST_KILL_EVAL): the survivors agree on who is left,
+ * evaluate again and finish with 2 workers and identical replicas. */
+static void killed_in_evaluation(void) {
+  char cmd[4096], out[65536];
+  snprintf(cmd, sizeof cmd,
+           "TIDE_JOB_TOKEN=test-kill-eval-%d TIDE_TRAIN_TEST_KILL_EVAL=2:2 %s/tiderun --rdzv 127.0.0.1:%d "
+           "--timeout 120 --elastic --min-np 2 --max-np 3 -np 3 --max-restarts 0 %s/tide-train --elastic "
+           "--model mlp --epochs 1 --subset 3000 --eval-every 5 --name kill-eval --runs %s 2>&1",
+           (int)getpid(), tools, 20000 + (int)((getpid() + 7919) % 20000), tools, runs);
+  int rc = run(cmd, out, sizeof out);
+  if (rc != 0 || strstr(out, "a worker failed during the evaluation") == NULL ||
+      strstr(out, "replicas identical: yes") == NULL) {
+    fprintf(stderr, "%s\n-> exit %d (want 0, an evaluation done again, identical replicas)\n%s\n", cmd, rc, out);
+    exit(1);
+  }
+}
+
 int main(void) {
   const char *dir = getenv("TIDE_TOOLS_DIR");
   if (dir == NULL) {
@@ -249,6 +267,7 @@ int main(void) {
   /* each worker's optimizer step, combined by Adasum */
   train(4, "adasum");
   autoscale();
+  killed_in_evaluation();
   eval_every();
   pto_same(3, "--optim adam --lr 0.001");
   pto_same(2, "--optim kfac --lr 0.02"); /* K-FAC preconditions, PTO shards the update */

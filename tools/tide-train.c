@@ -7,6 +7,7 @@
 #include <errno.h>
 #include <getopt.h>
 #include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -592,8 +593,24 @@ static int evaluate(job_t *job, const char *type, const tide_step_stats_t *s) {
                                      nn_dataset_labels(job->test) + from, (int)(to - from), &loss, &correct)) != 0)
     return fail(job, rc, "evaluation");
   double n = to > from ? (double)(to - from) : 0, sums[3] = {(double)loss * n, correct, n};
-  if ((rc = tide_allreduce(job->comm, sums, sums, 3, TIDE_F64, TIDE_SUM)) != 0)
-    return fail(job, rc, "evaluation allreduce");
+  /* test_train's hook: TIDE_TRAIN_TEST_KILL_EVAL=R:N makes rank R die
+   * (SIGKILL) in its N-th evaluation, before the allreduce. */
+  static int evaluations;
+  const char *kill_at = getenv("TIDE_TRAIN_TEST_KILL_EVAL");
+  int kill_rank, kill_eval;
+  if (++evaluations && kill_at != NULL && sscanf(kill_at, "%d:%d", &kill_rank, &kill_eval) == 2 &&
+      kill_rank == job->rank && kill_eval == evaluations)
+    raise(SIGKILL);
+  if ((rc = tide_allreduce(job->comm, sums, sums, 3, TIDE_F64, TIDE_SUM)) != 0) {
+    /* A worker died during the evaluation: the survivors (who completed the
+     * same step) agree on who is left and evaluate again over the new members. */
+    if (!job->o.elastic || (rc = tide_trainer_recover(job->trainer, rc)) != 0)
+      return fail(job, rc, "evaluation allreduce");
+    elastic_recovered(job);
+    if (job->rank == 0) fprintf(stderr, "tide-train: elastic: a worker failed during the evaluation; evaluating again\n");
+    job->eval_total += now_s() - t0;
+    return evaluate(job, type, s);
+  }
   job->test_loss = sums[0] / sums[2];
   job->test_acc = sums[1] / sums[2];
   double t1 = now_s();
