@@ -692,6 +692,7 @@ static int read_object(tide__source_t *s, const char *rel, uint64_t size, int sh
     else
       TIDE_ERROR("data source: %s sent %zu bytes, the index says %llu", where, *len, (unsigned long long)size);
     tide__free(*data);
+    *data = NULL;
     return TIDE_EIO;
   }
   if (rc == 0 && cache != NULL) tide__cache_put(cache, key, *data, *len);
