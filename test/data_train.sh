@@ -37,4 +37,11 @@ grep -q "replicas identical: yes" "$work/shards"
 nshards=$(ls "$work/fm-shards/shards" | wc -l)
 "$tools/tide" data stats "$work/cache-shards" | tee "$work/stats-shards"
 grep -q "misses $nshards\b" "$work/stats-shards"
+# the sharded export keeps the per-file layout's samples, labels and order
+cmp <(awk '/^file/ {print $2, $4}' "$work/fm/index.txt") <(awk '/^sample/ {print $2, $6}' "$work/fm-shards/index.txt")
+# packed in place, twice (the second with larger shards), then listed again: the same 10 classes
+"$tools/tide" data index "$work/fm" --shard-bytes 16K >/dev/null
+"$tools/tide" data index "$work/fm" --shard-bytes 64K >/dev/null
+[ "$(ls "$work/fm/shards" | wc -l)" = "$nshards" ]
+"$tools/tide" data index "$work/fm" | grep -q "1500 images in 10 classes"
 echo "data_train: ok"

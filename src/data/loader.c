@@ -406,18 +406,18 @@ static int server_of(const tide_loader_t *l, int receiver, uint64_t i) {
 static void describe_state(const tide_loader_t *l, uint64_t i, int state, slot_t *s) {
   if (s->rc != 0) return;
   const char *path = l->src->items[i].path != NULL ? l->src->items[i].path : "?";
-  char shard[600] = "";
+  char shard[300] = "";
   if (l->sharded)
-    snprintf(shard, sizeof shard, " in shard %s/%s", l->src->root, l->src->shards[l->src->items[i].shard].path);
+    snprintf(shard, sizeof shard, " in shard %.180s/%.80s", l->src->root, l->src->shards[l->src->items[i].shard].path);
   if (l->sharded && state == BAD) {
     s->rc = TIDE_EINVAL;
     snprintf(s->error, sizeof s->error,
-             "sample %llu (%s)%s is a corrupt or truncated image (the log of the rank that decoded it says how); "
+             "sample %llu (%.100s)%s is a corrupt or truncated image (the log of the rank that decoded it says how); "
              "fix it, or skip bad samples (on_bad_sample = skip, tide-train --on-bad-sample skip)",
              (unsigned long long)i, path, shard);
   } else if (l->sharded) {
     s->rc = state < 0 ? state : TIDE_EIO;
-    snprintf(s->error, sizeof s->error, "sample %llu (%s)%s could not be read from the source (%s; the log says why)",
+    snprintf(s->error, sizeof s->error, "sample %llu (%.100s)%s could not be read from the source (%s; the log says why)",
              (unsigned long long)i, path, shard, state < 0 ? tide_strerror(state) : "unreadable or not the size the index says");
   } else if (state == BAD) {
     s->rc = TIDE_EINVAL;

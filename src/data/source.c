@@ -246,8 +246,25 @@ static int add_item(tide__source_t *s, size_t *cap, char *path, uint64_t size, i
   return 0;
 }
 
+/* Takes the sub-folder "shards" out of the classes when it holds tide's
+ * shards (shards/00000.bin), so that a folder packed in place (tide data
+ * index DIR --shard-bytes N) still lists as it did. */
+static void drop_shard_folder(tide__source_t *s) {
+  char probe[4200];
+  snprintf(probe, sizeof probe, "%s/shards/00000.bin", s->root);
+  if (access(probe, F_OK) != 0) return;
+  for (size_t k = 0; k < s->nclasses; k++)
+    if (strcmp(s->classes[k], "shards") == 0) {
+      tide__free(s->classes[k]);
+      memmove(&s->classes[k], &s->classes[k + 1], (s->nclasses - k - 1) * sizeof *s->classes);
+      s->nclasses--;
+      return;
+    }
+}
+
 static int open_dir(tide__source_t *s) {
   int rc = list_names(s->root, 1, &s->classes, &s->nclasses);
+  if (rc == 0) drop_shard_folder(s);
   if (rc == TIDE_ENOENT) {
     TIDE_ERROR("data source: no directory %s (give an ImageFolder directory, an http:// URL or fashion-mnist)",
                s->root);
@@ -883,6 +900,12 @@ int tide__shard_writer_finish(tide__shard_writer_t *w, size_t *shards, uint64_t 
     if (rc != 0) remove(tmp);
   }
   if (rc == TIDE_EIO) TIDE_ERROR("tide data: cannot write %s: %s", path, strerror(errno));
+  /* shards a previous packing of this folder left beyond the new ones */
+  for (size_t k = w->set.nshards; rc == 0; k++) {
+    char stale[4500];
+    snprintf(stale, sizeof stale, "%s/shards/%05zu.bin", w->set.root, k);
+    if (remove(stale) != 0) break;
+  }
   if (rc == 0 && shards != NULL) *shards = w->set.nshards;
   if (rc == 0 && bytes != NULL) *bytes = w->total;
   tide__shard_writer_abort(w);
