@@ -223,7 +223,7 @@ static void test_cache(void) {
 /* ---- a small HTTP server: counts body bytes, can fail or stall -------------- */
 
 static int http_port, http_listen;
-static _Atomic long http_bytes, http_requests, http_shard_requests;
+static _Atomic long http_bytes, http_requests, http_shard_requests, http_index_bodies;
 static _Atomic int http_fail_next; /* answer this many requests with 503 */
 static _Atomic int http_stall;     /* accept, read, never answer */
 static char http_root[512];
@@ -276,6 +276,7 @@ static void *http_conn(void *arg) {
   int hl = snprintf(head, sizeof head, "HTTP/1.1 200 OK\r\nContent-Length: %zu\r\nETag: \"v1\"\r\nConnection: close\r\n\r\n", n);
   send(fd, head, (size_t)hl, MSG_NOSIGNAL);
   send(fd, body, n, MSG_NOSIGNAL);
+  if (strstr(path, "index.txt") != NULL) atomic_fetch_add(&http_index_bodies, 1);
   atomic_fetch_add(&http_bytes, (long)n);
   free(body);
   close(fd);
@@ -616,8 +617,15 @@ int main(void) {
   snprintf(cache, sizeof cache, "%s/shardcache", root);
   run_t scached = {surl, cache, 2, 16, TIDE_BAD_SAMPLE_FAIL, 0, NULL, NULL, nshards};
   before = atomic_load(&http_shard_requests);
+  long index_before = atomic_load(&http_index_bodies);
   CHECK(harness_run(&two, run_loader, &scached) == 0);
   CHECK(atomic_load(&http_shard_requests) - before == nshards);
+  /* with a cache, a host's other ranks revalidate the index its local rank
+   * 0 fetched: at most one body per host (one when the second host's rank
+   * found it in the cache the two share here) */
+  long index_bodies = atomic_load(&http_index_bodies) - index_before;
+  fprintf(stderr, "  index.txt sent %ld times to 4 ranks on 2 hosts\n", index_bodies);
+  CHECK(index_bodies >= 1 && index_bodies <= 2);
   before = atomic_load(&http_shard_requests);
   CHECK(harness_run(&two, run_loader, &scached) == 0);
   CHECK(atomic_load(&http_shard_requests) - before == 0);
