@@ -28,4 +28,20 @@ grep -q "is a corrupt or truncated image" "$work/bad"
 "$tools/tiderun" -np 2 "$tools/tide-train" --data "$work/fm" --epochs 1 --runs "$work/runs" --name skip \
   --on-bad-sample skip >"$work/skip" 2>&1 || { cat "$work/skip"; exit 1; }
 grep -q "skipping" "$work/skip"
+# a sharded export (tide data export --shard-bytes): the same training, read one shard per request
+"$tools/tide" data export fashion-mnist "$work/fm-shards" --limit 1500 --shard-bytes 64K >/dev/null
+[ "$(head -1 "$work/fm-shards/index.txt")" = "tide-imagefolder 2" ]
+"$tools/tiderun" -np 2 "$tools/tide-train" --data "$work/fm-shards" --cache-dir "$work/cache-shards" --epochs 1 \
+  --runs "$work/runs" --name shards >"$work/shards" 2>&1 || { cat "$work/shards"; exit 1; }
+grep -q "replicas identical: yes" "$work/shards"
+nshards=$(ls "$work/fm-shards/shards" | wc -l)
+"$tools/tide" data stats "$work/cache-shards" | tee "$work/stats-shards"
+grep -q "misses $nshards\b" "$work/stats-shards"
+# the sharded export keeps the per-file layout's samples, labels and order
+cmp <(awk '/^file/ {print $2, $4}' "$work/fm/index.txt") <(awk '/^sample/ {print $2, $6}' "$work/fm-shards/index.txt")
+# packed in place, twice (the second with larger shards), then listed again: the same 10 classes
+"$tools/tide" data index "$work/fm" --shard-bytes 16K >/dev/null
+"$tools/tide" data index "$work/fm" --shard-bytes 64K >/dev/null
+[ "$(ls "$work/fm/shards" | wc -l)" = "$nshards" ]
+"$tools/tide" data index "$work/fm" | grep -q "1500 images in 10 classes"
 echo "data_train: ok"

@@ -3,7 +3,11 @@
  * loader over a directory and over HTTP (a small server in this process:
  * bytes counted at the server, 503s retried, a stalled server and a missing
  * object fail with a message instead of hanging), one and two emulated hosts
- * (every sample decoded once in the whole job), the trainer's data_s. */
+ * (every sample decoded once in the whole job), the trainer's data_s;
+ * sharded sets (index version 2): the index round trip, the same samples in
+ * the same order as the per-file layout, one request per shard, each host
+ * fetching only its own shards, a corrupt sample in a shard, a truncated
+ * shard, a damaged shard in the cache. */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <netinet/in.h>
@@ -219,7 +223,7 @@ static void test_cache(void) {
 /* ---- a small HTTP server: counts body bytes, can fail or stall -------------- */
 
 static int http_port, http_listen;
-static _Atomic long http_bytes, http_requests;
+static _Atomic long http_bytes, http_requests, http_shard_requests, http_index_bodies;
 static _Atomic int http_fail_next; /* answer this many requests with 503 */
 static _Atomic int http_stall;     /* accept, read, never answer */
 static char http_root[512];
@@ -244,6 +248,7 @@ static void *http_conn(void *arg) {
   }
   char path[1024] = "", file[1600], head[256];
   sscanf(req, "GET %1000s", path);
+  if (strstr(path, "/shards/") != NULL) atomic_fetch_add(&http_shard_requests, 1);
   if (atomic_load(&http_fail_next) > 0) {
     atomic_fetch_sub(&http_fail_next, 1);
     const char *r = "HTTP/1.1 503 Busy\r\nContent-Length: 0\r\nConnection: close\r\n\r\n";
@@ -271,6 +276,7 @@ static void *http_conn(void *arg) {
   int hl = snprintf(head, sizeof head, "HTTP/1.1 200 OK\r\nContent-Length: %zu\r\nETag: \"v1\"\r\nConnection: close\r\n\r\n", n);
   send(fd, head, (size_t)hl, MSG_NOSIGNAL);
   send(fd, body, n, MSG_NOSIGNAL);
+  if (strstr(path, "index.txt") != NULL) atomic_fetch_add(&http_index_bodies, 1);
   atomic_fetch_add(&http_bytes, (long)n);
   free(body);
   close(fd);
@@ -306,6 +312,8 @@ typedef struct {
   tide_bad_sample_t on_bad;
   int expect_rc; /* of the first failing next */
   const char *expect_in_error;
+  const char *order_file; /* each rank writes the hash of what it got, in order, to order_file.RANK */
+  int shards;             /* a sharded source of this many shards: each host reads its own, once */
 } run_t;
 
 static int run_loader(int rank, int size, void *arg) {
@@ -334,6 +342,7 @@ static int run_loader(int rank, int size, void *arg) {
   CHECK(h == H && w == W && c == 1);
   uint64_t steps = (N + (uint64_t)r->batch * (uint64_t)size - 1) / ((uint64_t)r->batch * (uint64_t)size);
   int failed = 0;
+  uint64_t order = 1469598103934665603ULL; /* FNV-1a over (id, label) in delivery order */
   for (int e = 0; e < r->epochs && !failed; e++) {
     double count = 0, sum = 0, skipped = 0;
     for (uint64_t s = 0; s < steps; s++) {
@@ -352,6 +361,7 @@ static int run_loader(int rank, int size, void *arg) {
           continue;
         }
         int id = sample_id(px);
+        order = (order ^ (uint64_t)(id * 16 + b.labels[j])) * 1099511628211ULL;
         uint8_t want[H * W];
         fill(id, want);
         CHECK(memcmp(px, want, sizeof want) == 0);
@@ -383,6 +393,23 @@ static int run_loader(int rank, int size, void *arg) {
     CHECK(d[0] == N);
     if (tide_comm_node_count(comm) > 1) CHECK(d[1] > 0);
     else CHECK(d[1] == 0);
+  }
+  if (!failed && r->shards > 0 && r->cache == NULL) {
+    /* each host read exactly its own shards (s % hosts), once */
+    int hosts = tide_comm_node_count(comm), node = tide_comm_node(comm);
+    double per[8] = {0};
+    CHECK(hosts <= 8);
+    per[node] = (double)st.source_requests - (strncmp(r->source, "http", 4) == 0); /* a URL's index.txt */
+    CHECK_OK(tide_allreduce(comm, per, per, 8, TIDE_F64, TIDE_SUM));
+    for (int m = 0; m < hosts; m++) CHECK(per[m] == (double)((r->shards - m + hosts - 1) / hosts));
+  }
+  if (r->order_file != NULL && !failed) {
+    char path[600];
+    snprintf(path, sizeof path, "%s.%d", r->order_file, rank);
+    FILE *f = fopen(path, "w");
+    CHECK(f != NULL);
+    fprintf(f, "%016llx\n", (unsigned long long)order);
+    CHECK(fclose(f) == 0);
   }
   if (rank == 0)
     fprintf(stderr, "  loader np=%d hosts=%d: decoded %.0f, remote %.0f, source reads %.0f, store %llu B, wait %.3f s%s\n",
@@ -446,12 +473,84 @@ static int run_trainer(int rank, int size, void *arg) {
   return 0;
 }
 
+/* The files a.RANK and b.RANK (ranks 0..np-1) say the same. */
+static void same_order(const char *a, const char *b, int np) {
+  for (int r = 0; r < np; r++) {
+    char pa[600], pb[600], ta[64] = "", tb[64] = "";
+    snprintf(pa, sizeof pa, "%s.%d", a, r);
+    snprintf(pb, sizeof pb, "%s.%d", b, r);
+    FILE *fa = fopen(pa, "r"), *fb = fopen(pb, "r");
+    CHECK(fa != NULL && fb != NULL);
+    CHECK(fgets(ta, sizeof ta, fa) != NULL && fgets(tb, sizeof tb, fb) != NULL);
+    fclose(fa);
+    fclose(fb);
+    CHECK(strcmp(ta, tb) == 0);
+  }
+}
+
+/* Packs dir's images into shards of about shard_bytes in out; checks the
+ * sharded source against the per-file one (every sample's bytes, label and
+ * name; the index written back is the one on disk; version 1 still reads).
+ * Returns the number of shards. */
+static int make_shards(const char *dir, const char *out, uint64_t shard_bytes) {
+  tide__source_t *files, *sharded;
+  CHECK_OK(tide__source_open_listing(dir, &files));
+  size_t nshards = 0;
+  uint64_t bytes = 0;
+  CHECK_OK(tide__source_write_shards(files, out, shard_bytes, &nshards, &bytes));
+  CHECK(nshards > 1);
+  CHECK_OK(tide__source_open(out, NULL, NULL, &sharded));
+  CHECK(sharded->nshards == nshards && sharded->count == files->count && sharded->nclasses == files->nclasses);
+  CHECK(sharded->shape[0] == H && sharded->shape[1] == W && sharded->shape[2] == 1);
+  uint64_t total = 0;
+  for (size_t k = 0; k < nshards; k++) {
+    CHECK(sharded->shards[k].count > 0);
+    total += sharded->shards[k].size;
+  }
+  CHECK(total == bytes);
+  for (size_t i = 0; i < files->count; i++) {
+    uint8_t *a, *b;
+    size_t la, lb;
+    CHECK_OK(tide__source_read(files, i, NULL, NULL, &a, &la));
+    CHECK_OK(tide__source_read(sharded, i, NULL, NULL, &b, &lb));
+    CHECK(la == lb && memcmp(a, b, la) == 0);
+    CHECK(files->items[i].label == sharded->items[i].label && strcmp(files->items[i].path, sharded->items[i].path) == 0);
+    tide__free(a);
+    tide__free(b);
+  }
+  /* the index round trip: what the sharded source writes is its index.txt */
+  char path[600], *text = NULL;
+  size_t len = 0;
+  FILE *mem = open_memstream(&text, &len);
+  CHECK_OK(tide__source_write_index(sharded, mem));
+  fclose(mem);
+  snprintf(path, sizeof path, "%s/index.txt", out);
+  FILE *f = fopen(path, "rb");
+  CHECK(f != NULL);
+  char *disk = malloc(len + 2);
+  CHECK(fread(disk, 1, len + 1, f) == len && memcmp(disk, text, len) == 0);
+  fclose(f);
+  free(disk);
+  free(text);
+  /* a directory with a version 1 index is still listed, as before */
+  tide__source_t *again;
+  CHECK_OK(tide__source_open(dir, NULL, NULL, &again));
+  CHECK(again->nshards == 0 && again->count == files->count);
+  tide__source_close(again);
+  tide__source_close(files);
+  tide__source_close(sharded);
+  return (int)nshards;
+}
+
 int main(void) {
   snprintf(root, sizeof root, "/tmp/tide-test-data-%d", (int)getpid());
   mkdir(root, 0777);
   setenv("TIDE_DATA_CACHE", "none", 1);
-  char dir[400], cache[400], url[200], cmd[900];
+  char dir[400], sdir[400], cache[400], url[200], surl[200], cmd[900], order_files[400], order_sharded[400];
   snprintf(dir, sizeof dir, "%s/folder", root);
+  snprintf(sdir, sizeof sdir, "%s/sharded", root);
+  snprintf(order_files, sizeof order_files, "%s/order-files", root);
+  snprintf(order_sharded, sizeof order_sharded, "%s/order-sharded", root);
   /* In a child: this process must not read the TIDE_* table before the
    * harness sets the job's variables (it is read once per process). */
   pid_t pid = fork();
@@ -459,18 +558,29 @@ int main(void) {
     test_decode();
     test_cache();
     make_folder(dir);
-    _exit(0);
+    int nshards = make_shards(dir, sdir, 1500);
+    fprintf(stderr, "shards: %d of about 1500 bytes, the same samples as the files, the index round trip\n", nshards);
+    _exit(nshards);
   }
   int status;
-  CHECK(waitpid(pid, &status, 0) == pid && WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  CHECK(waitpid(pid, &status, 0) == pid && WIFEXITED(status) && WEXITSTATUS(status) > 1);
+  int nshards = WEXITSTATUS(status);
 
   fprintf(stderr, "-- directory, 1 rank and 2 emulated hosts x 2 ranks\n");
-  run_t plain = {dir, NULL, 3, 16, TIDE_BAD_SAMPLE_FAIL, 0, NULL};
+  run_t plain = {dir, NULL, 3, 16, TIDE_BAD_SAMPLE_FAIL, 0, NULL, NULL, 0};
   harness_opts_t one = {1, NULL, 0, 120, NULL};
   CHECK(harness_run(&one, run_loader, &plain) == 0);
   const char *hosts[] = {"a", "a", "b", "b"};
   harness_opts_t two = {4, hosts, 0, 120, NULL};
+  plain.order_file = order_files;
   CHECK(harness_run(&two, run_loader, &plain) == 0);
+  plain.order_file = NULL;
+
+  fprintf(stderr, "-- a sharded directory: the same samples in the same order; each host reads its own shards\n");
+  run_t sharded = {sdir, NULL, 3, 16, TIDE_BAD_SAMPLE_FAIL, 0, NULL, order_sharded, nshards};
+  CHECK(harness_run(&one, run_loader, &sharded) == 0);
+  CHECK(harness_run(&two, run_loader, &sharded) == 0);
+  same_order(order_files, order_sharded, 4);
   harness_opts_t local2 = {2, NULL, 0, 120, NULL};
   CHECK(harness_run(&local2, run_loader, &plain) == 0);
 
@@ -478,10 +588,11 @@ int main(void) {
   CHECK(harness_run(&local2, run_trainer, dir) == 0);
 
   fprintf(stderr, "-- HTTP with a disk cache: the second run reads no object from the server\n");
-  http_start(dir);
-  snprintf(url, sizeof url, "http://127.0.0.1:%d", http_port);
+  http_start(root);
+  snprintf(url, sizeof url, "http://127.0.0.1:%d/folder", http_port);
+  snprintf(surl, sizeof surl, "http://127.0.0.1:%d/sharded", http_port);
   snprintf(cache, sizeof cache, "%s/httpcache", root);
-  run_t http = {url, cache, 2, 16, TIDE_BAD_SAMPLE_FAIL, 0, NULL};
+  run_t http = {url, cache, 2, 16, TIDE_BAD_SAMPLE_FAIL, 0, NULL, NULL, 0};
   CHECK(harness_run(&two, run_loader, &http) == 0);
   long first = atomic_load(&http_bytes), index_bytes;
   {
@@ -496,10 +607,42 @@ int main(void) {
           second, index_bytes);
   CHECK(second == 0);
 
+  fprintf(stderr, "-- sharded HTTP: one request per shard, each host its own; the same samples in the same order\n");
+  long before = atomic_load(&http_shard_requests);
+  run_t shttp = {surl, NULL, 3, 16, TIDE_BAD_SAMPLE_FAIL, 0, NULL, order_sharded, nshards};
+  CHECK(harness_run(&two, run_loader, &shttp) == 0);
+  fprintf(stderr, "  %ld shard requests for %d shards\n", atomic_load(&http_shard_requests) - before, nshards);
+  CHECK(atomic_load(&http_shard_requests) - before == nshards);
+  same_order(order_files, order_sharded, 4);
+  snprintf(cache, sizeof cache, "%s/shardcache", root);
+  run_t scached = {surl, cache, 2, 16, TIDE_BAD_SAMPLE_FAIL, 0, NULL, NULL, nshards};
+  before = atomic_load(&http_shard_requests);
+  long index_before = atomic_load(&http_index_bodies);
+  CHECK(harness_run(&two, run_loader, &scached) == 0);
+  CHECK(atomic_load(&http_shard_requests) - before == nshards);
+  /* with a cache, a host's other ranks revalidate the index its local rank
+   * 0 fetched: at most one body per host (one when the second host's rank
+   * found it in the cache the two share here) */
+  long index_bodies = atomic_load(&http_index_bodies) - index_before;
+  fprintf(stderr, "  index.txt sent %ld times to 4 ranks on 2 hosts\n", index_bodies);
+  CHECK(index_bodies >= 1 && index_bodies <= 2);
+  before = atomic_load(&http_shard_requests);
+  CHECK(harness_run(&two, run_loader, &scached) == 0);
+  CHECK(atomic_load(&http_shard_requests) - before == 0);
+  /* a cached shard whose checksum fails is refetched (once), never used */
+  snprintf(cmd, sizeof cmd,
+           "f=$(grep -l 'shards/00000.bin|' %s/objects/*) && [ $(echo \"$f\" | wc -l) = 1 ] && "
+           "printf X | dd of=$f bs=1 seek=$(( $(stat -c %%s $f) - 1 )) conv=notrunc 2>/dev/null",
+           cache);
+  CHECK(system(cmd) == 0);
+  before = atomic_load(&http_shard_requests);
+  CHECK(harness_run(&two, run_loader, &scached) == 0);
+  CHECK(atomic_load(&http_shard_requests) - before == 1);
+
   fprintf(stderr, "-- HTTP: 503s are retried\n");
   setenv("TIDE_DATA_RETRIES", "4", 1);
   snprintf(cache, sizeof cache, "%s/httpcache2", root);
-  run_t retry = {url, cache, 1, 16, TIDE_BAD_SAMPLE_FAIL, 0, NULL};
+  run_t retry = {url, cache, 1, 16, TIDE_BAD_SAMPLE_FAIL, 0, NULL, NULL, 0};
   atomic_store(&http_fail_next, 3);
   CHECK(harness_run(&one, run_loader, &retry) == 0);
 
@@ -507,7 +650,7 @@ int main(void) {
   snprintf(cmd, sizeof cmd, "mv %s/c1/0001.png %s/moved.png", dir, root);
   CHECK(system(cmd) == 0);
   snprintf(cache, sizeof cache, "%s/httpcache3", root);
-  run_t missing = {url, cache, 1, 16, TIDE_BAD_SAMPLE_FAIL, TIDE_EIO, "0001.png"};
+  run_t missing = {url, cache, 1, 16, TIDE_BAD_SAMPLE_FAIL, TIDE_EIO, "0001.png", NULL, 0};
   CHECK(harness_run(&one, run_loader, &missing) == 0);
   snprintf(cmd, sizeof cmd, "mv %s/moved.png %s/c1/0001.png", root, dir);
   CHECK(system(cmd) == 0);
@@ -516,7 +659,7 @@ int main(void) {
   setenv("TIDE_DATA_RETRIES", "1", 1);
   setenv("TIDE_DATA_TIMEOUT_MS", "300", 1);
   atomic_store(&http_stall, 1);
-  run_t stalled = {url, NULL, 1, 16, TIDE_BAD_SAMPLE_FAIL, TIDE_ETIMEDOUT, NULL};
+  run_t stalled = {url, NULL, 1, 16, TIDE_BAD_SAMPLE_FAIL, TIDE_ETIMEDOUT, NULL, NULL, 0};
   int64_t t0 = tide__now_ns();
   CHECK(harness_run(&one, run_loader, &stalled) == 0);
   fprintf(stderr, "  gave up after %.1f s\n", (double)(tide__now_ns() - t0) * 1e-9);
@@ -527,10 +670,34 @@ int main(void) {
   fprintf(stderr, "-- a corrupt image: an error naming it, or skipped and counted\n");
   snprintf(cmd, sizeof cmd, "truncate -s 30 %s/c2/0005.png && printf 'garbage' > %s/c0/0006.png", dir, dir);
   CHECK(system(cmd) == 0);
-  run_t fail = {dir, NULL, 2, 16, TIDE_BAD_SAMPLE_FAIL, TIDE_EINVAL, "0005.png"};
+  run_t fail = {dir, NULL, 2, 16, TIDE_BAD_SAMPLE_FAIL, TIDE_EINVAL, "0005.png", NULL, 0};
   CHECK(harness_run(&two, run_loader, &fail) == 0);
-  run_t skip = {dir, NULL, 2, 16, TIDE_BAD_SAMPLE_SKIP, 0, NULL};
+  run_t skip = {dir, NULL, 2, 16, TIDE_BAD_SAMPLE_SKIP, 0, NULL, NULL, 0};
   CHECK(harness_run(&two, run_loader, &skip) == 0);
+
+  fprintf(stderr, "-- a corrupt sample inside a shard: named, or skipped and counted\n");
+  tide__source_t *shards;
+  CHECK_OK(tide__source_open(sdir, NULL, NULL, &shards));
+  const tide__item_t *victim = &shards->items[5];
+  char shard_path[600];
+  snprintf(shard_path, sizeof shard_path, "%s/%s", sdir, shards->shards[victim->shard].path);
+  {
+    FILE *f = fopen(shard_path, "r+b");
+    CHECK(f != NULL);
+    CHECK(fseek(f, (long)victim->offset, SEEK_SET) == 0);
+    for (uint64_t b = 0; b < victim->size; b++) fputc('X', f);
+    CHECK(fclose(f) == 0);
+  }
+  run_t sfail = {sdir, NULL, 2, 16, TIDE_BAD_SAMPLE_FAIL, TIDE_EINVAL, NULL, NULL, 0};
+  CHECK(harness_run(&two, run_loader, &sfail) == 0);
+  run_t sskip = {sdir, NULL, 2, 16, TIDE_BAD_SAMPLE_SKIP, 0, NULL, NULL, 0};
+  CHECK(harness_run(&two, run_loader, &sskip) == 0);
+
+  fprintf(stderr, "-- a truncated shard: a clear error naming it\n");
+  CHECK(truncate(shard_path, (off_t)(shards->shards[victim->shard].size - 10)) == 0);
+  run_t struncated = {sdir, NULL, 1, 16, TIDE_BAD_SAMPLE_FAIL, TIDE_EIO, NULL, NULL, 0};
+  CHECK(harness_run(&one, run_loader, &struncated) == 0);
+  tide__source_close(shards);
 
   fprintf(stderr, "-- bad arguments\n");
   tide_loader_config_t cfg;

@@ -44,10 +44,15 @@ static const char usage_text[] =
     "                           environment parameters\n"
     "                           (--markdown: as the table of docs/env.md)\n"
     "  report RUN_DIR           draw a tide-train run's metrics as PNG plots (gnuplot)\n"
-    "  data export fashion-mnist DIR [--split train|test] [--limit N]\n"
+    "  data export fashion-mnist DIR [--split train|test] [--limit N] [--shard-bytes N]\n"
     "                           write Fashion-MNIST as a PNG ImageFolder (DIR/CLASS/NNNNN.png)\n"
-    "                           with DIR/index.txt, so it can be served over HTTP too\n"
-    "  data index DIR           write DIR/index.txt for an ImageFolder directory\n"
+    "                           with DIR/index.txt, so it can be served over HTTP too;\n"
+    "                           --shard-bytes: the PNGs packed into shards of about N bytes\n"
+    "                           (DIR/shards/NNNNN.bin; K, M suffixes; --shards: 256K) instead\n"
+    "                           of one file each: one request per shard, not per image\n"
+    "  data index DIR [--shard-bytes N|--shards [--out OUT]]\n"
+    "                           write DIR/index.txt for an ImageFolder directory, or pack its\n"
+    "                           images into shards of about N bytes in OUT (default DIR)\n"
     "  data stats [CACHE_DIR]   what the data disk cache holds and its hit rates (default:\n"
     "                           TIDE_DATA_CACHE or its default)\n"
     "  ctl --rdzv HOST:PORT resize N | status\n"
@@ -777,17 +782,39 @@ static int write_index(const tide__source_t *src, const char *dir) {
   return 0;
 }
 
+/* "262144", "256K", "1M": bytes, > 0. */
+static int parse_byte_count(const char *what, const char *v, uint64_t *out) {
+  char *end;
+  errno = 0;
+  unsigned long long n = strtoull(v, &end, 10);
+  if (end != v && (*end == 'K' || *end == 'k')) n <<= 10, end++;
+  else if (end != v && (*end == 'M' || *end == 'm')) n <<= 20, end++;
+  if (end == v || *end != '\0' || errno != 0 || n == 0 || v[0] == '-' || n > (1ULL << 40)) {
+    fprintf(stderr, "tide data: %s %s must be a byte count > 0 (e.g. 262144, 256K, 1M)\n", what, v);
+    return -1;
+  }
+  *out = n;
+  return 0;
+}
+
+#define DEFAULT_SHARD_BYTES (256u << 10)
+
 static int data_export(int argc, char **argv) {
   if (argc < 2 || strcmp(argv[0], "fashion-mnist") != 0) {
-    fprintf(stderr, "usage: tide data export fashion-mnist DIR [--split train|test] [--limit N] [--from IDX_DIR]\n");
+    fprintf(stderr, "usage: tide data export fashion-mnist DIR [--split train|test] [--limit N] [--from IDX_DIR] "
+                    "[--shard-bytes N]\n");
     return EXIT_USAGE;
   }
   const char *dir = argv[1], *split = "train", *from = NULL;
   long limit = -1;
+  uint64_t shard_bytes = 0;
   for (int i = 2; i < argc; i++) {
     if (strcmp(argv[i], "--split") == 0 && i + 1 < argc) split = argv[++i];
     else if (strcmp(argv[i], "--from") == 0 && i + 1 < argc) from = argv[++i];
-    else if (strcmp(argv[i], "--limit") == 0 && i + 1 < argc) {
+    else if (strcmp(argv[i], "--shards") == 0) shard_bytes = DEFAULT_SHARD_BYTES;
+    else if (strcmp(argv[i], "--shard-bytes") == 0 && i + 1 < argc) {
+      if (parse_byte_count("--shard-bytes", argv[++i], &shard_bytes) != 0) return EXIT_USAGE;
+    } else if (strcmp(argv[i], "--limit") == 0 && i + 1 < argc) {
       char *end;
       limit = strtol(argv[++i], &end, 10);
       if (*end != '\0' || limit < 1) {
@@ -804,41 +831,67 @@ static int data_export(int argc, char **argv) {
   tide__source_t *src;
   if (tide__source_open(spec, split, NULL, &src) != 0) return 1;
   size_t count = limit > 0 && (size_t)limit < src->count ? (size_t)limit : src->count;
-  int rc = 0;
-  if (mkdir(dir, 0777) != 0 && errno != EEXIST) rc = -1;
+  /* Class folders are named K_NAME, so their sorted order is Fashion-MNIST's
+   * labels; a sharded export names its classes and samples the same way and
+   * keeps the per-file layout's order (by class, then by index). */
+  char **classes = tide__calloc(src->nclasses, sizeof *classes);
+  int rc = classes == NULL ? -1 : 0;
   for (size_t k = 0; rc == 0 && k < src->nclasses; k++) {
+    char name[256];
+    snprintf(name, sizeof name, "%zu_%s", k, src->classes[k]);
+    if ((classes[k] = strdup(name)) == NULL) rc = -1;
+  }
+  if (rc == 0 && mkdir(dir, 0777) != 0 && errno != EEXIST) rc = -1;
+  for (size_t k = 0; rc == 0 && shard_bytes == 0 && k < src->nclasses; k++) {
     char sub[4300];
-    snprintf(sub, sizeof sub, "%s/%zu_%s", dir, k, src->classes[k]); /* sorted = Fashion-MNIST's labels */
+    snprintf(sub, sizeof sub, "%s/%s", dir, classes[k]);
     if (mkdir(sub, 0777) != 0 && errno != EEXIST) rc = -1;
   }
-  if (rc != 0) {
-    fprintf(stderr, "tide data export: cannot create %s: %s\n", dir, strerror(errno));
-    tide__source_close(src);
-    return 1;
-  }
+  tide__shard_writer_t *w = NULL;
+  if (rc != 0) fprintf(stderr, "tide data export: cannot create %s: %s\n", dir, strerror(errno));
+  else if (shard_bytes > 0 && tide__shard_writer_open(dir, shard_bytes, classes, src->nclasses, &w) != 0) rc = -1;
   size_t pixels = (size_t)src->idx_height * (size_t)src->idx_width;
   uint64_t bytes = 0;
-  for (size_t i = 0; rc == 0 && i < count; i++) {
-    uint8_t *png;
-    size_t len;
-    rc = tide__png_encode(src->idx_pixels + i * pixels, src->idx_height, src->idx_width, 1, &png, &len);
-    if (rc != 0) break;
-    char rel[256], path[4600];
-    snprintf(rel, sizeof rel, "%d_%s/%05zu.png", (int)src->items[i].label, src->classes[src->items[i].label], i);
-    snprintf(path, sizeof path, "%s/%s", dir, rel);
-    FILE *f = fopen(path, "wb");
-    if (f == NULL || fwrite(png, 1, len, f) != len || fclose(f) != 0) {
-      fprintf(stderr, "tide data export: cannot write %s: %s\n", path, strerror(errno));
-      rc = -1;
+  for (size_t pass = 0; pass < (shard_bytes > 0 ? src->nclasses : 1); pass++) {
+    for (size_t i = 0; rc == 0 && i < count; i++) {
+      int32_t label = src->items[i].label;
+      if (shard_bytes > 0 && (size_t)label != pass) continue;
+      uint8_t *png;
+      size_t len;
+      rc = tide__png_encode(src->idx_pixels + i * pixels, src->idx_height, src->idx_width, 1, &png, &len);
+      if (rc != 0) break;
+      char rel[300], path[4600];
+      snprintf(rel, sizeof rel, "%s/%05zu.png", classes[label], i);
+      if (w != NULL) {
+        rc = tide__shard_writer_add(w, label, rel, png, len);
+      } else {
+        snprintf(path, sizeof path, "%s/%s", dir, rel);
+        FILE *f = fopen(path, "wb");
+        if (f == NULL || fwrite(png, 1, len, f) != len || fclose(f) != 0) {
+          fprintf(stderr, "tide data export: cannot write %s: %s\n", path, strerror(errno));
+          rc = -1;
+        }
+      }
+      tide__free(png);
+      bytes += len;
     }
-    tide__free(png);
-    bytes += len;
   }
+  size_t nclasses = src->nclasses, shards = 0;
   tide__source_close(src);
+  if (rc == 0 && w != NULL) rc = tide__shard_writer_finish(w, &shards, NULL);
+  else tide__shard_writer_abort(w);
+  for (size_t k = 0; classes != NULL && k < nclasses; k++) free(classes[k]);
+  tide__free(classes);
   if (rc != 0) return 1;
+  if (shard_bytes > 0) {
+    printf("tide data export: %zu images (%.1f MiB of PNG) in %zu shards of about %llu bytes in %s/shards, index "
+           "%s/index.txt\n",
+           count, (double)bytes / 1048576.0, shards, (unsigned long long)shard_bytes, dir, dir);
+    return 0;
+  }
   /* The index lists the directory as written (sorted classes and names). */
   tide__source_t *folder;
-  if (tide__source_open(dir, NULL, NULL, &folder) != 0) return 1;
+  if (tide__source_open_listing(dir, &folder) != 0) return 1;
   rc = write_index(folder, dir);
   tide__source_close(folder);
   if (rc == 0)
@@ -847,16 +900,48 @@ static int data_export(int argc, char **argv) {
   return rc;
 }
 
+static int data_index(int argc, char **argv) {
+  const char *dir = argc >= 1 ? argv[0] : NULL, *out = NULL;
+  uint64_t shard_bytes = 0;
+  for (int i = 1; i < argc; i++) {
+    if (strcmp(argv[i], "--shards") == 0) {
+      shard_bytes = DEFAULT_SHARD_BYTES;
+    } else if (strcmp(argv[i], "--shard-bytes") == 0 && i + 1 < argc) {
+      if (parse_byte_count("--shard-bytes", argv[++i], &shard_bytes) != 0) return EXIT_USAGE;
+    } else if (strcmp(argv[i], "--out") == 0 && i + 1 < argc) {
+      out = argv[++i];
+    } else {
+      dir = NULL;
+      break;
+    }
+  }
+  if (dir == NULL || (out != NULL && shard_bytes == 0)) {
+    fprintf(stderr, "usage: tide data index DIR [--shard-bytes N|--shards [--out OUT_DIR]]\n");
+    return EXIT_USAGE;
+  }
+  tide__source_t *src;
+  if (tide__source_open_listing(dir, &src) != 0) return 1;
+  int rc;
+  if (shard_bytes > 0) {
+    size_t shards = 0;
+    uint64_t bytes = 0;
+    if (out == NULL) out = dir;
+    rc = tide__source_write_shards(src, out, shard_bytes, &shards, &bytes) == 0 ? 0 : 1;
+    if (rc == 0)
+      printf("tide data index: %zu images in %zu classes packed into %zu shards (%.1f MiB) -> %s/shards, "
+             "%s/index.txt\n",
+             src->count, src->nclasses, shards, (double)bytes / 1048576.0, out, out);
+  } else {
+    rc = write_index(src, dir);
+    if (rc == 0) printf("tide data index: %zu images in %zu classes -> %s/index.txt\n", src->count, src->nclasses, dir);
+  }
+  tide__source_close(src);
+  return rc;
+}
+
 static int cmd_data(int argc, char **argv) {
   if (argc >= 1 && strcmp(argv[0], "export") == 0) return data_export(argc - 1, argv + 1);
-  if (argc == 2 && strcmp(argv[0], "index") == 0) {
-    tide__source_t *src;
-    if (tide__source_open(argv[1], NULL, NULL, &src) != 0) return 1;
-    int rc = write_index(src, argv[1]);
-    if (rc == 0) printf("tide data index: %zu images in %zu classes -> %s/index.txt\n", src->count, src->nclasses, argv[1]);
-    tide__source_close(src);
-    return rc;
-  }
+  if (argc >= 2 && strcmp(argv[0], "index") == 0) return data_index(argc - 1, argv + 1);
   if (argc >= 1 && argc <= 2 && strcmp(argv[0], "stats") == 0) {
     char dir[4096];
     const char *env = tide__param_str(TIDE__PARAM_DATA_CACHE);
@@ -865,8 +950,8 @@ static int cmd_data(int argc, char **argv) {
     else tide__cache_default_dir(dir, sizeof dir);
     return tide__cache_print_stats(dir, stdout) == 0 ? 0 : 1;
   }
-  fprintf(stderr, "usage: tide data export fashion-mnist DIR [--split S] [--limit N] | tide data index DIR | "
-                  "tide data stats [CACHE_DIR]\n");
+  fprintf(stderr, "usage: tide data export fashion-mnist DIR [--split S] [--limit N] [--shard-bytes N] | tide data "
+                  "index DIR [--shard-bytes N [--out OUT]] | tide data stats [CACHE_DIR]\n");
   return EXIT_USAGE;
 }
 

@@ -48,10 +48,21 @@ int tide__cache_print_stats(const char *dir, FILE *out);
 typedef enum { TIDE__SOURCE_DIR = 0, TIDE__SOURCE_HTTP, TIDE__SOURCE_IDX } tide__source_kind_t;
 
 typedef struct {
-  char *path;   /* relative to the root (dir, http); NULL for idx */
+  char *path;   /* relative to the root (dir, http); in a sharded set, the
+                   sample's name (its file's path when it was packed); NULL for idx */
   uint64_t size; /* bytes, from the listing (0 unknown) */
   int32_t label;
+  int64_t shard;   /* a sharded set: the shard holding it; -1: its own object */
+  uint64_t offset; /* a sharded set: its first byte within the shard */
 } tide__item_t;
+
+/* A shard: one object holding the encoded samples [first, first + count)
+ * (index version 2: the plain concatenation of their files). */
+typedef struct {
+  char *path; /* relative to the root, e.g. shards/00000.bin */
+  uint64_t size;
+  uint64_t first, count;
+} tide__shard_t;
 
 typedef struct tide__source {
   tide__source_kind_t kind;
@@ -61,6 +72,11 @@ typedef struct tide__source {
   size_t count;
   char **classes;
   size_t nclasses;
+  /* sharded (index version 2): the shards, and the decoded shape the index
+   * gives (0: not given) */
+  tide__shard_t *shards;
+  size_t nshards;
+  int shape[3];
   /* idx: every image decoded already (count x 28 x 28). */
   uint8_t *idx_pixels;
   int idx_height, idx_width;
@@ -74,7 +90,8 @@ void tide__fetcher_destroy(tide__fetcher_t *f);
 
 /* Opens spec: "fashion-mnist[:DIR]" (split "train" or "test"), an http://
  * or https:// URL serving index.txt, or a directory in the ImageFolder
- * layout (index.txt inside is ignored: the directory is listed). A URL's
+ * layout (listed; an index.txt inside is used only when it is a sharded
+ * one, version 2, and then the directory is its shards). A URL's
  * index is kept in cache (when not NULL) and revalidated with its ETag.
  * Retries an
  * unanswered index request (TIDE_DATA_RETRIES, back-off) before failing. */
@@ -88,8 +105,36 @@ void tide__source_close(tide__source_t *src);
  * attempt bounded by TIDE_DATA_TIMEOUT_MS. *data is malloc'd. */
 int tide__source_read(tide__source_t *src, size_t i, tide__cache_t *cache, tide__fetcher_t *f, uint8_t **data,
                       size_t *len);
-/* The text of index.txt for the listing of src (tide data index). */
+/* Opens the directory dir's ImageFolder listing, whatever index.txt it
+ * holds (tide data index DIR). */
+int tide__source_open_listing(const char *dir, tide__source_t **out);
+/* The whole of shard s of a sharded source, through the cache like any
+ * object (one GET over HTTP); TIDE_EIO naming the shard when its size is not
+ * the index's. *data is malloc'd. */
+int tide__source_read_shard(tide__source_t *src, size_t s, tide__cache_t *cache, tide__fetcher_t *f, uint8_t **data,
+                            size_t *len);
+/* The text of index.txt for src (tide data index): version 1 for a
+ * listing, version 2 for a sharded source. */
 int tide__source_write_index(const tide__source_t *src, FILE *out);
+
+/* Packs samples into shards of about shard_bytes each (a sample larger
+ * than that gets a shard of its own), as dir/shards/NNNNN.bin, and at
+ * finish writes dir/index.txt (version 2, written to a temporary file and
+ * renamed). add takes the samples in index order; name is the sample's
+ * name in messages (its ImageFolder path). One thread. */
+typedef struct tide__shard_writer tide__shard_writer_t;
+int tide__shard_writer_open(const char *dir, uint64_t shard_bytes, char *const *classes, size_t nclasses,
+                            tide__shard_writer_t **out);
+int tide__shard_writer_add(tide__shard_writer_t *w, int32_t label, const char *name, const void *data, size_t len);
+/* Closes the last shard, writes the index and frees w (also on error);
+ * the number of shards and bytes packed in *shards and *bytes (may be NULL). */
+int tide__shard_writer_finish(tide__shard_writer_t *w, size_t *shards, uint64_t *bytes);
+/* Frees w without writing the index (NULL is fine). */
+void tide__shard_writer_abort(tide__shard_writer_t *w);
+/* Packs every image of src (a listing) into shards under out_dir
+ * (tide data index DIR --shard-bytes N [--out OUT]). */
+int tide__source_write_shards(tide__source_t *src, const char *out_dir, uint64_t shard_bytes, size_t *shards,
+                              uint64_t *bytes);
 
 /* ---- decoding (decode.c) --------------------------------------------------- */
 

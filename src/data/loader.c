@@ -8,6 +8,14 @@
  * others wait for it. So the source is read once per sample by its owner
  * host, in the first epoch, and every later epoch comes from memory.
  *
+ * A sharded source (index version 2) is owned by shards: shard s belongs to
+ * host s % nodes with all its samples, which take that host's slots in
+ * shard order (owner_of/slot_of, computed at open). A shard's state is an
+ * atomic in the same segment: the local rank that needs one of its samples
+ * first claims the whole shard, reads it (one object, one GET), decodes
+ * every sample into its slot and marks the shard ready; the others wait for
+ * the shard. Each host thus fetches only its own shards, each once.
+ *
  * Rounds: round R is the trainer's step R (positions [k*G, k*G + G) of the
  * epoch's permutation, G = ranks x batch, dealt with tide_block). Every rank
  * computes every rank's share, so each knows what to serve and what it will
@@ -71,6 +79,11 @@ struct tide_loader {
   uint64_t owned;
   _Atomic uint32_t *state;
   uint8_t *store;
+  uint32_t *owner_of;  /* host of sample i */
+  uint64_t *slot_of;   /* its slot in that host's store */
+  int sharded;
+  _Atomic uint32_t *shard_state; /* per shard (indexed by shard number) */
+  uint64_t *shard_mark;          /* run_round's: the round + 1 that listed shard s */
 
   tide_sampler_t *sampler;
   uint64_t sampler_epoch;
@@ -97,6 +110,7 @@ struct tide_loader {
   pthread_mutex_t job_lock;
   pthread_cond_t job_cond, job_done_cond;
   const uint64_t *job;
+  int job_shards; /* the job's items are shards, not samples */
   size_t job_count, job_finished;
   _Atomic size_t job_next;
   uint64_t job_id;
@@ -119,14 +133,44 @@ struct tide_loader {
 
 /* ---- the store ----------------------------------------------------------------- */
 
-static uint64_t owned_by(uint64_t n, int nodes, int node) {
-  return n > (uint64_t)node ? (n - (uint64_t)node + (uint64_t)nodes - 1) / (uint64_t)nodes : 0;
+/* Who owns what: sample i -> host i % nodes, slot i / nodes; in a sharded
+ * source, shard s -> host s % nodes, and its samples the next slots there. */
+static int ownership(tide_loader_t *l) {
+  l->owner_of = tide__malloc((size_t)l->n * sizeof *l->owner_of + 1);
+  l->slot_of = tide__malloc((size_t)l->n * sizeof *l->slot_of + 1);
+  uint64_t *next = tide__calloc((size_t)l->nodes, sizeof *next);
+  if (l->owner_of == NULL || l->slot_of == NULL || next == NULL) {
+    tide__free(next);
+    return TIDE_ENOMEM;
+  }
+  l->sharded = l->src->nshards > 0;
+  if (l->sharded) {
+    for (size_t s = 0; s < l->src->nshards; s++) {
+      const tide__shard_t *sh = &l->src->shards[s];
+      uint32_t host = (uint32_t)(s % (size_t)l->nodes);
+      for (uint64_t i = sh->first; i < sh->first + sh->count; i++) {
+        l->owner_of[i] = host;
+        l->slot_of[i] = next[host]++;
+      }
+    }
+  } else {
+    for (uint64_t i = 0; i < l->n; i++) {
+      l->owner_of[i] = (uint32_t)(i % (uint64_t)l->nodes);
+      l->slot_of[i] = next[l->owner_of[i]]++;
+    }
+  }
+  l->owned = next[l->node];
+  tide__free(next);
+  if (l->sharded && (l->shard_mark = tide__calloc(l->src->nshards, sizeof *l->shard_mark)) == NULL)
+    return TIDE_ENOMEM;
+  return 0;
 }
 
 static int store_create(tide_loader_t *l) {
-  l->owned = owned_by(l->n, l->nodes, l->node);
+  TIDE_CHECK(ownership(l));
   size_t states = ((size_t)l->owned * sizeof(uint32_t) + 63) & ~(size_t)63;
-  l->shm_bytes = states + (size_t)l->owned * l->sample_bytes;
+  size_t shard_states = l->sharded ? ((l->src->nshards * sizeof(uint32_t) + 63) & ~(size_t)63) : 0;
+  l->shm_bytes = states + shard_states + (size_t)l->owned * l->sample_bytes;
   if (l->shm_bytes == 0) l->shm_bytes = 64;
   char name[64] = "";
   int rc = 0, fd = -1;
@@ -163,13 +207,14 @@ static int store_create(tide_loader_t *l) {
   if (rc == 0) rc = barrier;
   if (rc < 0) return rc;
   l->state = (_Atomic uint32_t *)l->shm;
-  l->store = (uint8_t *)l->shm + states;
+  if (l->sharded) l->shard_state = (_Atomic uint32_t *)((uint8_t *)l->shm + states);
+  l->store = (uint8_t *)l->shm + states + shard_states;
   return 0;
 }
 
 /* Reads and decodes sample i (owned by this host) into its slot. */
 static void load_sample(tide_loader_t *l, uint64_t i, tide__fetcher_t *f) {
-  uint64_t slot = i / (uint64_t)l->nodes;
+  uint64_t slot = l->slot_of[i];
   uint8_t *out = l->store + slot * l->sample_bytes;
   uint32_t result = READY;
   if (l->src->kind == TIDE__SOURCE_IDX) {
@@ -198,10 +243,78 @@ static void load_sample(tide_loader_t *l, uint64_t i, tide__fetcher_t *f) {
   atomic_store_explicit(&l->state[slot], result, memory_order_release);
 }
 
+/* Reads shard k (owned by this host) and decodes every sample of it into
+ * its slot; then marks the shard READY (or UNREADABLE when it could not be
+ * read: its samples are then all UNREADABLE). */
+static void load_shard(tide_loader_t *l, uint64_t k, tide__fetcher_t *f) {
+  const tide__shard_t *sh = &l->src->shards[k];
+  uint8_t *data = NULL;
+  size_t len = 0;
+  int rc = tide__source_read_shard(l->src, (size_t)k, l->cache, f, &data, &len);
+  for (uint64_t i = sh->first; i < sh->first + sh->count; i++) {
+    const tide__item_t *it = &l->src->items[i];
+    uint32_t result = READY;
+    if (rc < 0) {
+      result = UNREADABLE;
+    } else {
+      char why[300];
+      uint8_t *out = l->store + l->slot_of[i] * l->sample_bytes;
+      if (tide__image_decode(data + it->offset, (size_t)it->size, l->height, l->width, l->channels, out, why,
+                             sizeof why) < 0) {
+        result = BAD;
+        atomic_fetch_add(&l->bad, 1);
+        if (l->config.on_bad_sample == TIDE_BAD_SAMPLE_SKIP)
+          TIDE_WARN("data: skipping sample %llu (%s) in shard %s/%s (bytes %llu+%llu): %s", (unsigned long long)i,
+                    it->path, l->src->root, sh->path, (unsigned long long)it->offset, (unsigned long long)it->size,
+                    why);
+        else
+          TIDE_ERROR("data: sample %llu (%s) in shard %s/%s (bytes %llu+%llu) is corrupt or truncated: %s",
+                     (unsigned long long)i, it->path, l->src->root, sh->path, (unsigned long long)it->offset,
+                     (unsigned long long)it->size, why);
+      } else {
+        atomic_fetch_add(&l->decoded, 1);
+      }
+    }
+    atomic_store_explicit(&l->state[l->slot_of[i]], result, memory_order_release);
+  }
+  tide__free(data);
+  atomic_store_explicit(&l->shard_state[k], rc < 0 ? UNREADABLE : READY, memory_order_release);
+}
+
+/* Waits while *st is LOADING. Its final state, or TIDE_ETIMEDOUT. */
+static int wait_loaded(const tide_loader_t *l, _Atomic uint32_t *st) {
+  int64_t deadline = tide__deadline_after_ms(l->wait_deadline_ms);
+  uint32_t s;
+  while ((s = atomic_load_explicit(st, memory_order_acquire)) == LOADING) {
+    if (tide__now_ns() > deadline) return TIDE_ETIMEDOUT;
+    struct timespec ts = {0, 200000};
+    nanosleep(&ts, NULL);
+  }
+  return (int)s;
+}
+
+/* Makes shard k (owned by this host) loaded, or waits for the local rank
+ * that claimed it. Its final state, or TIDE_ETIMEDOUT. */
+static int ensure_shard(tide_loader_t *l, uint64_t k, tide__fetcher_t *f) {
+  _Atomic uint32_t *st = &l->shard_state[k];
+  uint32_t expected = EMPTY;
+  if (atomic_load_explicit(st, memory_order_acquire) == EMPTY &&
+      atomic_compare_exchange_strong(st, &expected, LOADING)) {
+    load_shard(l, k, f);
+    return (int)atomic_load(st);
+  }
+  return wait_loaded(l, st);
+}
+
 /* Makes sample i (owned by this host) ready, or waits for the local rank
- * that claimed it. Returns its final state, or TIDE_ETIMEDOUT. */
+ * that claimed it (or its shard). Returns its final state, or
+ * TIDE_ETIMEDOUT. */
 static int ensure(tide_loader_t *l, uint64_t i, tide__fetcher_t *f) {
-  _Atomic uint32_t *st = &l->state[i / (uint64_t)l->nodes];
+  _Atomic uint32_t *st = &l->state[l->slot_of[i]];
+  if (l->sharded) {
+    int rc = ensure_shard(l, (uint64_t)l->src->items[i].shard, f);
+    return rc < 0 ? rc : (int)atomic_load_explicit(st, memory_order_acquire);
+  }
   uint32_t s = atomic_load_explicit(st, memory_order_acquire);
   if (s == EMPTY) {
     uint32_t expected = EMPTY;
@@ -225,7 +338,8 @@ static void work(tide_loader_t *l, tide__fetcher_t *f) {
   for (;;) {
     size_t k = atomic_fetch_add(&l->job_next, 1);
     if (k >= l->job_count) break;
-    ensure(l, l->job[k], f);
+    if (l->job_shards) ensure_shard(l, l->job[k], f);
+    else ensure(l, l->job[k], f);
     pthread_mutex_lock(&l->job_lock);
     if (++l->job_finished == l->job_count) pthread_cond_broadcast(&l->job_done_cond);
     pthread_mutex_unlock(&l->job_lock);
@@ -251,11 +365,13 @@ static void *worker_main(void *arg) {
   return NULL;
 }
 
-/* Ensures samples[0..count) with every worker and this thread. */
-static void run_job(tide_loader_t *l, const uint64_t *samples, size_t count) {
+/* Ensures samples[0..count) (or shards, when shards) with every worker and
+ * this thread. */
+static void run_job(tide_loader_t *l, const uint64_t *samples, size_t count, int shards) {
   if (count == 0) return;
   pthread_mutex_lock(&l->job_lock);
   l->job = samples;
+  l->job_shards = shards;
   l->job_count = count;
   l->job_finished = 0;
   atomic_store(&l->job_next, 0);
@@ -282,7 +398,7 @@ static int grow(void **buf, size_t *cap, size_t need, size_t elem) {
 }
 
 static int server_of(const tide_loader_t *l, int receiver, uint64_t i) {
-  int m = (int)(i % (uint64_t)l->nodes);
+  int m = (int)l->owner_of[i];
   if (m == l->node_of[receiver]) return receiver;
   return l->node_ranks[m][l->local_of[receiver] % l->node_size[m]];
 }
@@ -290,7 +406,20 @@ static int server_of(const tide_loader_t *l, int receiver, uint64_t i) {
 static void describe_state(const tide_loader_t *l, uint64_t i, int state, slot_t *s) {
   if (s->rc != 0) return;
   const char *path = l->src->items[i].path != NULL ? l->src->items[i].path : "?";
-  if (state == BAD) {
+  char shard[300] = "";
+  if (l->sharded)
+    snprintf(shard, sizeof shard, " in shard %.180s/%.80s", l->src->root, l->src->shards[l->src->items[i].shard].path);
+  if (l->sharded && state == BAD) {
+    s->rc = TIDE_EINVAL;
+    snprintf(s->error, sizeof s->error,
+             "sample %llu (%.100s)%s is a corrupt or truncated image (the log of the rank that decoded it says how); "
+             "fix it, or skip bad samples (on_bad_sample = skip, tide-train --on-bad-sample skip)",
+             (unsigned long long)i, path, shard);
+  } else if (l->sharded) {
+    s->rc = state < 0 ? state : TIDE_EIO;
+    snprintf(s->error, sizeof s->error, "sample %llu (%.100s)%s could not be read from the source (%s; the log says why)",
+             (unsigned long long)i, path, shard, state < 0 ? tide_strerror(state) : "unreadable or not the size the index says");
+  } else if (state == BAD) {
     s->rc = TIDE_EINVAL;
     snprintf(s->error, sizeof s->error,
              "sample %llu, %s/%s, is a corrupt or truncated image (the log of the rank that decoded it says how); "
@@ -339,7 +468,21 @@ static int run_round(tide_loader_t *l, uint64_t R, slot_t *s) {
       }
     }
   }
-  run_job(l, l->todo, ntodo);
+  if (l->sharded) {
+    /* The shards this round needs that nobody on this host has claimed yet:
+     * the workers fetch and decode them in parallel, whole. */
+    size_t nshards = 0;
+    for (size_t j = 0; j < ntodo; j++) {
+      uint64_t k = (uint64_t)l->src->items[l->todo[j]].shard;
+      if (l->shard_mark[k] == R + 1 || atomic_load_explicit(&l->shard_state[k], memory_order_acquire) != EMPTY)
+        continue;
+      l->shard_mark[k] = R + 1;
+      l->todo[nshards++] = k; /* overwrites entries already read */
+    }
+    run_job(l, l->todo, nshards, 1);
+  } else {
+    run_job(l, l->todo, ntodo, 0);
+  }
 
   /* Pack what goes to each peer (serve is in receiver order). */
   memset(l->send_bytes, 0, (size_t)l->size * sizeof(size_t));
@@ -351,7 +494,7 @@ static int run_round(tide_loader_t *l, uint64_t R, slot_t *s) {
     uint8_t *p = l->sendbuf + j * sb;
     p[0] = (uint8_t)(state < 0 ? UNREADABLE : state);
     if (state == READY)
-      memcpy(p + 1, l->store + (i / (uint64_t)l->nodes) * l->sample_bytes, l->sample_bytes);
+      memcpy(p + 1, l->store + l->slot_of[i] * l->sample_bytes, l->sample_bytes);
     else
       memset(p + 1, 0, l->sample_bytes);
     l->send_bytes[l->serve[j].peer] += sb;
@@ -402,7 +545,7 @@ static int run_round(tide_loader_t *l, uint64_t R, slot_t *s) {
     const uint8_t *px;
     if (server == l->rank) {
       state = ensure(l, i, l->main_fetcher);
-      px = l->store + (i / (uint64_t)l->nodes) * l->sample_bytes;
+      px = l->store + l->slot_of[i] * l->sample_bytes;
     } else {
       const uint8_t *p = l->recvbuf + l->recv_bytes[server];
       l->recv_bytes[server] += sb;
@@ -528,7 +671,12 @@ static int agree_shape(tide_loader_t *l) {
     shape[0] = l->src->idx_height;
     shape[1] = l->src->idx_width;
     shape[2] = 1;
-  } else if (l->rank == 0 && (shape[0] == 0 || shape[2] == 0)) {
+  } else {
+    /* a sharded index gives the shape: no object to read for it */
+    if (shape[0] == 0 && l->src->shape[0] > 0) shape[0] = l->src->shape[0], shape[1] = l->src->shape[1];
+    if (shape[2] == 0 && l->src->shape[2] > 0) shape[2] = l->src->shape[2];
+  }
+  if (l->src->kind != TIDE__SOURCE_IDX && l->rank == 0 && (shape[0] == 0 || shape[2] == 0)) {
     tide__fetcher_t *f = NULL;
     uint8_t *data = NULL;
     size_t len = 0;
@@ -633,7 +781,16 @@ int tide_loader_open(tide_comm_t *comm, const tide_loader_config_t *config, tide
     uint64_t bound = (uint64_t)tide__param_int(TIDE__PARAM_DATA_CACHE_BYTES);
     src_rc = tide__cache_open(dir, bound, &l->cache);
   }
-  if (src_rc == 0) src_rc = tide__source_open(l->source_spec, l->split, l->cache, &l->src);
+  /* A URL with a disk cache: the host's local rank 0 fetches index.txt
+   * first and caches it; the other local ranks then revalidate that copy
+   * (a 304, no body), so the index crosses the storage link once per host,
+   * not once per rank (Fashion-MNIST's sharded index is 2.5 MB). */
+  int staged = rc == 0 && dir[0] != '\0' && tide__source_kind(l->source_spec) == TIDE__SOURCE_HTTP && l->local != NULL &&
+               tide_comm_size(l->local) > 1;
+  if (staged && l->local_rank != 0) rc = tide_barrier(l->local);
+  if (rc == 0 && src_rc == 0) src_rc = tide__source_open(l->source_spec, l->split, l->cache, &l->src);
+  if (staged && l->local_rank == 0) rc = tide_barrier(l->local);
+  if (rc < 0 && src_rc == 0) src_rc = rc;
   int any = src_rc;
   if (rc == 0) rc = tide_allreduce(l->comm, &src_rc, &any, 1, TIDE_I32, TIDE_MIN);
   if (rc == 0) rc = any;
@@ -677,9 +834,9 @@ int tide_loader_open(tide_comm_t *comm, const tide_loader_config_t *config, tide
     tide_loader_close(l);
     return TIDE_ENOMEM;
   }
-  TIDE_INFO("data: %s, %llu samples %dx%dx%d, %d hosts (this one owns %llu, %.1f MiB), cache %s, %d threads, "
-            "prefetch %d steps",
-            l->source_spec, (unsigned long long)l->n, l->height, l->width, l->channels, l->nodes,
+  TIDE_INFO("data: %s, %llu samples %dx%dx%d in %zu shards, %d hosts (this one owns %llu, %.1f MiB), cache %s, "
+            "%d threads, prefetch %d steps",
+            l->source_spec, (unsigned long long)l->n, l->height, l->width, l->channels, l->src->nshards, l->nodes,
             (unsigned long long)l->owned, (double)l->owned * (double)l->sample_bytes / 1048576.0,
             dir[0] ? dir : "none", l->config.threads, l->config.prefetch);
   *out = l;
@@ -736,6 +893,9 @@ void tide_loader_close(tide_loader_t *l) {
   tide__free(l->sendbuf);
   tide__free(l->recvbuf);
   if (l->shm != NULL) munmap(l->shm, l->shm_bytes);
+  tide__free(l->owner_of);
+  tide__free(l->slot_of);
+  tide__free(l->shard_mark);
   tide_sampler_destroy(l->sampler);
   tide__cache_close(l->cache);
   tide__source_close(l->src);

@@ -18,7 +18,8 @@
 
 #include "data/data.h"
 
-#define INDEX_MAGIC "tide-imagefolder 1"
+#define INDEX_V1 "tide-imagefolder 1"
+#define INDEX_V2 "tide-imagefolder 2"
 #define MAX_ITEMS 100000000u
 
 static const char *fashion_classes[10] = {"T-shirt", "Trouser", "Pullover", "Dress", "Coat",
@@ -241,12 +242,29 @@ static int add_item(tide__source_t *s, size_t *cap, char *path, uint64_t size, i
     s->items = grown;
     *cap = grown_cap;
   }
-  s->items[s->count++] = (tide__item_t){path, size, label};
+  s->items[s->count++] = (tide__item_t){path, size, label, -1, 0};
   return 0;
+}
+
+/* Takes the sub-folder "shards" out of the classes when it holds tide's
+ * shards (shards/00000.bin), so that a folder packed in place (tide data
+ * index DIR --shard-bytes N) still lists as it did. */
+static void drop_shard_folder(tide__source_t *s) {
+  char probe[4200];
+  snprintf(probe, sizeof probe, "%s/shards/00000.bin", s->root);
+  if (access(probe, F_OK) != 0) return;
+  for (size_t k = 0; k < s->nclasses; k++)
+    if (strcmp(s->classes[k], "shards") == 0) {
+      tide__free(s->classes[k]);
+      memmove(&s->classes[k], &s->classes[k + 1], (s->nclasses - k - 1) * sizeof *s->classes);
+      s->nclasses--;
+      return;
+    }
 }
 
 static int open_dir(tide__source_t *s) {
   int rc = list_names(s->root, 1, &s->classes, &s->nclasses);
+  if (rc == 0) drop_shard_folder(s);
   if (rc == TIDE_ENOENT) {
     TIDE_ERROR("data source: no directory %s (give an ImageFolder directory, an http:// URL or fashion-mnist)",
                s->root);
@@ -281,19 +299,76 @@ static int open_dir(tide__source_t *s) {
   return 0;
 }
 
-/* Parses index.txt (text, len bytes, NUL-terminated by the caller). */
-static int parse_index(tide__source_t *s, char *text, const char *where) {
-  char *save = NULL, *line = strtok_r(text, "\n", &save);
-  if (line == NULL || strncmp(line, INDEX_MAGIC, strlen(INDEX_MAGIC)) != 0) {
-    TIDE_ERROR("data source: %s is not a tide index (first line must be \"%s\"; tide data index DIR writes one)",
-               where, INDEX_MAGIC);
+static int add_shard(tide__source_t *s, size_t *cap, char *path, uint64_t size) {
+  if (s->nshards == *cap) {
+    size_t grown_cap = *cap ? *cap * 2 : 64;
+    tide__shard_t *grown = tide__realloc(s->shards, grown_cap * sizeof *grown);
+    if (grown == NULL) {
+      tide__free(path);
+      return TIDE_ENOMEM;
+    }
+    s->shards = grown;
+    *cap = grown_cap;
+  }
+  s->shards[s->nshards++] = (tide__shard_t){path, size, 0, 0};
+  return 0;
+}
+
+/* A sharded index's samples: each shard's are consecutive, in shard order,
+ * and lie inside it. */
+static int check_shards(tide__source_t *s, const char *where) {
+  if (s->nshards == 0) {
+    TIDE_ERROR("data source: %s (version 2) lists no shards", where);
     return TIDE_EINVAL;
   }
-  size_t cap = 0, class_cap = 0, lineno = 1;
+  int64_t last = -1;
+  for (size_t i = 0; i < s->count; i++) {
+    const tide__item_t *it = &s->items[i];
+    if (it->shard < last || (uint64_t)it->shard >= s->nshards) {
+      TIDE_ERROR("data source: %s: sample %zu (%s) names shard %lld: the samples of a shard must be consecutive, "
+                 "in shard order, and the shard listed (write the index again with tide data index)",
+                 where, i, it->path, (long long)it->shard);
+      return TIDE_EINVAL;
+    }
+    tide__shard_t *sh = &s->shards[it->shard];
+    if (it->shard != last) sh->first = i;
+    sh->count++;
+    last = it->shard;
+    if (it->offset > sh->size || it->size > sh->size - it->offset) {
+      TIDE_ERROR("data source: %s: sample %zu (%s) at bytes %llu+%llu lies outside %s (%llu bytes)", where, i,
+                 it->path, (unsigned long long)it->offset, (unsigned long long)it->size, sh->path,
+                 (unsigned long long)sh->size);
+      return TIDE_EINVAL;
+    }
+  }
+  for (size_t k = 0; k < s->nshards; k++)
+    if (s->shards[k].count == 0) {
+      TIDE_ERROR("data source: %s: shard %zu (%s) holds no sample", where, k, s->shards[k].path);
+      return TIDE_EINVAL;
+    }
+  return 0;
+}
+
+/* Parses index.txt (text, len bytes, NUL-terminated by the caller):
+ * version 1 lists one object per sample ("file K BYTES PATH"), version 2
+ * shards ("shard S BYTES PATH") and the samples inside them ("sample K S
+ * OFFSET LENGTH NAME"), and may give the decoded shape ("shape H W C"). */
+static int parse_index(tide__source_t *s, char *text, const char *where) {
+  char *save = NULL, *line = strtok_r(text, "\n", &save);
+  int version = 0;
+  if (line != NULL && strncmp(line, INDEX_V1, strlen(INDEX_V1)) == 0) version = 1;
+  if (line != NULL && strncmp(line, INDEX_V2, strlen(INDEX_V2)) == 0) version = 2;
+  if (version == 0) {
+    TIDE_ERROR("data source: %s is not a tide index (first line must be \"%s\" or \"%s\"; tide data index DIR "
+               "writes one)",
+               where, INDEX_V1, INDEX_V2);
+    return TIDE_EINVAL;
+  }
+  size_t cap = 0, class_cap = 0, shard_cap = 0, lineno = 1;
   while ((line = strtok_r(NULL, "\n", &save)) != NULL) {
     lineno++;
-    unsigned long long a, b;
-    int off = 0;
+    unsigned long long a, b, c, d;
+    int off = 0, h, w, ch;
     if (sscanf(line, "class %llu %n", &a, &off) == 1 && off > 0) {
       if (a != s->nclasses || line[off] == '\0') goto bad;
       if (s->nclasses == class_cap) {
@@ -304,24 +379,46 @@ static int parse_index(tide__source_t *s, char *text, const char *where) {
       }
       if ((s->classes[s->nclasses] = tide__strdup(line + off)) == NULL) return TIDE_ENOMEM;
       s->nclasses++;
-    } else if (sscanf(line, "file %llu %llu %n", &a, &b, &off) == 2 && off > 0) {
+    } else if (version == 1 && sscanf(line, "file %llu %llu %n", &a, &b, &off) == 2 && off > 0) {
       if (a >= s->nclasses || line[off] == '\0' || strstr(line + off, "..") != NULL || s->count >= MAX_ITEMS)
         goto bad;
       char *path = tide__strdup(line + off);
       if (path == NULL) return TIDE_ENOMEM;
       TIDE_CHECK(add_item(s, &cap, path, b, (int32_t)a));
+    } else if (version == 2 && sscanf(line, "shard %llu %llu %n", &a, &b, &off) == 2 && off > 0) {
+      if (a != s->nshards || line[off] == '\0' || strstr(line + off, "..") != NULL || s->nshards >= MAX_ITEMS)
+        goto bad;
+      char *path = tide__strdup(line + off);
+      if (path == NULL) return TIDE_ENOMEM;
+      TIDE_CHECK(add_shard(s, &shard_cap, path, b));
+    } else if (version == 2 && sscanf(line, "sample %llu %llu %llu %llu %n", &a, &b, &c, &d, &off) == 4 &&
+               off > 0) {
+      if (a >= s->nclasses || line[off] == '\0' || s->count >= MAX_ITEMS) goto bad;
+      char *name = tide__strdup(line + off);
+      if (name == NULL) return TIDE_ENOMEM;
+      TIDE_CHECK(add_item(s, &cap, name, d, (int32_t)a));
+      s->items[s->count - 1].shard = (int64_t)b;
+      s->items[s->count - 1].offset = c;
+    } else if (version == 2 && sscanf(line, "shape %d %d %d", &h, &w, &ch) == 3) {
+      if (h < 1 || w < 1 || h > 16384 || w > 16384 || (ch != 1 && ch != 3)) goto bad;
+      s->shape[0] = h, s->shape[1] = w, s->shape[2] = ch;
     } else if (line[0] != '\0' && line[0] != '#') {
       goto bad;
     }
   }
   if (s->count == 0) {
-    TIDE_ERROR("data source: %s lists no files", where);
+    TIDE_ERROR("data source: %s lists no %s", where, version == 1 ? "files" : "samples");
     return TIDE_EINVAL;
   }
-  return 0;
+  return version == 2 ? check_shards(s, where) : 0;
 bad:
-  TIDE_ERROR("data source: %s line %zu is not \"class K NAME\" (K = 0, 1, ... in order) or \"file K BYTES PATH\"",
-             where, lineno);
+  if (version == 1)
+    TIDE_ERROR("data source: %s line %zu is not \"class K NAME\" (K = 0, 1, ... in order) or \"file K BYTES PATH\"",
+               where, lineno);
+  else
+    TIDE_ERROR("data source: %s line %zu is not \"class K NAME\", \"shard S BYTES PATH\" (K, S = 0, 1, ... in "
+               "order), \"sample K S OFFSET LENGTH NAME\" or \"shape H W C\"",
+               where, lineno);
   return TIDE_EINVAL;
 }
 
@@ -459,6 +556,8 @@ void tide__source_close(tide__source_t *s) {
   if (s == NULL) return;
   for (size_t i = 0; i < s->count; i++) tide__free(s->items[i].path);
   for (size_t k = 0; k < s->nclasses; k++) tide__free(s->classes[k]);
+  for (size_t k = 0; k < s->nshards; k++) tide__free(s->shards[k].path);
+  tide__free(s->shards);
   tide__free(s->items);
   tide__free(s->classes);
   tide__free(s->idx_pixels);
@@ -473,7 +572,36 @@ tide__source_kind_t tide__source_kind(const char *spec) {
   return TIDE__SOURCE_DIR;
 }
 
-int tide__source_open(const char *spec, const char *split, tide__cache_t *cache, tide__source_t **out) {
+static int read_local(const char *path, uint8_t **data, size_t *len);
+
+/* A directory whose index.txt is a sharded one (version 2) is read through
+ * it; *used says whether it was. */
+static int open_dir_index(tide__source_t *s, int *used) {
+  char path[4200], head[32] = "";
+  snprintf(path, sizeof path, "%s/index.txt", s->root);
+  *used = 0;
+  FILE *f = fopen(path, "rb");
+  if (f == NULL) return 0;
+  size_t n = fread(head, 1, strlen(INDEX_V2), f);
+  fclose(f);
+  if (n != strlen(INDEX_V2) || memcmp(head, INDEX_V2, n) != 0) return 0;
+  uint8_t *data;
+  size_t len;
+  TIDE_CHECK(read_local(path, &data, &len));
+  char *text = tide__realloc(data, len + 1);
+  if (text == NULL) {
+    tide__free(data);
+    return TIDE_ENOMEM;
+  }
+  text[len] = '\0';
+  int rc = parse_index(s, text, path);
+  tide__free(text);
+  *used = 1;
+  return rc;
+}
+
+static int source_open(const char *spec, const char *split, tide__cache_t *cache, int listing,
+                       tide__source_t **out) {
   if (spec == NULL || spec[0] == '\0') {
     TIDE_ERROR("data source: the source is empty: give a directory, an http:// URL or fashion-mnist[:DIR]");
     return TIDE_EINVAL;
@@ -486,21 +614,18 @@ int tide__source_open(const char *spec, const char *split, tide__cache_t *cache,
   tide__source_t *s = tide__calloc(1, sizeof *s);
   if (s == NULL) return TIDE_ENOMEM;
   const char *root = spec;
-  if (strncmp(spec, "fashion-mnist", 13) == 0 && (spec[13] == '\0' || spec[13] == ':')) {
-    s->kind = TIDE__SOURCE_IDX;
-    root = spec[13] == ':' ? spec + 14 : "/usr/share/datasets/fashion-mnist";
-  } else if (strncmp(spec, "http://", 7) == 0 || strncmp(spec, "https://", 8) == 0) {
-    s->kind = TIDE__SOURCE_HTTP;
-  } else {
-    s->kind = TIDE__SOURCE_DIR;
-  }
+  s->kind = listing ? TIDE__SOURCE_DIR : tide__source_kind(spec);
+  if (s->kind == TIDE__SOURCE_IDX) root = spec[13] == ':' ? spec + 14 : "/usr/share/datasets/fashion-mnist";
   int rc = TIDE_ENOMEM;
   if ((s->root = tide__strdup(root)) != NULL) {
     for (size_t n = strlen(s->root); n > 1 && s->root[n - 1] == '/'; n--) s->root[n - 1] = '\0';
     if ((s->identity = tide__strdup(s->root)) != NULL) {
+      int used = 0;
       rc = s->kind == TIDE__SOURCE_IDX    ? open_idx(s, split)
            : s->kind == TIDE__SOURCE_HTTP ? open_http(s, cache)
-                                          : open_dir(s);
+           : listing                      ? 0
+                                          : open_dir_index(s, &used);
+      if (rc == 0 && s->kind == TIDE__SOURCE_DIR && !used) rc = open_dir(s);
     }
   }
   if (rc < 0) {
@@ -510,6 +635,12 @@ int tide__source_open(const char *spec, const char *split, tide__cache_t *cache,
   *out = s;
   return 0;
 }
+
+int tide__source_open(const char *spec, const char *split, tide__cache_t *cache, tide__source_t **out) {
+  return source_open(spec, split, cache, 0, out);
+}
+
+int tide__source_open_listing(const char *dir, tide__source_t **out) { return source_open(dir, NULL, NULL, 1, out); }
 
 static int read_local(const char *path, uint8_t **data, size_t *len) {
   FILE *f = fopen(path, "rb");
@@ -539,19 +670,13 @@ static int read_local(const char *path, uint8_t **data, size_t *len) {
   return 0;
 }
 
-int tide__source_read(tide__source_t *s, size_t i, tide__cache_t *cache, tide__fetcher_t *f, uint8_t **data,
-                      size_t *len) {
-  if (s->kind == TIDE__SOURCE_IDX || i >= s->count) return TIDE_EINVAL;
-  const tide__item_t *it = &s->items[i];
+/* Reads the object rel (size bytes by the index, 0: unknown) through the
+ * cache. */
+static int read_object(tide__source_t *s, const char *rel, uint64_t size, int shard, tide__cache_t *cache,
+                       tide__fetcher_t *f, uint8_t **data, size_t *len) {
   char where[4400], key[4700];
-  snprintf(where, sizeof where, "%s/%s", s->root, it->path);
-  if (s->kind == TIDE__SOURCE_DIR) {
-    if (cache == NULL) {
-      TIDE_CHECK(read_local(where, data, len));
-      atomic_fetch_add(&s->source_bytes, *len);
-      atomic_fetch_add(&s->source_requests, 1);
-      return 0;
-    }
+  snprintf(where, sizeof where, "%s/%s", s->root, rel);
+  if (s->kind == TIDE__SOURCE_DIR && cache != NULL) {
     struct stat st;
     if (stat(where, &st) != 0) {
       TIDE_ERROR("data source: cannot open %s: %s", where, strerror(errno));
@@ -559,10 +684,13 @@ int tide__source_read(tide__source_t *s, size_t i, tide__cache_t *cache, tide__f
     }
     snprintf(key, sizeof key, "file|%s|%lld|%lld.%09ld", where, (long long)st.st_size, (long long)st.st_mtim.tv_sec,
              st.st_mtim.tv_nsec);
-  } else {
-    snprintf(key, sizeof key, "http|%s|%llu|%s", where, (unsigned long long)it->size, s->identity);
+  } else if (s->kind == TIDE__SOURCE_HTTP) {
+    snprintf(key, sizeof key, "http|%s|%llu|%s", where, (unsigned long long)size, s->identity);
   }
-  if (cache != NULL && tide__cache_get(cache, key, data, len) == 0) return 0;
+  if (cache != NULL && tide__cache_get(cache, key, data, len) == 0) {
+    if (size == 0 || *len == size) return 0;
+    tide__free(*data); /* an entry of another length under this key cannot be the object: refetch */
+  }
   int rc;
   if (s->kind == TIDE__SOURCE_DIR) {
     rc = read_local(where, data, len);
@@ -572,33 +700,241 @@ int tide__source_read(tide__source_t *s, size_t i, tide__cache_t *cache, tide__f
     }
   } else {
     rc = http_get(s, f, where, data, len, NULL, NULL);
-    if (rc == 0 && it->size != 0 && *len != it->size) {
-      TIDE_ERROR("data source: %s sent %zu bytes, the index says %llu", where, *len, (unsigned long long)it->size);
-      tide__free(*data);
-      rc = TIDE_EIO;
-    }
+  }
+  if (rc == 0 && size != 0 && *len != size) {
+    if (shard)
+      TIDE_ERROR("data source: shard %s is %zu bytes, the index says %llu: it was changed or truncated after it "
+                 "was written; write the shards and their index again (tide data export|index --shard-bytes)",
+                 where, *len, (unsigned long long)size);
+    else
+      TIDE_ERROR("data source: %s sent %zu bytes, the index says %llu", where, *len, (unsigned long long)size);
+    tide__free(*data);
+    *data = NULL;
+    return TIDE_EIO;
   }
   if (rc == 0 && cache != NULL) tide__cache_put(cache, key, *data, *len);
   return rc;
 }
 
+int tide__source_read_shard(tide__source_t *s, size_t k, tide__cache_t *cache, tide__fetcher_t *f, uint8_t **data,
+                            size_t *len) {
+  if (s->kind == TIDE__SOURCE_IDX || k >= s->nshards) return TIDE_EINVAL;
+  return read_object(s, s->shards[k].path, s->shards[k].size, 1, cache, f, data, len);
+}
+
+int tide__source_read(tide__source_t *s, size_t i, tide__cache_t *cache, tide__fetcher_t *f, uint8_t **data,
+                      size_t *len) {
+  if (s->kind == TIDE__SOURCE_IDX || i >= s->count) return TIDE_EINVAL;
+  const tide__item_t *it = &s->items[i];
+  if (it->shard < 0) return read_object(s, it->path, it->size, 0, cache, f, data, len);
+  uint8_t *whole;
+  size_t whole_len;
+  TIDE_CHECK(tide__source_read_shard(s, (size_t)it->shard, cache, f, &whole, &whole_len));
+  uint8_t *copy = tide__malloc(it->size ? it->size : 1);
+  if (copy != NULL) memcpy(copy, whole + it->offset, it->size);
+  tide__free(whole);
+  if (copy == NULL) return TIDE_ENOMEM;
+  *data = copy;
+  *len = it->size;
+  return 0;
+}
+
 int tide__source_write_index(const tide__source_t *s, FILE *out) {
-  fprintf(out, "%s\n", INDEX_MAGIC);
+  fprintf(out, "%s\n", s->nshards > 0 ? INDEX_V2 : INDEX_V1);
+  if (s->nshards > 0 && s->shape[0] > 0) fprintf(out, "shape %d %d %d\n", s->shape[0], s->shape[1], s->shape[2]);
   for (size_t k = 0; k < s->nclasses; k++) fprintf(out, "class %zu %s\n", k, s->classes[k]);
+  for (size_t k = 0; k < s->nshards; k++)
+    fprintf(out, "shard %zu %llu %s\n", k, (unsigned long long)s->shards[k].size, s->shards[k].path);
   for (size_t i = 0; i < s->count; i++) {
-    uint64_t size = s->items[i].size;
+    const tide__item_t *it = &s->items[i];
+    if (it->shard >= 0) {
+      fprintf(out, "sample %d %lld %llu %llu %s\n", (int)it->label, (long long)it->shard,
+              (unsigned long long)it->offset, (unsigned long long)it->size, it->path);
+      continue;
+    }
+    uint64_t size = it->size;
     if (s->kind == TIDE__SOURCE_DIR) {
       char where[4400];
       struct stat st;
-      snprintf(where, sizeof where, "%s/%s", s->root, s->items[i].path);
+      snprintf(where, sizeof where, "%s/%s", s->root, it->path);
       if (stat(where, &st) != 0) {
         TIDE_ERROR("tide data index: cannot stat %s: %s", where, strerror(errno));
         return TIDE_EIO;
       }
       size = (uint64_t)st.st_size;
     }
-    fprintf(out, "file %d %llu %s\n", (int)s->items[i].label, (unsigned long long)size,
-            s->items[i].path != NULL ? s->items[i].path : "?");
+    fprintf(out, "file %d %llu %s\n", (int)it->label, (unsigned long long)size, it->path != NULL ? it->path : "?");
   }
   return ferror(out) ? TIDE_EIO : 0;
+}
+
+/* ---- writing shards ------------------------------------------------------------ */
+
+struct tide__shard_writer {
+  tide__source_t set; /* what the index will list: classes, shards, samples */
+  size_t item_cap, shard_cap;
+  uint64_t shard_bytes, total;
+  FILE *cur;
+  char cur_path[4400], cur_tmp[4500];
+};
+
+static int shard_close(tide__shard_writer_t *w) {
+  if (w->cur == NULL) return 0;
+  int bad = ferror(w->cur) != 0;
+  bad |= fclose(w->cur) != 0;
+  w->cur = NULL;
+  if (!bad && rename(w->cur_tmp, w->cur_path) != 0) bad = 1;
+  if (bad) {
+    TIDE_ERROR("tide data: cannot write %s: %s", w->cur_path, strerror(errno));
+    remove(w->cur_tmp);
+    return TIDE_EIO;
+  }
+  return 0;
+}
+
+int tide__shard_writer_open(const char *dir, uint64_t shard_bytes, char *const *classes, size_t nclasses,
+                            tide__shard_writer_t **out) {
+  if (shard_bytes == 0) {
+    TIDE_ERROR("tide data: --shard-bytes must be > 0");
+    return TIDE_EINVAL;
+  }
+  tide__shard_writer_t *w = tide__calloc(1, sizeof *w);
+  if (w == NULL) return TIDE_ENOMEM;
+  w->shard_bytes = shard_bytes;
+  w->set.kind = TIDE__SOURCE_DIR;
+  int rc = 0;
+  char sub[4200];
+  snprintf(sub, sizeof sub, "%s/shards", dir);
+  if ((w->set.root = tide__strdup(dir)) == NULL || (w->set.classes = tide__calloc(nclasses + 1, sizeof(char *))) == NULL)
+    rc = TIDE_ENOMEM;
+  for (size_t k = 0; rc == 0 && k < nclasses; k++) {
+    if ((w->set.classes[k] = tide__strdup(classes[k])) == NULL) rc = TIDE_ENOMEM;
+    else w->set.nclasses++;
+  }
+  if (rc == 0 && ((mkdir(dir, 0777) != 0 && errno != EEXIST) || (mkdir(sub, 0777) != 0 && errno != EEXIST))) {
+    TIDE_ERROR("tide data: cannot create %s: %s", sub, strerror(errno));
+    rc = TIDE_EIO;
+  }
+  if (rc < 0) {
+    tide__shard_writer_abort(w);
+    return rc;
+  }
+  *out = w;
+  return 0;
+}
+
+int tide__shard_writer_add(tide__shard_writer_t *w, int32_t label, const char *name, const void *data, size_t len) {
+  if (label < 0 || (size_t)label >= w->set.nclasses || name == NULL || name[0] == '\0' || strchr(name, '\n')) {
+    TIDE_ERROR("tide data: sample %zu (%s) has label %d of %zu classes or no one-line name", w->set.count,
+               name ? name : "?", (int)label, w->set.nclasses);
+    return TIDE_EINVAL;
+  }
+  if (w->cur == NULL || (w->set.shards[w->set.nshards - 1].size > 0 &&
+                         w->set.shards[w->set.nshards - 1].size + len > w->shard_bytes)) {
+    TIDE_CHECK(shard_close(w));
+    char rel[64];
+    snprintf(rel, sizeof rel, "shards/%05zu.bin", w->set.nshards);
+    snprintf(w->cur_path, sizeof w->cur_path, "%s/%s", w->set.root, rel);
+    snprintf(w->cur_tmp, sizeof w->cur_tmp, "%s.tmp%d", w->cur_path, (int)getpid());
+    char *path = tide__strdup(rel);
+    if (path == NULL) return TIDE_ENOMEM;
+    TIDE_CHECK(add_shard(&w->set, &w->shard_cap, path, 0));
+    if ((w->cur = fopen(w->cur_tmp, "wb")) == NULL) {
+      TIDE_ERROR("tide data: cannot write %s: %s", w->cur_tmp, strerror(errno));
+      return TIDE_EIO;
+    }
+  }
+  tide__shard_t *sh = &w->set.shards[w->set.nshards - 1];
+  if (len > 0 && fwrite(data, 1, len, w->cur) != len) {
+    TIDE_ERROR("tide data: cannot write %s: %s", w->cur_tmp, strerror(errno));
+    return TIDE_EIO;
+  }
+  if (w->set.count == 0) {
+    int h, wd, c;
+    if (tide__image_probe(data, len, &h, &wd, &c) == 0 && (c == 1 || c == 3)) {
+      w->set.shape[0] = h, w->set.shape[1] = wd, w->set.shape[2] = c;
+    }
+  }
+  char *copy = tide__strdup(name);
+  if (copy == NULL) return TIDE_ENOMEM;
+  TIDE_CHECK(add_item(&w->set, &w->item_cap, copy, len, label));
+  w->set.items[w->set.count - 1].shard = (int64_t)(w->set.nshards - 1);
+  w->set.items[w->set.count - 1].offset = sh->size;
+  sh->size += len;
+  w->total += len;
+  return 0;
+}
+
+void tide__shard_writer_abort(tide__shard_writer_t *w) {
+  if (w == NULL) return;
+  if (w->cur != NULL) {
+    fclose(w->cur);
+    remove(w->cur_tmp);
+  }
+  tide__source_t *set = &w->set;
+  for (size_t i = 0; i < set->count; i++) tide__free(set->items[i].path);
+  for (size_t k = 0; k < set->nclasses; k++) tide__free(set->classes[k]);
+  for (size_t k = 0; k < set->nshards; k++) tide__free(set->shards[k].path);
+  tide__free(set->items);
+  tide__free(set->classes);
+  tide__free(set->shards);
+  tide__free(set->root);
+  tide__free(w);
+}
+
+int tide__shard_writer_finish(tide__shard_writer_t *w, size_t *shards, uint64_t *bytes) {
+  int rc = shard_close(w);
+  if (rc == 0 && w->set.count == 0) {
+    TIDE_ERROR("tide data: no samples to pack into shards");
+    rc = TIDE_EINVAL;
+  }
+  char path[4400], tmp[4400];
+  snprintf(path, sizeof path, "%s/index.txt", w->set.root);
+  snprintf(tmp, sizeof tmp, "%s/.index.txt.%d", w->set.root, (int)getpid());
+  FILE *f = rc == 0 ? fopen(tmp, "w") : NULL;
+  if (rc == 0 && f == NULL) rc = TIDE_EIO;
+  if (f != NULL) {
+    rc = tide__source_write_index(&w->set, f);
+    if (fclose(f) != 0 && rc == 0) rc = TIDE_EIO;
+    if (rc == 0 && rename(tmp, path) != 0) rc = TIDE_EIO;
+    if (rc != 0) remove(tmp);
+  }
+  if (rc == TIDE_EIO) TIDE_ERROR("tide data: cannot write %s: %s", path, strerror(errno));
+  /* shards a previous packing of this folder left beyond the new ones */
+  for (size_t k = w->set.nshards; rc == 0; k++) {
+    char stale[4500];
+    snprintf(stale, sizeof stale, "%s/shards/%05zu.bin", w->set.root, k);
+    if (remove(stale) != 0) break;
+  }
+  if (rc == 0 && shards != NULL) *shards = w->set.nshards;
+  if (rc == 0 && bytes != NULL) *bytes = w->total;
+  tide__shard_writer_abort(w);
+  return rc;
+}
+
+int tide__source_write_shards(tide__source_t *src, const char *out_dir, uint64_t shard_bytes, size_t *shards,
+                              uint64_t *bytes) {
+  if (src->kind == TIDE__SOURCE_IDX || src->nshards > 0) {
+    TIDE_ERROR("tide data: %s is not a per-file ImageFolder listing to pack into shards", src->root);
+    return TIDE_EINVAL;
+  }
+  tide__shard_writer_t *w;
+  TIDE_CHECK(tide__shard_writer_open(out_dir, shard_bytes, src->classes, src->nclasses, &w));
+  tide__fetcher_t *f = NULL;
+  int rc = src->kind == TIDE__SOURCE_HTTP ? tide__fetcher_create(&f) : 0;
+  for (size_t i = 0; rc == 0 && i < src->count; i++) {
+    uint8_t *data;
+    size_t len;
+    rc = tide__source_read(src, i, NULL, f, &data, &len);
+    if (rc == 0) {
+      rc = tide__shard_writer_add(w, src->items[i].label, src->items[i].path, data, len);
+      tide__free(data);
+    }
+  }
+  tide__fetcher_destroy(f);
+  if (rc < 0) {
+    tide__shard_writer_abort(w);
+    return rc;
+  }
+  return tide__shard_writer_finish(w, shards, bytes);
 }
