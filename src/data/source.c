@@ -231,17 +231,24 @@ static int list_names(const char *dir, int want_dir, char ***out, size_t *count)
   return 0;
 }
 
+/* The array (count used of *cap) with room for one more element: itself,
+ * or a larger copy (doubling from first); NULL when out of memory (the
+ * array is then unchanged). */
+static void *grow(void *array, size_t *cap, size_t count, size_t esize, size_t first) {
+  if (count < *cap) return array;
+  size_t grown_cap = *cap ? *cap * 2 : first;
+  void *grown = tide__realloc(array, grown_cap * esize);
+  if (grown != NULL) *cap = grown_cap;
+  return grown;
+}
+
 static int add_item(tide__source_t *s, size_t *cap, char *path, uint64_t size, int32_t label) {
-  if (s->count == *cap) {
-    size_t grown_cap = *cap ? *cap * 2 : 1024;
-    tide__item_t *grown = tide__realloc(s->items, grown_cap * sizeof *grown);
-    if (grown == NULL) {
-      tide__free(path);
-      return TIDE_ENOMEM;
-    }
-    s->items = grown;
-    *cap = grown_cap;
+  tide__item_t *items = grow(s->items, cap, s->count, sizeof *items, 1024);
+  if (items == NULL) {
+    tide__free(path);
+    return TIDE_ENOMEM;
   }
+  s->items = items;
   s->items[s->count++] = (tide__item_t){path, size, label, -1, 0};
   return 0;
 }
@@ -300,16 +307,12 @@ static int open_dir(tide__source_t *s) {
 }
 
 static int add_shard(tide__source_t *s, size_t *cap, char *path, uint64_t size) {
-  if (s->nshards == *cap) {
-    size_t grown_cap = *cap ? *cap * 2 : 64;
-    tide__shard_t *grown = tide__realloc(s->shards, grown_cap * sizeof *grown);
-    if (grown == NULL) {
-      tide__free(path);
-      return TIDE_ENOMEM;
-    }
-    s->shards = grown;
-    *cap = grown_cap;
+  tide__shard_t *shards = grow(s->shards, cap, s->nshards, sizeof *shards, 64);
+  if (shards == NULL) {
+    tide__free(path);
+    return TIDE_ENOMEM;
   }
+  s->shards = shards;
   s->shards[s->nshards++] = (tide__shard_t){path, size, 0, 0};
   return 0;
 }
@@ -552,16 +555,21 @@ static int open_idx(tide__source_t *s, const char *split) {
 
 /* ---- the source ---------------------------------------------------------------- */
 
-void tide__source_close(tide__source_t *s) {
-  if (s == NULL) return;
+/* Frees the listing: items, classes, shards and root (not s itself). */
+static void free_listing(tide__source_t *s) {
   for (size_t i = 0; i < s->count; i++) tide__free(s->items[i].path);
   for (size_t k = 0; k < s->nclasses; k++) tide__free(s->classes[k]);
   for (size_t k = 0; k < s->nshards; k++) tide__free(s->shards[k].path);
   tide__free(s->shards);
   tide__free(s->items);
   tide__free(s->classes);
-  tide__free(s->idx_pixels);
   tide__free(s->root);
+}
+
+void tide__source_close(tide__source_t *s) {
+  if (s == NULL) return;
+  free_listing(s);
+  tide__free(s->idx_pixels);
   tide__free(s->identity);
   tide__free(s);
 }
@@ -871,14 +879,7 @@ void tide__shard_writer_abort(tide__shard_writer_t *w) {
     fclose(w->cur);
     remove(w->cur_tmp);
   }
-  tide__source_t *set = &w->set;
-  for (size_t i = 0; i < set->count; i++) tide__free(set->items[i].path);
-  for (size_t k = 0; k < set->nclasses; k++) tide__free(set->classes[k]);
-  for (size_t k = 0; k < set->nshards; k++) tide__free(set->shards[k].path);
-  tide__free(set->items);
-  tide__free(set->classes);
-  tide__free(set->shards);
-  tide__free(set->root);
+  free_listing(&w->set);
   tide__free(w);
 }
 
