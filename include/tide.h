@@ -897,7 +897,11 @@ int tide_trainer_state_set(tide_trainer_t *tr, const void *buf, size_t len);
  * watches for stragglers (TIDE_STRAGGLER) and changes the membership when
  * asked, handing over the state of the member with the most completed steps;
  * a worker left out gets batch.done = 1 and tide_trainer_detached = 1.
- * TIDE_ESTATE when the communicator is not elastic. */
+ * With config.pto the members gather the optimizer's shards before a
+ * planned change and re-cut them after it; a failed worker's shard is lost
+ * with it, so tide_trainer_recover then fails (TIDE_EPEER) instead of going
+ * on. TIDE_ESTATE when the communicator is not elastic; TIDE_EINVAL with
+ * K-FAC. */
 int tide_trainer_elastic(tide_trainer_t *tr);
 /* After tide_trainer_next or tide_trainer_step returned rc: when the
  * trainer is elastic and rc is a peer failure (TIDE_EPEER, TIDE_ETIMEDOUT,

@@ -35,6 +35,7 @@ typedef struct {
   int grow_step, grow_to;     /* rank 0 asks for grow_to workers at this step */
   int tiderun;                /* started by tiderun --elastic: it starts the joiners */
   int slow_rank, slow_step;   /* a rank that computes 20x slower from this step (0: none) */
+  int momentum, pto;          /* momentum-SGD (0.5) instead of SGD; config.pto */
   char dir[256];
 } scenario_t;
 
@@ -116,8 +117,10 @@ static int worker(int rank, int size, void *arg) {
   c.batch = 8;
   c.base_batch = 32;
   c.epochs = EPOCHS;
-  tide_optim_config_default(TIDE_OPTIM_SGD, &c.optim);
-  c.schedule.base_lr = 1.0f;
+  tide_optim_config_default(sc->momentum ? TIDE_OPTIM_MOMENTUM : TIDE_OPTIM_SGD, &c.optim);
+  if (sc->momentum) c.optim.momentum = 0.5f;
+  c.schedule.base_lr = sc->momentum ? 0.5f : 1.0f;
+  c.pto = sc->pto;
   float w[D] = {0}, g[D];
   tide_trainer_t *tr;
   CHECK_OK(tide_trainer_create(comm, &c, w, g, D, NULL, 0, &tr));
@@ -178,6 +181,11 @@ static int worker(int rank, int size, void *arg) {
       rc = tide_trainer_step(tr, loss, &st);
       if (rc == 0 && st.stepped) {
         fprintf(rec, "S %ld %ld\n", epoch, st.step - 1);
+        if (sc->momentum) { /* the parameters after each step */
+          fprintf(rec, "W %ld", st.step - 1);
+          for (int k = 0; k < D; k++) fprintf(rec, " %.9g", w[k]);
+          fprintf(rec, "\n");
+        }
         fflush(rec);
       }
     }
@@ -224,6 +232,10 @@ static int worker(int rank, int size, void *arg) {
 
 /* ---- the checker ------------------------------------------------------------------- */
 
+/* The parameters after step shrink_step + 3 in the last checked run
+ * (scenarios with momentum record them). */
+static double probe_w[D];
+
 typedef struct {
   int epoch;     /* membership epoch it completed in, -1 not yet */
   int data_epoch;
@@ -266,6 +278,11 @@ static int check_records(const scenario_t *sc, int want_end_size) {
       }
       int rk, sz;
       double err;
+      if (strncmp(line, "W ", 2) == 0) {
+        char *p = line + 1;
+        if (strtol(p, &p, 10) == sc->shrink_step + 3)
+          for (int k = 0; k < D; k++) probe_w[k] = strtod(p, &p);
+      }
       if (sscanf(line, "END %d %d %lg", &rk, &sz, &err) == 3) {
         ends++;
         end_size = sz;
@@ -430,6 +447,30 @@ int main(int argc, char **argv) {
                        .shrink_step = 35, .shrink_to = 3, .hang_rank = -1, .bad_token_rank = 4};
     failed |= run(&grow, 5, t, 3);
   }
+  /* PTO: the optimizer's shards are gathered before each change and re-cut
+   * for the new members. Grow and shrink; then a shrink at a fixed step
+   * (deterministic) with momentum, replicated and under PTO: the same
+   * parameters 3 steps after it, so the sharded momentum came through. */
+  setenv("TIDE_ELASTIC_MIN", "2", 1);
+  setenv("TIDE_ELASTIC_MAX", "4", 1);
+  scenario_t grow_pto = {.name = "grow 2 to 4, shrink to 3, PTO", .kill_rank = -1, .initial = 2, .join_step = 5,
+                         .shrink_step = 35, .shrink_to = 3, .hang_rank = -1, .bad_token_rank = -1, .momentum = 1,
+                         .pto = 1};
+  failed |= run(&grow_pto, 4, 0, 3);
+  scenario_t shrink = {.name = "shrink 4 to 3, momentum", .kill_rank = -1, .initial = 4, .join_step = -1,
+                       .shrink_step = 10, .shrink_to = 3, .hang_rank = -1, .bad_token_rank = -1, .momentum = 1};
+  failed |= run(&shrink, 4, 0, 3);
+  double replicated[D];
+  memcpy(replicated, probe_w, sizeof replicated);
+  shrink.name = "shrink 4 to 3, momentum, PTO";
+  shrink.pto = 1;
+  failed |= run(&shrink, 4, 0, 3);
+  for (int k = 0; k < D; k++)
+    if (!(fabs(probe_w[k] - replicated[k]) <= 1e-5 * (fabs(replicated[k]) + 1e-3))) {
+      fprintf(stderr, "PTO through a shrink: w[%d] = %.9g after step %d, replicated %.9g\n", k, probe_w[k],
+              shrink.shrink_step + 3, replicated[k]);
+      failed = 1;
+    }
   /* A straggler is found and taken out of the job. */
   setenv("TIDE_ELASTIC_MIN", "3", 1);
   setenv("TIDE_STRAGGLER", "remove", 1);

@@ -29,6 +29,8 @@ struct tide__elastic_trainer {
   double *ewma;   /* by rank */
   int changes;
   double last_change_s; /* the last change, from the decision to the state in place */
+  void *pto_state;      /* config.pto: the whole state, gathered before a planned change */
+  size_t pto_state_len;
 };
 
 static int parse_mode(const char *text, int *out) {
@@ -56,6 +58,7 @@ static int reset_ranks(tide_trainer_t *tr) {
 void tide__trainer_elastic_fini(tide_trainer_t *tr) {
   if (tr->elastic == NULL) return;
   tide__free(tr->elastic->ewma);
+  tide__free(tr->elastic->pto_state);
   tide__free(tr->elastic);
   tr->elastic = NULL;
   tide_comm_destroy(tr->comm);
@@ -111,17 +114,29 @@ static int hand_over(tide_trainer_t *tr, long planned) {
   TIDE_CHECK(tide_allreduce(tr->comm, &source, &source, 1, TIDE_F64, TIDE_MIN));
   if (source >= (double)tr->ranks) return tide__trainer_fail(tr, TIDE_ESTATE, "no member of the job has a state to hand over");
   int root = (int)source;
-  int64_t header[2] = {(int64_t)tide_trainer_state_size(tr), planned};
+  /* Under PTO a member holds only its shard of the optimizer state: the
+   * whole state was gathered before the change (gather_pto_state), and every
+   * member, the source too, restores it into its new shard. */
+  struct tide__elastic_trainer *e = tr->elastic;
+  int pto = tr->config.pto && !joined;
+  if (pto && e->pto_state == NULL)
+    return tide__trainer_fail(tr, TIDE_ESTATE, "elastic: config.pto: no gathered state to hand over");
+  int64_t header[2] = {(int64_t)(pto ? e->pto_state_len : tide_trainer_state_size(tr)), planned};
   TIDE_CHECK(tide_broadcast(tr->comm, header, 2, TIDE_I64, root));
   size_t words = ((size_t)header[0] + 3) / 4;
   int32_t *buf = tide__calloc(words ? words : 1, sizeof *buf);
   if (buf == NULL) return TIDE_ENOMEM;
   int rc = 0;
-  if (tr->rank == root) rc = tide_trainer_state_get(tr, buf, words * 4);
+  if (tr->rank == root) {
+    if (pto) memcpy(buf, e->pto_state, e->pto_state_len);
+    else rc = tide_trainer_state_get(tr, buf, words * 4);
+  }
   if (rc == 0) rc = tide_broadcast(tr->comm, buf, words, TIDE_I32, root);
   if (rc == 0) rc = tide_broadcast(tr->comm, tr->params, tr->nparams, TIDE_F32, root);
-  if (rc == 0 && tr->rank != root) rc = tide_trainer_state_set(tr, buf, (size_t)header[0]);
+  if (rc == 0 && (tr->rank != root || tr->config.pto)) rc = tide_trainer_state_set(tr, buf, (size_t)header[0]);
   tide__free(buf);
+  tide__free(e->pto_state);
+  e->pto_state = NULL;
   if (rc != 0) return tide__trainer_fail(tr, rc, "handing the training state over to the new members failed: %s",
                                          tide_comm_last_error(tr->comm));
   /* The residual is rank-specific error feedback: the source's is not ours.
@@ -136,10 +151,38 @@ static int hand_over(tide_trainer_t *tr, long planned) {
   return 0;
 }
 
-/* Starts the next membership epoch: size and exclude as tide_comm_resize. */
-static int resize(tide_trainer_t *tr, int size, int exclude) {
+/* config.pto, before a planned change: every member of the old epoch (all
+ * at this boundary) gathers the whole optimizer state from the shards. */
+static int gather_pto_state(tide_trainer_t *tr) {
+  struct tide__elastic_trainer *e = tr->elastic;
+  tide__free(e->pto_state);
+  e->pto_state_len = tide_trainer_state_size(tr);
+  e->pto_state = tide__malloc(e->pto_state_len ? e->pto_state_len : 1);
+  if (e->pto_state == NULL) return TIDE_ENOMEM;
+  int rc = tide_trainer_state_get(tr, e->pto_state, e->pto_state_len);
+  if (rc != 0) return tide__trainer_fail(tr, rc, "elastic: gathering the PTO shards of the optimizer state failed");
+  return 0;
+}
+
+/* config.pto, after a change: the shards of the new member count (the
+ * state comes in hand_over). */
+static int reshard(tide_trainer_t *tr) {
+  tide_optim_destroy(tr->optim);
+  tr->optim = NULL;
+  tide__pto_close(tr);
+  tr->pto = 0;
+  return tide__pto_optim_create(tr, tr->tensors, tr->ntensors);
+}
+
+/* Starts the next membership epoch: size and exclude as tide_comm_resize;
+ * failed: after a peer failure (tide_trainer_recover), not a planned change. */
+static int resize(tide_trainer_t *tr, int size, int exclude, int failed) {
   struct tide__elastic_trainer *e = tr->elastic;
   int64_t t0 = tide__now_ns();
+  if (tr->config.pto && failed)
+    return tide__trainer_fail(tr, TIDE_EPEER, "elastic: config.pto: a failed worker's shard of the optimizer state "
+                              "is lost with it, so the job cannot go on (PTO jobs survive planned resizes, not "
+                              "failures: restart from a checkpoint, or turn PTO off)");
   /* A half-done step is abandoned: its samples are dealt again. */
   tr->in_step = 0;
   tr->micro_handed = 0;
@@ -149,6 +192,7 @@ static int resize(tide_trainer_t *tr, int size, int exclude) {
       tide__exchanges[k].close(tr->exchange_state[k]);
       tr->exchange_state[k] = NULL;
     }
+  if (tr->config.pto) TIDE_CHECK(gather_pto_state(tr));
   long planned = (long)tr->ranks * tr->batch * tr->accum;
   tide_comm_t *next = NULL;
   int rc = tide_comm_resize(tr->comm, size, exclude, &next);
@@ -160,6 +204,7 @@ static int resize(tide_trainer_t *tr, int size, int exclude) {
     return 0;
   }
   TIDE_CHECK(rebind(tr));
+  if (tr->config.pto) TIDE_CHECK(reshard(tr));
   TIDE_CHECK(tide__trainer_agree(tr));
   TIDE_CHECK(hand_over(tr, planned));
   e->changes++;
@@ -220,7 +265,7 @@ static int boundary_once(tide_trainer_t *tr, int *changed) {
   TIDE_INFO("elastic: step %ld: %d -> %lld worker(s)%s", tr->step, tr->ranks, (long long)wire[0],
             wire[1] >= 0 ? " (removing the straggler)" : "");
   *changed = 1;
-  return resize(tr, (int)wire[0], (int)wire[1]);
+  return resize(tr, (int)wire[0], (int)wire[1], 0);
 }
 
 int tide__trainer_elastic_boundary(tide_trainer_t *tr) {
@@ -240,10 +285,9 @@ int tide_trainer_elastic(tide_trainer_t *tr) {
                "--elastic, or set TIDE_ELASTIC=1 on every rank)");
     return TIDE_ESTATE;
   }
-  if (tr->config.pto || tr->kfac != NULL)
-    return tide__trainer_fail(tr, TIDE_EINVAL, "tide_trainer_elastic: %s is not elastic yet (its shards or layer "
-                              "owners are fixed at creation): turn it off for an elastic job",
-                              tr->config.pto ? "config.pto" : "K-FAC");
+  if (tr->kfac != NULL)
+    return tide__trainer_fail(tr, TIDE_EINVAL, "tide_trainer_elastic: K-FAC is not elastic yet (its layer owners "
+                              "are fixed at creation): turn it off for an elastic job");
   int mode;
   TIDE_CHECK(parse_mode(tide__param_str(TIDE__PARAM_STRAGGLER), &mode));
   tr->elastic = tide__calloc(1, sizeof *tr->elastic);
@@ -278,7 +322,7 @@ int tide_trainer_resize(tide_trainer_t *tr, int size, int exclude) {
     return TIDE_ESTATE;
   }
   if (tr->elastic->detached) return 0;
-  return resize(tr, size, exclude);
+  return resize(tr, size, exclude, 0);
 }
 
 int tide_trainer_recover(tide_trainer_t *tr, int rc) {
@@ -290,5 +334,5 @@ int tide_trainer_recover(tide_trainer_t *tr, int rc) {
   if (tide_comm_elastic_status(tr->comm, &target, &waiting) != 0) target = 0;
   TIDE_WARN("elastic: step %ld failed (%s: %s); the survivors start a new membership", tr->step, tide_err_name(rc),
             tide_comm_last_error(tr->comm));
-  return resize(tr, target, -1);
+  return resize(tr, target, -1, 1);
 }

@@ -60,6 +60,9 @@ void tide__pto_close(tide_trainer_t *tr) {
   tide__free(tr->shard_counts);
   tide__free(tr->shard_grad);
   tide__free(tr->shard_sq);
+  tr->shard_counts = NULL;
+  tr->shard_grad = NULL;
+  tr->shard_sq = NULL;
 }
 
 /* Not under K-FAC, which needs the whole averaged gradient on every rank:
