@@ -1039,6 +1039,8 @@ static void elastic_poll(job_t *job) {
     elastic_poll_nodes(job, target);
     return;
   }
+  /* Every worker failed: no member is left to admit new ones. */
+  if (job->running == 0 && job->failures > 0) return;
   /* Without a request: -np workers, less the failures beyond --max-restarts. */
   int unreplaced = job->failures > opts->max_restarts ? job->failures - opts->max_restarts : 0;
   int want = target > 0 ? target : opts->nproc - unreplaced;
