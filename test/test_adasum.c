@@ -8,7 +8,8 @@
  *  - tensor boundaries: a tensor's result depends on that tensor only
  *    (bitwise), and equals the tensor reduced on its own;
  *  - results bitwise identical on every rank; in place, nonblocking and
- *    tensors in any order give the same bits;
+ *    tensors in any order give the same bits, and so do shm with pieces of
+ *    two sizes and TCP (the dot products are taken as pieces arrive);
  *  - bad arguments and mismatched calls fail on every rank;
  *  - hierarchical (emulated hosts) against the reference of the host
  *    averages, against flat Adasum when a host's ranks hold the same input,
@@ -264,17 +265,44 @@ static void check_bad_args(tide_comm_t *comm, int rank, int size, int variant) {
 }
 
 typedef struct {
-  int bad_variant; /* -1: the correctness checks; 0-2: check_bad_args */
-  int flat;        /* TIDE_ADASUM_HIER=0 */
+  int bad_variant;  /* -1: the correctness checks; 0-2: check_bad_args */
+  int flat;         /* TIDE_ADASUM_HIER=0 */
+  const char *ring; /* NULL, or TIDE_SHM_RING_BYTES */
+  const char *save; /* NULL, or where rank 0 writes its results of the largest layout */
 } run_t;
+
+/* Rank 0 writes the f32 and f64 results of the largest layout to path:
+ * the dot products must not depend on how a transport cuts the message. */
+static void save_results(tide_comm_t *comm, int rank, int size, const char *path) {
+  const layout_t *l = &layouts[NLAYOUTS - 1];
+  tide_tensor_t t[16];
+  size_t nt = tensors_of(l, t);
+  FILE *f = rank == 0 ? fopen(path, "wb") : NULL;
+  CHECK(rank != 0 || f != NULL);
+  for (int dt = 0; dt < 2; dt++) {
+    tide_dtype_t type = dt ? TIDE_F64 : TIDE_F32;
+    size_t bytes = l->count * tide_dtype_size(type);
+    char *in = malloc(bytes), *out = malloc(bytes);
+    CHECK(in != NULL && out != NULL);
+    fill(in, type, RANDOM, rank, l->count, size, 1);
+    CHECK_OK(tide_adasum_allreduce(comm, in, out, l->count, type, t, nt));
+    if (f != NULL) CHECK(fwrite(out, 1, bytes, f) == bytes);
+    free(in);
+    free(out);
+  }
+  if (f != NULL) CHECK(fclose(f) == 0);
+}
 
 static int flat_rank(int rank, int size, void *arg) {
   const run_t *run = arg;
   if (run->flat) setenv("TIDE_ADASUM_HIER", "0", 1);
+  if (run->ring != NULL) setenv("TIDE_SHM_RING_BYTES", run->ring, 1);
   tide_comm_t *comm;
   CHECK_OK(tide_comm_init(&comm));
   if (run->bad_variant >= 0) {
     check_bad_args(comm, rank, size, run->bad_variant);
+  } else if (run->save != NULL) {
+    save_results(comm, rank, size, run->save);
   } else {
     spec_vectors(comm, rank, size);
     for (int dt = 0; dt < 2; dt++)
@@ -355,16 +383,43 @@ static int run(const char *what, int np, const char *const *hosts, int tcp, int 
 int main(void) {
   snprintf(token, sizeof token, "test-adasum-%d", (int)getpid());
   int failed = 0;
-  run_t checks = {-1, 0};
+  run_t checks = {-1, 0, NULL, NULL};
   for (int np = 1; np <= 8; np++) failed |= run("flat", np, NULL, 0, flat_rank, checks);
   failed |= run("flat", 3, NULL, 1, flat_rank, checks);
   failed |= run("flat", 4, NULL, 1, flat_rank, checks);
-  for (int v = 0; v < 3; v++) failed |= run("bad arguments", 3, NULL, 0, flat_rank, (run_t){v, 0});
+  for (int v = 0; v < 3; v++) failed |= run("bad arguments", 3, NULL, 0, flat_rank, (run_t){v, 0, NULL, NULL});
   const char *hosts4[] = {"a", "a", "b", "b"};
   const char *hosts6[] = {"a", "a", "b", "b", "c", "c"};
   failed |= run("hierarchical, 2 hosts x 2", 4, hosts4, 0, hier_rank, checks);
   failed |= run("hierarchical, 3 hosts x 2", 6, hosts6, 0, hier_rank, checks);
-  failed |= run("flat on 2 hosts x 2 (TIDE_ADASUM_HIER=0)", 4, hosts4, 0, hier_rank, (run_t){-1, 1});
+  failed |= run("flat on 2 hosts x 2 (TIDE_ADASUM_HIER=0)", 4, hosts4, 0, hier_rank, (run_t){-1, 1, NULL, NULL});
   failed |= run("hierarchical vs flat mismatch", 4, hosts4, 0, hier_mismatch, checks);
+  /* The same bits whatever the pieces the transport hands over: shm with
+   * its 256 KiB pieces, shm with a 64 KiB ring, TCP. */
+  const char *how[] = {"shm", "shm with a 64 KiB ring", "tcp"};
+  char path[3][128];
+  for (int k = 0; k < 3; k++) {
+    snprintf(path[k], sizeof path[k], "/tmp/%s-%d.bin", token, k);
+    failed |= run(how[k], 4, NULL, k == 2, flat_rank, (run_t){-1, 0, k == 1 ? "65536" : NULL, path[k]});
+  }
+  if (!failed) {
+    char *bits[3] = {0};
+    size_t len[3] = {0};
+    for (int k = 0; k < 3; k++) {
+      FILE *f = fopen(path[k], "rb");
+      if (f == NULL) continue;
+      bits[k] = malloc(4 << 20);
+      if (bits[k] != NULL) len[k] = fread(bits[k], 1, 4 << 20, f);
+      fclose(f);
+    }
+    for (int k = 1; k < 3; k++)
+      if (bits[0] == NULL || bits[k] == NULL || len[k] != len[0] || len[0] == 0 ||
+          memcmp(bits[0], bits[k], len[0]) != 0) {
+        fprintf(stderr, "FAILED: the results over %s differ from those over %s\n", how[k], how[0]);
+        failed = 1;
+      }
+    for (int k = 0; k < 3; k++) free(bits[k]);
+  }
+  for (int k = 0; k < 3; k++) unlink(path[k]);
   return failed;
 }

@@ -16,10 +16,17 @@
  * across hosts on its block (with the tensors' dot products summed over the
  * host's blocks too), and an intra-host allgather finishes.
  *
+ * Memory traffic, which sets the time on one host: the dot products are
+ * taken as the peer's half comes out of the transport (a consumer on the
+ * receive), and a level's combination is not made in a pass of its own but
+ * piece by piece while the next swap moves it (a producer on the send for
+ * the half given away, the consumer for the half kept; the last level's in
+ * the first gather swap).
+ *
  * Every element of the result is computed on one rank and copied to the
- * others, and the sums of the dot products are made in mirrored pairs (x+y
- * on one rank, y+x on the other), so all ranks end with bitwise identical
- * results and use identical coefficients. */
+ * others, and every rank of a group adds the group's partial dot products
+ * in the same order, so all ranks end with bitwise identical results and
+ * use identical coefficients. */
 #include <float.h>
 #include <math.h>
 #include <stdlib.h>
@@ -37,7 +44,9 @@ typedef struct {
   const size_t *end; /* end[s]: where segment (tensor) s ends; end[nseg-1] is the whole count */
   size_t nseg;
   size_t base;
-  double *partial, *incoming; /* 3 * nseg: (a.b, |a|^2, |b|^2) per segment */
+  double *partial;  /* 3 * nseg: (a.b, |a|^2, |b|^2) per segment */
+  double *incoming; /* DIRECT_WIDTH times that: the group's partials */
+  double *sums;               /* SUMS * nseg: the running lanes of a level's dot products */
 } adasum_t;
 
 static int lift(tide_comm_t *comm, tide_comm_t *sub, int rc) {
@@ -45,12 +54,8 @@ static int lift(tide_comm_t *comm, tide_comm_t *sub, int rc) {
   return tide__comm_fail(comm, rc, 1, "%s", tide_comm_last_error(sub));
 }
 
-/* ---- kernels: dot products and norms in double, fixed order ---------------- */
+/* ---- kernels: dot products and norms, fixed order ---------------------------- */
 
-/* Eight lanes per sum break the dependency chain and let the compiler
- * vectorise, with one fixed order of additions whatever the instruction
- * set: the clones for wider vectors compute the same bits (no contraction
- * into FMA in ISO C), only faster. */
 /* Not under ThreadSanitizer: the clones' ifunc resolvers run while the
  * dynamic loader relocates, before TSan's runtime is up, and crash there. */
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_THREAD__)
@@ -58,55 +63,150 @@ static int lift(tide_comm_t *comm, tide_comm_t *sub, int rc) {
 #else
 #define KERNEL_CLONES
 #endif
+/* Per segment, the running sums of mine.in, mine.mine and in.in over the
+ * elements g = 0, 1, 2, ... of the segment, in LANES double lanes each:
+ * lane k takes the elements with g % LANES == k in order. f64 adds each
+ * product to its double lane. f32 (Horovod's CPU Adasum rounds every
+ * product to float too) adds it to float lane g % FLANES, and every BLOCK
+ * elements adds float lanes k and k + LANES to double lane k, in that
+ * order, and clears them. Either way the sums come out the same however
+ * the elements arrive (in pieces of any size, straight out of a
+ * transport), whatever the clone: GCC's vector types make a lane step one
+ * instruction, and ISO C (no FMA contraction) keeps the bits of the plain
+ * per-lane loops. A float lane sums BLOCK / FLANES = 16 products: their
+ * rounding is within about 2e-6 of the sum of |products|. */
 #define LANES 8
-/* Lane k of a sum takes the elements k, k + 8, k + 16, ...: GCC's vector
- * types make that one instruction per step whatever the clone (with plain
- * loops GCC left a.b scalar, or all three), and ISO C (no FMA contraction)
- * keeps the bits of the plain per-lane loops. */
+#define FLANES 16
+#define BLOCK 256
+/* per segment: 3 double lanes sets, then (f32) 3 float lane sets */
+#define SUMS (3 * LANES + 3 * FLANES / 2)
 typedef double lanes_t __attribute__((vector_size(LANES * sizeof(double))));
-typedef float lanes_f32_t __attribute__((vector_size(LANES * sizeof(float))));
-#define LOAD_LANES_f32(dst, p)                                                                     \
+typedef float flanes_t __attribute__((vector_size(FLANES * sizeof(float))));
+
+/* Adds float lanes k and k + LANES of f to double lane k of d, and clears f. */
+#define FLUSH(d, f)                                                                                \
   do {                                                                                             \
-    lanes_f32_t f_;                                                                                \
-    memcpy(&f_, (p), sizeof f_);                                                                   \
-    (dst) = __builtin_convertvector(f_, lanes_t);                                                  \
+    (d) += __builtin_convertvector(__builtin_shufflevector((f), (f), 0, 1, 2, 3, 4, 5, 6, 7), lanes_t); \
+    (d) += __builtin_convertvector(__builtin_shufflevector((f), (f), 8, 9, 10, 11, 12, 13, 14, 15), lanes_t); \
+    (f) = (flanes_t){0};                                                                           \
   } while (0)
-#define LOAD_LANES_f64(dst, p) memcpy(&(dst), (p), sizeof(dst))
-#define DEFINE_KERNELS(T, suffix)                                                                  \
-  KERNEL_CLONES static void dots_##suffix(const T *a, const T *b, size_t n, double *out) {         \
-    lanes_t ab = {0}, aa = {0}, bb = {0};                                                          \
-    size_t i = 0;                                                                                  \
-    for (; i + LANES <= n; i += LANES) {                                                           \
-      lanes_t x, y;                                                                                \
-      LOAD_LANES_##suffix(x, a + i);                                                               \
-      LOAD_LANES_##suffix(y, b + i);                                                               \
-      ab += x * y;                                                                                 \
-      aa += x * x;                                                                                 \
-      bb += y * y;                                                                                 \
+
+/* take: adds n elements of mine and in, the first of them element g of
+ * its segment, to acc (SUMS doubles), copying in to dst on the way unless
+ * dst is NULL. */
+KERNEL_CLONES static void take_f32(float *dst, const float *mine, const float *in, size_t n, size_t g, double *acc) {
+  lanes_t xy, xx, yy;
+  flanes_t fxy, fxx, fyy;
+  memcpy(&xy, acc, sizeof xy);
+  memcpy(&xx, acc + LANES, sizeof xx);
+  memcpy(&yy, acc + 2 * LANES, sizeof yy);
+  float *f = (float *)(acc + 3 * LANES);
+  memcpy(&fxy, f, sizeof fxy);
+  memcpy(&fxx, f + FLANES, sizeof fxx);
+  memcpy(&fyy, f + 2 * FLANES, sizeof fyy);
+  size_t i = 0;
+#define TAKE_ONE_F32                                                                               \
+  do {                                                                                             \
+    size_t k = (g + i) % FLANES;                                                                   \
+    float x = mine[i], y = in[i];                                                                  \
+    fxy[k] += x * y;                                                                               \
+    fxx[k] += x * x;                                                                               \
+    fyy[k] += y * y;                                                                               \
+    if (dst != NULL) dst[i] = y;                                                                   \
+    if ((g + i + 1) % BLOCK == 0) {                                                                \
+      FLUSH(xy, fxy);                                                                              \
+      FLUSH(xx, fxx);                                                                              \
+      FLUSH(yy, fyy);                                                                              \
     }                                                                                              \
-    for (int k = 0; i < n; i++, k++) {                                                             \
-      double x = a[i], y = b[i];                                                                   \
-      ab[k] += x * y;                                                                              \
-      aa[k] += x * x;                                                                              \
-      bb[k] += y * y;                                                                              \
-    }                                                                                              \
-    for (int w = LANES / 2; w > 0; w /= 2)                                                         \
-      for (int k = 0; k < w; k++) {                                                                \
-        ab[k] += ab[k + w];                                                                        \
-        aa[k] += aa[k + w];                                                                        \
-        bb[k] += bb[k + w];                                                                        \
-      }                                                                                            \
-    out[0] += ab[0];                                                                               \
-    out[1] += aa[0];                                                                               \
-    out[2] += bb[0];                                                                               \
-  }                                                                                                \
-  KERNEL_CLONES static void combine_##suffix(T *out, const T *a, const T *b, size_t n, double ca,  \
-                                             double cb) {                                          \
-    T x = (T)ca, y = (T)cb;                                                                        \
-    for (size_t i = 0; i < n; i++) out[i] = x * a[i] + y * b[i];                                   \
+  } while (0)
+  for (; i < n && (g + i) % FLANES != 0; i++) TAKE_ONE_F32;
+  for (; i + FLANES <= n; i += FLANES) {
+    flanes_t m, r;
+    memcpy(&m, mine + i, sizeof m);
+    memcpy(&r, in + i, sizeof r);
+    if (dst != NULL) memcpy(dst + i, &r, sizeof r);
+    fxy += m * r;
+    fxx += m * m;
+    fyy += r * r;
+    if ((g + i + FLANES) % BLOCK == 0) {
+      FLUSH(xy, fxy);
+      FLUSH(xx, fxx);
+      FLUSH(yy, fyy);
+    }
   }
-DEFINE_KERNELS(float, f32)
-DEFINE_KERNELS(double, f64)
+  for (; i < n; i++) TAKE_ONE_F32;
+#undef TAKE_ONE_F32
+  memcpy(acc, &xy, sizeof xy);
+  memcpy(acc + LANES, &xx, sizeof xx);
+  memcpy(acc + 2 * LANES, &yy, sizeof yy);
+  memcpy(f, &fxy, sizeof fxy);
+  memcpy(f + FLANES, &fxx, sizeof fxx);
+  memcpy(f + 2 * FLANES, &fyy, sizeof fyy);
+}
+
+KERNEL_CLONES static void take_f64(double *dst, const double *mine, const double *in, size_t n, size_t g,
+                                   double *acc) {
+  lanes_t xy, xx, yy;
+  memcpy(&xy, acc, sizeof xy);
+  memcpy(&xx, acc + LANES, sizeof xx);
+  memcpy(&yy, acc + 2 * LANES, sizeof yy);
+  size_t i = 0;
+#define TAKE_ONE_F64                                                                               \
+  do {                                                                                             \
+    size_t k = (g + i) % LANES;                                                                    \
+    double x = mine[i], y = in[i];                                                                 \
+    xy[k] += x * y;                                                                                \
+    xx[k] += x * x;                                                                                \
+    yy[k] += y * y;                                                                                \
+    if (dst != NULL) dst[i] = y;                                                                   \
+  } while (0)
+  for (; i < n && (g + i) % LANES != 0; i++) TAKE_ONE_F64;
+  for (; i + LANES <= n; i += LANES) {
+    lanes_t x, y;
+    memcpy(&x, mine + i, sizeof x);
+    memcpy(&y, in + i, sizeof y);
+    if (dst != NULL) memcpy(dst + i, &y, sizeof y);
+    xy += x * y;
+    xx += x * x;
+    yy += y * y;
+  }
+  for (; i < n; i++) TAKE_ONE_F64;
+#undef TAKE_ONE_F64
+  memcpy(acc, &xy, sizeof xy);
+  memcpy(acc + LANES, &xx, sizeof xx);
+  memcpy(acc + 2 * LANES, &yy, sizeof yy);
+}
+
+/* The three sums of acc: (f32) the float lanes flushed, then the double
+ * lanes added pairwise (lane k + w into k for w = 4, 2, 1). */
+static void sums_total(double *acc, tide_dtype_t dtype, double *out) {
+  lanes_t d[3];
+  for (int j = 0; j < 3; j++) memcpy(&d[j], acc + j * LANES, sizeof d[j]);
+  if (dtype == TIDE_F32)
+    for (int j = 0; j < 3; j++) {
+      flanes_t f;
+      memcpy(&f, (float *)(acc + 3 * LANES) + j * FLANES, sizeof f);
+      FLUSH(d[j], f);
+    }
+  for (int j = 0; j < 3; j++) {
+    for (int w = LANES / 2; w > 0; w /= 2)
+      for (int k = 0; k < w; k++) d[j][k] += d[j][k + w];
+    out[j] = d[j][0];
+  }
+}
+
+/* out = ca a + cb b, and out2 too unless it is NULL. */
+#define DEFINE_COMBINE(T, suffix)                                                                  \
+  KERNEL_CLONES static void combine_##suffix(T *out, T *out2, const T *a, const T *b, size_t n,    \
+                                             double ca, double cb) {                               \
+    T x = (T)ca, y = (T)cb;                                                                        \
+    if (out2 == NULL)                                                                              \
+      for (size_t i = 0; i < n; i++) out[i] = x * a[i] + y * b[i];                                 \
+    else                                                                                           \
+      for (size_t i = 0; i < n; i++) out[i] = out2[i] = x * a[i] + y * b[i];                       \
+  }
+DEFINE_COMBINE(float, f32)
+DEFINE_COMBINE(double, f64)
 
 /* The coefficients of a and b from (a.b, |a|^2, |b|^2); a vector with
  * |x|^2 < sqrt(DBL_MIN) (zero, in effect) keeps coefficient 1. */
@@ -139,50 +239,100 @@ static size_t piece_hi(const adasum_t *x, size_t s, size_t hi) {
   return x->end[s] - x->base < hi ? x->end[s] - x->base : hi;
 }
 
-/* Adds the partial (a.b, |a|^2, |b|^2) of every segment piece in [lo, hi)
- * to x->partial; a and b point at element lo. */
-static void partial_dots(adasum_t *x, const void *a, const void *b, size_t lo, size_t hi) {
-  size_t esize = tide_dtype_size(x->dtype);
-  FOR_PIECES(x, lo, hi, s, plo, phi) {
-    const uint8_t *pa = (const uint8_t *)a + (plo - lo) * esize, *pb = (const uint8_t *)b + (plo - lo) * esize;
-    if (x->dtype == TIDE_F32) dots_f32((const float *)pa, (const float *)pb, phi - plo, x->partial + 3 * s);
-    else dots_f64((const double *)pa, (const double *)pb, phi - plo, x->partial + 3 * s);
-  }
-}
-
-/* out[lo, hi) = ca*a + cb*b per segment, from the summed x->partial. */
-static void combine(adasum_t *x, void *out, const void *a, const void *b, size_t lo, size_t hi) {
+/* out[lo, hi) = ca*a + cb*b per segment, from the summed x->partial, and
+ * out2[lo, hi) too unless out2 is NULL; a and b start at element lo. */
+static void combine(adasum_t *x, void *out, void *out2, const void *a, const void *b, size_t lo, size_t hi) {
   size_t esize = tide_dtype_size(x->dtype);
   FOR_PIECES(x, lo, hi, s, plo, phi) {
     double ca, cb;
     coefficients(x->partial + 3 * s, &ca, &cb);
     size_t at = (plo - lo) * esize;
+    void *o2 = out2 == NULL ? NULL : (uint8_t *)out2 + at;
     if (x->dtype == TIDE_F32)
-      combine_f32((float *)((uint8_t *)out + at), (const float *)((const uint8_t *)a + at),
+      combine_f32((float *)((uint8_t *)out + at), o2, (const float *)((const uint8_t *)a + at),
                   (const float *)((const uint8_t *)b + at), phi - plo, ca, cb);
     else
-      combine_f64((double *)((uint8_t *)out + at), (const double *)((const uint8_t *)a + at),
+      combine_f64((double *)((uint8_t *)out + at), o2, (const double *)((const uint8_t *)a + at),
                   (const double *)((const uint8_t *)b + at), phi - plo, ca, cb);
+  }
+}
+
+/* A level's combination not made yet: element i of it, for i from lo on,
+ * comes from a[i - lo] and b[i - lo], with the coefficients in x->partial
+ * (kept until the next level's swap is over). It is made piece by piece
+ * while the next level's swap moves it: the half given away straight into
+ * the transport, the half kept just before its dot products are taken. */
+typedef struct {
+  const uint8_t *a, *b;
+  size_t lo;
+} pending_t;
+
+static void combine_pending(adasum_t *x, const pending_t *p, void *out, void *out2, size_t lo, size_t hi) {
+  size_t at = (lo - p->lo) * tide_dtype_size(x->dtype);
+  combine(x, out, out2, p->a + at, p->b + at, lo, hi);
+}
+
+/* One side of a swap, for its producer or consumer: elements from lo on.
+ * Sending: made from pend, kept in base too when keep is set. Receiving:
+ * theirs is where they land; mine (made from pend first, when there is
+ * one) is what their dot products are taken with. */
+typedef struct {
+  adasum_t *x;
+  size_t lo;
+  const pending_t *pend;
+  uint8_t *base;
+  int keep;
+  const uint8_t *mine;
+  uint8_t *theirs;
+} side_t;
+
+/* The producer of a swap's outgoing elements (tide__produce_fn). */
+static void make(void *ctx, size_t at, void *out, size_t len) {
+  side_t *o = ctx;
+  size_t esize = tide_dtype_size(o->x->dtype), lo = o->lo + at / esize, hi = lo + len / esize;
+  uint8_t *kept = o->base + lo * esize;
+  combine_pending(o->x, o->pend, out, o->keep && out != kept ? kept : NULL, lo, hi);
+}
+
+/* The consumer of a swap's incoming elements (tide__consume_fn): copies
+ * each piece out of the transport while adding it to the dot products. */
+static void take(void *ctx, size_t at, const void *data, size_t len) {
+  side_t *l = ctx;
+  adasum_t *x = l->x;
+  size_t esize = tide_dtype_size(x->dtype), lo = l->lo + at / esize, hi = lo + len / esize;
+  if (l->pend != NULL) combine_pending(x, l->pend, (uint8_t *)l->mine + at, NULL, lo, hi);
+  int landed = data == l->theirs + at; /* the transport put it in place itself */
+  FOR_PIECES(x, lo, hi, s, plo, phi) {
+    size_t in_at = (plo - lo) * esize, mine_at = (plo - l->lo) * esize;
+    size_t g = x->base + plo - (s == 0 ? 0 : x->end[s - 1]);
+    const uint8_t *in = (const uint8_t *)data + in_at;
+    uint8_t *dst = landed ? NULL : l->theirs + at + in_at;
+    if (x->dtype == TIDE_F32)
+      take_f32((float *)dst, (const float *)(l->mine + mine_at), (const float *)in, phi - plo, g, x->sums + SUMS * s);
+    else
+      take_f64((double *)dst, (const double *)(l->mine + mine_at), (const double *)in, phi - plo, g,
+               x->sums + SUMS * s);
   }
 }
 
 /* ---- communication --------------------------------------------------------- */
 
-static int exchange(adasum_t *x, int peer, const void *src, size_t send_bytes, void *dst, size_t recv_bytes) {
+/* Sends n_out elements to peer, from out or made by out_side's producer,
+ * while receiving n_in into in, through in_side's consumer when given. */
+static int exchange(adasum_t *x, int peer, const void *out, size_t n_out, side_t *out_side, void *in, size_t n_in,
+                    side_t *in_side) {
+  size_t esize = tide_dtype_size(x->dtype);
   tide__p2p_t ops[2];
   int n = 0;
-  memset(ops, 0, sizeof ops);
-  if (send_bytes > 0) {
-    ops[n].kind = TIDE__P2P_SEND;
-    ops[n].peer = peer;
-    ops[n].src = src;
-    ops[n++].bytes = send_bytes;
+  if (n_out > 0) {
+    ops[n] = (tide__p2p_t){.kind = TIDE__P2P_SEND, .peer = peer, .src = out, .bytes = n_out * esize,
+                           .dtype = x->dtype, .produce = out_side ? make : NULL, .ctx = out_side};
+    n++;
   }
-  if (recv_bytes > 0) {
-    ops[n].kind = TIDE__P2P_RECV;
-    ops[n].peer = peer;
-    ops[n].dst = dst;
-    ops[n++].bytes = recv_bytes;
+  if (n_in > 0) {
+    ops[n] = (tide__p2p_t){.kind = TIDE__P2P_RECV, .peer = peer, .dst = in, .bytes = n_in * esize,
+                           .dtype = x->dtype, .consume = in_side ? take : NULL, .ctx = in_side};
+    n++;
   }
   if (n == 0) return 0;
   return lift(x->parent, x->comm, tide__comm_run(x->comm, ops, n, "adasum_allreduce"));
@@ -191,56 +341,63 @@ static int exchange(adasum_t *x, int peer, const void *src, size_t send_bytes, v
 /* The real rank of virtual rank v (folded pairs count once). */
 static int real_rank(int v, int extra) { return v < extra ? 2 * v + 1 : v + extra; }
 
-/* Bytes per piece of a level's swap: each piece's dot products are taken
- * as soon as it arrives, while it is still in the cache. */
-#define PIECE_BYTES ((size_t)512 << 10)
-
-/* Sends give[0..give_n) to peer while receiving its keep_n elements into
- * theirs, piece by piece (both sides cut the same pieces), and sets
- * x->partial to the dot products of (a, b) over buf[keep_lo, keep_lo +
- * keep_n): mine is ours, theirs the peer's, a the lower group's. */
-static int swap_and_dot(adasum_t *x, int peer, const uint8_t *give, size_t give_n, const uint8_t *mine,
-                        uint8_t *theirs, size_t keep_lo, size_t keep_n, int upper) {
-  size_t esize = tide_dtype_size(x->dtype), most = give_n > keep_n ? give_n : keep_n;
-  int pieces = most == 0 ? 1 : (int)((most * esize + PIECE_BYTES - 1) / PIECE_BYTES);
+/* Sends the n_out elements of `out` (or of *give's producer) to peer while
+ * its elements [keep->lo, keep->lo + n_in) come into keep->theirs, and
+ * sets x->partial to the dot products of (a, b) over them, taken as the
+ * pieces arrive: a is the lower group's, upper says whether that is the
+ * peer's. */
+static int swap_and_dot(adasum_t *x, int peer, const uint8_t *out, size_t n_out, side_t *give, size_t n_in,
+                        side_t *keep, int upper) {
+  size_t keep_lo = keep->lo, keep_hi = keep_lo + n_in;
+  /* the segments [first, last) overlap the kept half */
+  size_t first = first_segment(x, keep_lo), last = n_in == 0 ? first : first_segment(x, keep_hi - 1) + 1;
+  memset(x->sums + SUMS * first, 0, SUMS * (last - first) * sizeof *x->sums);
+  TIDE_CHECK(exchange(x, peer, out, n_out, give, keep->theirs, n_in, keep));
   memset(x->partial, 0, 3 * x->nseg * sizeof *x->partial);
-  for (int q = 0; q < pieces; q++) {
-    size_t go, gl, ko, kl;
-    tide_block(give_n, pieces, q, &go, &gl);
-    tide_block(keep_n, pieces, q, &ko, &kl);
-    TIDE_CHECK(exchange(x, peer, give + go * esize, gl * esize, theirs + ko * esize, kl * esize));
-    const uint8_t *a = upper ? theirs : mine, *b = upper ? mine : theirs;
-    partial_dots(x, a + ko * esize, b + ko * esize, keep_lo + ko, keep_lo + ko + kl);
+  for (size_t s = first; s < last; s++) {
+    double sum[3], *t = x->partial + 3 * s; /* mine.in, mine.mine, in.in */
+    sums_total(x->sums + SUMS * s, x->dtype, sum);
+    t[0] = sum[0];
+    t[1] = upper ? sum[2] : sum[1];
+    t[2] = upper ? sum[1] : sum[2];
   }
   return 0;
 }
 
-/* The last level: base[lo, hi) = the combination of a and b (which start
- * at element lo), piece by piece, each piece sent to peer as soon as it is
- * made, while the peer's finished base[other_lo, other_hi) comes in (both
- * sides cut the same pieces). */
-static int combine_and_swap(adasum_t *x, int peer, const uint8_t *a, const uint8_t *b, uint8_t *base, size_t lo,
-                            size_t hi, size_t other_lo, size_t other_hi) {
-  size_t esize = tide_dtype_size(x->dtype), n = hi - lo, other_n = other_hi - other_lo;
-  size_t most = n > other_n ? n : other_n;
-  int pieces = most == 0 ? 1 : (int)((most * esize + PIECE_BYTES - 1) / PIECE_BYTES);
-  for (int q = 0; q < pieces; q++) {
-    size_t go, gl, ko, kl;
-    tide_block(n, pieces, q, &go, &gl);
-    tide_block(other_n, pieces, q, &ko, &kl);
-    combine(x, base + (lo + go) * esize, a + go * esize, b + go * esize, lo + go, lo + go + gl);
-    TIDE_CHECK(exchange(x, peer, base + (lo + go) * esize, gl * esize, base + (other_lo + ko) * esize, kl * esize));
-  }
-  return 0;
-}
-
-/* Sums x->partial over the virtual ranks v ^ m, m = 1, 2, ..., width/2
- * (recursive doubling: x+y here, y+x there), then over the shards. */
+/* Sums x->partial over the group of `width` virtual ranks that v is in
+ * (the aligned block: they hold the pieces of the same segment), then over
+ * the shards. Up to DIRECT_WIDTH ranks swap their partials in one round
+ * and each adds them up in the group's order; wider groups use recursive
+ * doubling (x+y here, y+x there). Either way every rank gets the same bits. */
+#define DIRECT_WIDTH 8
 static int sum_partials(adasum_t *x, int v, int width, int extra) {
-  size_t bytes = 3 * x->nseg * sizeof(double);
-  for (int m = 1; m < width; m <<= 1) {
-    TIDE_CHECK(exchange(x, real_rank(v ^ m, extra), x->partial, bytes, x->incoming, bytes));
-    for (size_t i = 0; i < 3 * x->nseg; i++) x->partial[i] += x->incoming[i];
+  size_t n = 3 * x->nseg, bytes = n * sizeof(double);
+  if (width <= DIRECT_WIDTH) {
+    tide__p2p_t ops[2 * DIRECT_WIDTH];
+    int k = 0, first = v & ~(width - 1);
+    for (int j = 0; j < width; j++) {
+      if (first + j == v) continue;
+      tide__p2p_set(&ops[k++], TIDE__P2P_SEND, real_rank(first + j, extra), x->partial, NULL, bytes, TIDE_F64, TIDE_SUM);
+      tide__p2p_set(&ops[k++], TIDE__P2P_RECV, real_rank(first + j, extra), NULL, x->incoming + (size_t)j * n, bytes,
+                    TIDE_F64, TIDE_SUM);
+    }
+    if (k > 0) {
+      memcpy(x->incoming + (size_t)(v - first) * n, x->partial, bytes);
+      TIDE_CHECK(lift(x->parent, x->comm, tide__comm_run(x->comm, ops, k, "adasum_allreduce")));
+      for (size_t i = 0; i < n; i++) {
+        double t = x->incoming[i];
+        for (int j = 1; j < width; j++) t += x->incoming[(size_t)j * n + i];
+        x->partial[i] = t;
+      }
+    }
+  } else {
+    for (int m = 1; m < width; m <<= 1) {
+      tide__p2p_t ops[2];
+      tide__p2p_set(&ops[0], TIDE__P2P_SEND, real_rank(v ^ m, extra), x->partial, NULL, bytes, TIDE_F64, TIDE_SUM);
+      tide__p2p_set(&ops[1], TIDE__P2P_RECV, real_rank(v ^ m, extra), NULL, x->incoming, bytes, TIDE_F64, TIDE_SUM);
+      TIDE_CHECK(lift(x->parent, x->comm, tide__comm_run(x->comm, ops, 2, "adasum_allreduce")));
+      for (size_t i = 0; i < n; i++) x->partial[i] += x->incoming[i];
+    }
   }
   if (x->shards == NULL) return 0;
   return lift(x->parent, x->shards,
@@ -248,7 +405,7 @@ static int sum_partials(adasum_t *x, int v, int width, int extra) {
 }
 
 /* Adasum over x->comm of in[0..count) into buf (in may equal buf; in is
- * only read before buf is written, so a separate input costs no copy). */
+ * never written, and read at an element only before buf's is written). */
 static int vhdd(adasum_t *x, const void *in, void *buf, size_t count) {
   tide_comm_t *c = x->comm;
   int n = c->size, r = c->rank, p = 1;
@@ -257,72 +414,72 @@ static int vhdd(adasum_t *x, const void *in, void *buf, size_t count) {
   size_t esize = tide_dtype_size(x->dtype);
   uint8_t *base = buf;
   const uint8_t *src = in; /* where this rank's current vector is */
-  uint8_t *scratch = tide__comm_scratch(c, (extra > 0 ? count : count - count / 2) * esize);
+  /* A level's incoming half lands in one of two regions, the other still
+   * holding the previous level's, which its pending combination needs. */
+  size_t half = count - count / 2, quarter = half - half / 2;
+  uint8_t *scratch = tide__comm_scratch(c, (extra > 0 && count > half + quarter ? count : half + quarter) * esize);
   if (scratch == NULL) return tide__comm_fail(x->parent, TIDE_ENOMEM, 0, "rank %d: out of memory in adasum_allreduce",
                                               x->parent->rank);
-  int64_t t_move = 0, t_sum = 0, t_combine = 0, t0 = tide__now_ns(), t1;
+  uint8_t *region[2] = {scratch, scratch + half * esize};
+  int64_t t_reduce = 0, t_sum = 0, t0 = tide__now_ns(), t1;
   if (r < 2 * extra) {
+    side_t fold = {.x = x, .lo = 0, .mine = src, .theirs = scratch};
     if (r % 2 == 0) { /* folded: the odd neighbour combines for both of us */
-      TIDE_CHECK(swap_and_dot(x, r + 1, src, count, scratch, scratch, 0, 0, 0));
-      return exchange(x, r + 1, NULL, 0, buf, count * esize);
+      TIDE_CHECK(swap_and_dot(x, r + 1, src, count, NULL, 0, &fold, 0));
+      return exchange(x, r + 1, NULL, 0, NULL, buf, count, NULL);
     }
-    TIDE_CHECK(swap_and_dot(x, r - 1, NULL, 0, src, scratch, 0, count, 1));
+    TIDE_CHECK(swap_and_dot(x, r - 1, NULL, 0, NULL, count, &fold, 1));
     TIDE_CHECK(sum_partials(x, 0, 1, extra));
-    combine(x, buf, scratch, src, 0, count);
+    combine(x, buf, NULL, scratch, src, 0, count);
     src = base;
     v = r / 2;
   } else {
     v = r - extra;
   }
-  /* Reduce phase: the segment [lo, hi) halves at every level. The last
-   * level's combination waits: it is made piece by piece just before the
-   * piece goes out in the first gather swap, while it is in the cache. */
+  /* Reduce phase: the segment [lo, hi) halves at every level. Each level's
+   * combination is pending until the next level's swap (or, at the last
+   * level, the first gather swap) makes it piece by piece. */
   size_t lo = 0, hi = count, seg_lo[32], seg_hi[32];
-  const uint8_t *last_a = NULL, *last_b = NULL;
+  pending_t pend = {NULL, NULL, 0}, prev;
   int levels = 0;
   for (int d = 1; d < p; d <<= 1, levels++) {
     size_t mid = lo + (hi - lo) / 2;
-    int upper = (v & d) != 0;
+    int upper = (v & d) != 0, first = d == 1;
     size_t keep_lo = upper ? mid : lo, keep_hi = upper ? hi : mid;
     size_t give_lo = upper ? lo : mid, give_hi = upper ? mid : hi;
-    TIDE_CHECK(swap_and_dot(x, real_rank(v ^ d, extra), src + give_lo * esize, give_hi - give_lo,
-                            src + keep_lo * esize, scratch, keep_lo, keep_hi - keep_lo, upper));
-    t_move += (t1 = tide__now_ns()) - t0;
+    prev = pend;
+    side_t give = {.x = x, .lo = give_lo, .pend = &prev, .base = base};
+    side_t keep = {.x = x, .lo = keep_lo, .pend = first ? NULL : &prev, .mine = (first ? src : base) + keep_lo * esize,
+                   .theirs = region[levels % 2]};
+    TIDE_CHECK(swap_and_dot(x, real_rank(v ^ d, extra), first ? src + give_lo * esize : base + give_lo * esize,
+                            give_hi - give_lo, first ? NULL : &give, keep_hi - keep_lo, &keep, upper));
+    t_reduce += (t1 = tide__now_ns()) - t0;
     TIDE_CHECK(sum_partials(x, v, 2 * d, extra));
     t_sum += (t0 = tide__now_ns()) - t1;
-    const uint8_t *mine = src + keep_lo * esize;
-    last_a = upper ? scratch : mine;
-    last_b = upper ? mine : scratch;
-    if (2 * d < p) {
-      combine(x, base + keep_lo * esize, last_a, last_b, keep_lo, keep_hi);
-      src = base;
-    }
-    t_combine += (t1 = tide__now_ns()) - t0;
-    t0 = t1;
+    pend.a = upper ? keep.theirs : keep.mine;
+    pend.b = upper ? keep.mine : keep.theirs;
+    pend.lo = keep_lo;
     seg_lo[levels] = lo;
     seg_hi[levels] = hi;
     lo = keep_lo;
     hi = keep_hi;
   }
-  /* Gather phase: swap the finished halves back, distance-halving. */
+  /* Gather phase: swap the finished halves back, distance-halving; the
+   * first swap makes the last level's combination as it goes out. */
   for (int l = levels - 1; l >= 0; l--) {
     int d = 1 << l;
     size_t mid = seg_lo[l] + (seg_hi[l] - seg_lo[l]) / 2;
     int upper = (v & d) != 0; /* then the peer holds the lower half */
     size_t other_lo = upper ? seg_lo[l] : mid, other_hi = upper ? mid : seg_hi[l];
-    if (l == levels - 1) {
-      TIDE_CHECK(combine_and_swap(x, real_rank(v ^ d, extra), last_a, last_b, base, lo, hi, other_lo, other_hi));
-    } else {
-      TIDE_CHECK(exchange(x, real_rank(v ^ d, extra), base + lo * esize, (hi - lo) * esize, base + other_lo * esize,
-                          (other_hi - other_lo) * esize));
-    }
+    side_t made = {.x = x, .lo = lo, .pend = &pend, .base = base, .keep = 1};
+    TIDE_CHECK(exchange(x, real_rank(v ^ d, extra), base + lo * esize, hi - lo, l == levels - 1 ? &made : NULL,
+                        base + other_lo * esize, other_hi - other_lo, NULL));
     lo = seg_lo[l];
     hi = seg_hi[l];
   }
-  t_move += tide__now_ns() - t0;
-  TIDE_DEBUG("adasum of %zu elements: moving and dot products %.2f ms, summing them %.2f ms, combining %.2f ms",
-             count, t_move / 1e6, t_sum / 1e6, t_combine / 1e6);
-  if (r < 2 * extra) TIDE_CHECK(exchange(x, r - 1, buf, count * esize, NULL, 0));
+  TIDE_DEBUG("adasum of %zu elements: reduce phase %.2f ms, summing dot products %.2f ms, gather phase %.2f ms",
+             count, t_reduce / 1e6, t_sum / 1e6, (tide__now_ns() - t0) / 1e6);
+  if (r < 2 * extra) TIDE_CHECK(exchange(x, r - 1, buf, count, NULL, NULL, 0, NULL));
   return 0;
 }
 
@@ -419,11 +576,12 @@ int tide__adasum_allreduce(tide_comm_t *comm, const void *sendbuf, void *recvbuf
     if (sendbuf != recvbuf) memcpy(recvbuf, sendbuf, count * tide_dtype_size(dtype));
     return 0;
   }
-  adasum_t x = {comm, comm, NULL, dtype, end, nseg, 0, NULL, NULL};
-  x.partial = tide__malloc(6 * nseg * sizeof *x.partial);
+  adasum_t x = {comm, comm, NULL, dtype, end, nseg, 0, NULL, NULL, NULL};
+  x.partial = tide__malloc((3 + 3 * DIRECT_WIDTH + SUMS) * nseg * sizeof *x.partial);
   if (x.partial == NULL)
     return tide__comm_fail(comm, TIDE_ENOMEM, 0, "rank %d: out of memory in adasum_allreduce", comm->rank);
   x.incoming = x.partial + 3 * nseg;
+  x.sums = x.incoming + 3 * DIRECT_WIDTH * nseg;
   int rc;
   if (algo == TIDE__ALGO_HIER) {
     rc = adasum_hier(comm, sendbuf, recvbuf, count, &x);

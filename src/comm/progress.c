@@ -55,6 +55,19 @@ static int blocked(const tide__p2p_t *ops, int i) {
   return 0;
 }
 
+/* A consumer or producer on a transport that moves bytes from src or into
+ * dst itself (shm does the handing itself, piece by piece): hands the
+ * consumer the whole elements that landed since the last call, or has the
+ * producer fill all of src before the first byte goes (TCP and MPI may
+ * send any part of src at once). */
+static void hand_over(tide__p2p_t *op) {
+  size_t upto = op->kind == TIDE__P2P_SEND ? op->bytes : op->done - op->done % tide_dtype_size(op->dtype);
+  if (upto <= op->handed) return;
+  if (op->kind == TIDE__P2P_SEND) op->produce(op->ctx, op->handed, (uint8_t *)op->src + op->handed, upto - op->handed);
+  else op->consume(op->ctx, op->handed, (uint8_t *)op->dst + op->handed, upto - op->handed);
+  op->handed = upto;
+}
+
 /* A failed batch: MPI still holds the ops' buffers (often the caller's
  * stack frame); take them back before returning. */
 static int abandon(tide_comm_t *comm, tide__p2p_t *ops, int n, int rc) {
@@ -82,6 +95,8 @@ int tide__comm_run(tide_comm_t *comm, tide__p2p_t *ops, int n, const char *what)
       if (blocked(ops, i)) continue;
       tide__chan_t *chan = &comm->chans[op->peer];
       size_t before = op->done;
+      int handing = (op->consume != NULL || op->produce != NULL) && chan->ops != &tide__shm_ops;
+      if (handing && op->kind == TIDE__P2P_SEND) hand_over(op);
       rc = chan->ops->progress(chan, op);
       if (rc < 0) {
         /* A peer that failed (a mismatch, a bad argument) closes its
@@ -94,6 +109,7 @@ int tide__comm_run(tide_comm_t *comm, tide__p2p_t *ops, int n, const char *what)
                                        "destroyed the communicator early): %s",
                                        comm->rank, op->peer, what, tide_strerror(rc)));
       }
+      if (handing && op->kind != TIDE__P2P_SEND) hand_over(op);
       if (op->done != before) progressed = 1;
       if (op->done >= op->bytes) {
         pending--;

@@ -15,6 +15,14 @@
 
 typedef enum { TIDE__P2P_SEND, TIDE__P2P_RECV, TIDE__P2P_RECV_REDUCE } tide__p2p_kind_t;
 
+/* A RECV's consumer: bytes [at, at + len) of the message, whole elements
+ * of the op's dtype, are at data; it must leave them at dst + at (data may
+ * already be there) and may look at them while they are in the cache. */
+typedef void (*tide__consume_fn)(void *ctx, size_t at, const void *data, size_t len);
+/* A SEND's producer: writes bytes [at, at + len) of the message, whole
+ * elements of the op's dtype, to out, a transport's buffer or src + at. */
+typedef void (*tide__produce_fn)(void *ctx, size_t at, void *out, size_t len);
+
 /* One send or receive. RECV_REDUCE writes dst[i] = local[i] (op) incoming[i]
  * as data arrives (local may equal dst). done counts bytes finished. */
 typedef struct {
@@ -24,8 +32,17 @@ typedef struct {
   void *dst;       /* RECV, RECV_REDUCE */
   size_t bytes;
   size_t done;
-  tide_dtype_t dtype; /* RECV_REDUCE */
+  tide_dtype_t dtype; /* RECV_REDUCE, and with a consumer or producer */
   tide_op_t op;       /* RECV_REDUCE (TIDE_AVG reduces as TIDE_SUM) */
+  /* Optional, for RECV and SEND: the shm transport hands the consumer each
+   * piece straight out of its ring, and has the producer write each piece
+   * straight into it, instead of copying. With the other transports the
+   * engine hands over what landed in dst, and has the producer fill src
+   * (then writable) before the send starts (src/comm/progress.c). */
+  tide__consume_fn consume;
+  tide__produce_fn produce;
+  void *ctx;
+  size_t handed; /* bytes handed to consume, or made by produce */
 } tide__p2p_t;
 
 typedef struct tide__chan tide__chan_t;

@@ -196,11 +196,19 @@ static int shm_progress(tide__chan_t *chan, tide__p2p_t *op) {
       if (n > CHUNK_BYTES) n = CHUNK_BYTES;
       if (n == 0) break;
       size_t copy = op->bytes - op->done < n ? op->bytes - op->done : n;
-      memcpy(data + offset, (const uint8_t *)op->src + op->done, copy);
+      if (op->produce != NULL) {
+        op->produce(op->ctx, op->done, data + offset, copy);
+        op->handed = op->done + copy;
+      } else {
+        memcpy(data + offset, (const uint8_t *)op->src + op->done, copy);
+      }
       head += n;
       atomic_store_explicit(&ring->head, head, memory_order_release);
       op->done += copy;
       tide__shm_ring_bell(chan->peer_bell, chan->peer_sleepers);
+      /* A producer computes: one piece per call lets the engine drain the
+       * peer's ring between pieces, so neither side waits on a full ring. */
+      if (op->produce != NULL) break;
     }
   } else {
     tide__shm_ring_t *ring = chan->recv_ring;
@@ -214,11 +222,15 @@ static int shm_progress(tide__chan_t *chan, tide__p2p_t *op) {
       if (n > CHUNK_BYTES) n = CHUNK_BYTES;
       if (n == 0) break;
       size_t copy = op->bytes - op->done < n ? op->bytes - op->done : n;
-      if (op->kind == TIDE__P2P_RECV)
+      if (op->kind == TIDE__P2P_RECV && op->consume != NULL) {
+        op->consume(op->ctx, op->done, data + offset, copy);
+        op->handed = op->done + copy;
+      } else if (op->kind == TIDE__P2P_RECV) {
         memcpy((uint8_t *)op->dst + op->done, data + offset, copy);
-      else
+      } else {
         tide__reduce((uint8_t *)op->dst + op->done, (const uint8_t *)op->src + op->done,
                      data + offset, copy / esize, op->dtype, op->op);
+      }
       tail += n;
       atomic_store_explicit(&ring->tail, tail, memory_order_release);
       op->done += copy;
