@@ -286,7 +286,7 @@ typedef struct {
   uint8_t *theirs;
 } side_t;
 
-/* The producer of a swap's outgoing elements (tide__produce_fn). */
+/* The producer of a swap's outgoing elements (tide__produce_cb). */
 static void make(void *ctx, size_t at, void *out, size_t len) {
   side_t *o = ctx;
   size_t esize = tide_dtype_size(o->x->dtype), lo = o->lo + at / esize, hi = lo + len / esize;
@@ -294,7 +294,7 @@ static void make(void *ctx, size_t at, void *out, size_t len) {
   combine_pending(o->x, o->pend, out, o->keep && out != kept ? kept : NULL, lo, hi);
 }
 
-/* The consumer of a swap's incoming elements (tide__consume_fn): copies
+/* The consumer of a swap's incoming elements (tide__consume_cb): copies
  * each piece out of the transport while adding it to the dot products. */
 static void take(void *ctx, size_t at, const void *data, size_t len) {
   side_t *l = ctx;

@@ -171,11 +171,11 @@ void tide__mpi_comm_fini(tide_comm_t *comm);
 
 /* ---- nonblocking tasks (src/comm/request.c) ------------------------------ */
 
-typedef int (*tide__task_fn)(tide_comm_t *comm, void *args);
+typedef int (*tide__task_cb)(tide_comm_t *comm, void *args);
 
 /* Queues fn(comm, args) for the progress thread; args (args_size bytes) is
  * copied. */
-int tide__task_submit(tide_comm_t *comm, tide__task_fn fn, const void *args, size_t args_size,
+int tide__task_submit(tide_comm_t *comm, tide__task_cb fn, const void *args, size_t args_size,
                       tide_request_t **out);
 /* Waits until every queued task has completed (before a blocking call). */
 void tide__task_drain(tide_comm_t *comm);

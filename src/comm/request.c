@@ -6,7 +6,7 @@
 #include "comm/comm.h"
 
 struct tide__task {
-  tide__task_fn fn;
+  tide__task_cb fn;
   tide_comm_t *comm;
   int rc, done;
   tide__task_t *next;
@@ -41,7 +41,7 @@ static void *progress_main(void *arg) {
   return NULL;
 }
 
-int tide__task_submit(tide_comm_t *comm, tide__task_fn fn, const void *args, size_t args_size,
+int tide__task_submit(tide_comm_t *comm, tide__task_cb fn, const void *args, size_t args_size,
                       tide_request_t **out) {
   tide__task_t *task = tide__calloc(1, sizeof *task + args_size);
   if (task == NULL) return TIDE_ENOMEM;

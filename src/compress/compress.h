@@ -107,8 +107,8 @@ int tide__compress_threads(int requested, size_t d, int *out);
  * the others on fresh threads, and returns when all have finished. If a
  * thread cannot be started its share runs on the caller, so this never
  * fails. fn must not wait for another tid (no barriers). */
-typedef void (*tide__par_fn)(void *arg, int tid, int nthreads);
-void tide__parallel_run(int nthreads, tide__par_fn fn, void *arg);
+typedef void (*tide__par_cb)(void *arg, int tid, int nthreads);
+void tide__parallel_run(int nthreads, tide__par_cb fn, void *arg);
 
 /* Thread tid's share [*begin, *end) of [0, d), cut at multiples of 64. */
 void tide__chunk(size_t d, int tid, int nthreads, size_t *begin, size_t *end);

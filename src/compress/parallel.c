@@ -31,7 +31,7 @@ int tide__compress_threads(int requested, size_t d, int *out) {
 }
 
 typedef struct {
-  tide__par_fn fn;
+  tide__par_cb fn;
   void *arg;
   int tid, nthreads;
 } job_t;
@@ -42,7 +42,7 @@ static void *job_main(void *p) {
   return NULL;
 }
 
-void tide__parallel_run(int nthreads, tide__par_fn fn, void *arg) {
+void tide__parallel_run(int nthreads, tide__par_cb fn, void *arg) {
   if (nthreads <= 1) {
     fn(arg, 0, 1);
     return;

@@ -46,7 +46,7 @@ struct nn_model {
   tide_tensor_t tensors[2 * MAX_LAYERS];
   char names[2 * MAX_LAYERS][24];
   void *arena;
-  nn_kfac_fn kfac_fn; /* NULL: no K-FAC hook */
+  nn_kfac_cb kfac_fn; /* NULL: no K-FAC hook */
   void *kfac_ctx;
 };
 
@@ -392,7 +392,7 @@ static const float *forward(nn_model_t *m, const float *x, int batch) {
  * batch^2 / batch; a conv's s = oh*ow positions count as samples for A,
  * and G keeps their sum (KFC's |T| factor). */
 static int kfac_feed(nn_model_t *m, const layer_t *l, size_t index, const float *dout, int batch) {
-  nn_kfac_fn fn = m->kfac_fn;
+  nn_kfac_cb fn = m->kfac_fn;
   int rc;
   float wg = (float)batch;
   if (l->kind == LAYER_DENSE) {
@@ -527,7 +527,7 @@ int nn_kfac_layers(const nn_model_t *m, tide_kfac_layer_t *out) {
   return 0;
 }
 
-void nn_set_kfac_hook(nn_model_t *m, nn_kfac_fn fn, void *ctx) {
+void nn_set_kfac_hook(nn_model_t *m, nn_kfac_cb fn, void *ctx) {
   if (m == NULL) return;
   m->kfac_fn = fn;
   m->kfac_ctx = ctx;

@@ -104,11 +104,11 @@ int nn_kfac_layers(const nn_model_t *m, tide_kfac_layer_t *out);
  * position a row), G batch (the gradient of a mean loss is batch times
  * smaller than a sample's). x is valid during the call only. A non-zero return stops
  * the pass and nn_forward_backward returns it. */
-typedef int (*nn_kfac_fn)(void *ctx, size_t layer, tide_kfac_factor_t factor, const float *x, size_t rows,
+typedef int (*nn_kfac_cb)(void *ctx, size_t layer, tide_kfac_factor_t factor, const float *x, size_t rows,
                           size_t ld, int transposed, float weight);
 /* Sets the hook the following nn_forward_backward calls run (fn NULL:
  * none, the default). The model borrows ctx. */
-void nn_set_kfac_hook(nn_model_t *m, nn_kfac_fn fn, void *ctx);
+void nn_set_kfac_hook(nn_model_t *m, nn_kfac_cb fn, void *ctx);
 
 /* Threads OpenBLAS uses for the matrix products (process-wide; n >= 1).
  * Without OpenBLAS (built against another BLAS, or the fallback kernel) it

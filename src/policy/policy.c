@@ -32,11 +32,11 @@ static int unknown_key(const char *policy, const char *key, const char *known) {
 
 static int is_adam(tide_optim_kind_t k) { return k == TIDE_OPTIM_ADAM || k == TIDE_OPTIM_ADAMW || k == TIDE_OPTIM_LAMB; }
 
-typedef int (*hook_fn)(void *state, const tide_step_stats_t *stats, tide_decision_t *decision);
+typedef int (*hook_cb)(void *state, const tide_step_stats_t *stats, tide_decision_t *decision);
 
 /* Hands out a policy that decides before each step: its state, copied to
  * the heap (the trainer owns it from then on), and its hooks. */
-static int with_before_step(const char *name, hook_fn before_step, const void *state, size_t size,
+static int with_before_step(const char *name, hook_cb before_step, const void *state, size_t size,
                             tide_policy_ops_t *ops, void **out) {
   void *p = tide__malloc(size);
   if (p == NULL) return TIDE_ENOMEM;

@@ -18,10 +18,10 @@ typedef enum { TIDE__P2P_SEND, TIDE__P2P_RECV, TIDE__P2P_RECV_REDUCE } tide__p2p
 /* A RECV's consumer: bytes [at, at + len) of the message, whole elements
  * of the op's dtype, are at data; it must leave them at dst + at (data may
  * already be there) and may look at them while they are in the cache. */
-typedef void (*tide__consume_fn)(void *ctx, size_t at, const void *data, size_t len);
+typedef void (*tide__consume_cb)(void *ctx, size_t at, const void *data, size_t len);
 /* A SEND's producer: writes bytes [at, at + len) of the message, whole
  * elements of the op's dtype, to out, a transport's buffer or src + at. */
-typedef void (*tide__produce_fn)(void *ctx, size_t at, void *out, size_t len);
+typedef void (*tide__produce_cb)(void *ctx, size_t at, void *out, size_t len);
 
 /* One send or receive. RECV_REDUCE writes dst[i] = local[i] (op) incoming[i]
  * as data arrives (local may equal dst). done counts bytes finished. */
@@ -39,8 +39,8 @@ typedef struct {
    * straight into it, instead of copying. With the other transports the
    * engine hands over what landed in dst, and has the producer fill src
    * (then writable) before the send starts (src/comm/progress.c). */
-  tide__consume_fn consume;
-  tide__produce_fn produce;
+  tide__consume_cb consume;
+  tide__produce_cb produce;
   void *ctx;
   size_t handed; /* bytes handed to consume, or made by produce */
 } tide__p2p_t;
