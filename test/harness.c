@@ -1,8 +1,12 @@
 #include "harness.h"
 
+#include <netinet/in.h>
 #include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -97,4 +101,16 @@ int harness_run(const harness_opts_t *opts, int (*fn)(int, int, void *), void *a
   kill(store_pid, SIGKILL);
   waitpid(store_pid, NULL, 0);
   return failed;
+}
+
+int harness_free_port(void) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  socklen_t len = sizeof sa;
+  if (fd < 0 || bind(fd, (struct sockaddr *)&sa, sizeof sa) != 0 || getsockname(fd, (struct sockaddr *)&sa, &len) != 0) {
+    perror("harness_free_port");
+    abort();
+  }
+  close(fd);
+  return ntohs(sa.sin_port);
 }

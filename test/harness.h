@@ -48,6 +48,10 @@ int harness_run(const harness_opts_t *opts, int (*fn)(int rank, int size, void *
 /* Exit status per rank of the last harness_run (as from waitpid). */
 extern int harness_status[64];
 
+/* A TCP port on 127.0.0.1 that was free a moment ago (the kernel's pick;
+ * a port made up from the pid can be an ephemeral port in use). */
+int harness_free_port(void);
+
 /* Starts a store server process; returns its port, writes its pid. */
 int harness_store_start(const char *token, int *pid_out);
 

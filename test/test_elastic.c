@@ -401,8 +401,7 @@ static int run_tiderun(const char *self, const char *name, const char *launch, i
     snprintf(cmd, sizeof cmd, "%s/tiderun --bind none --timeout 120 %s %s --worker %s %s", tools ? tools : "tools",
              launch, self, sc.dir, scenario);
   } else {
-    static int cases;
-    int port = 20000 + (int)(getpid() % 5000) * 4 + cases++ % 4;
+    int port = harness_free_port();
     char node[2][1024];
     for (int k = 0; k < 2; k++)
       snprintf(node[k], sizeof node[k],

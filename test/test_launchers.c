@@ -10,18 +10,6 @@
 
 #include "harness.h"
 
-static int free_port(void) {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  struct sockaddr_in sa = {0};
-  sa.sin_family = AF_INET;
-  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof sa;
-  CHECK(bind(fd, (struct sockaddr *)&sa, sizeof sa) == 0);
-  CHECK(getsockname(fd, (struct sockaddr *)&sa, &len) == 0);
-  close(fd);
-  return ntohs(sa.sin_port);
-}
-
 /* What each rank does: join, check identity, allreduce, split. */
 static int rank_main(void) {
   tide_comm_t *comm;
@@ -44,7 +32,7 @@ static int rank_main(void) {
 
 static int run_by_hand(const char *rank_var, const char *size_var, int np, const char *self) {
   char rdzv[64];
-  snprintf(rdzv, sizeof rdzv, "127.0.0.1:%d", free_port());
+  snprintf(rdzv, sizeof rdzv, "127.0.0.1:%d", harness_free_port());
   pid_t pids[8];
   for (int r = 0; r < np; r++) {
     pids[r] = fork();
@@ -90,7 +78,7 @@ int main(int argc, char **argv) {
   snprintf(cmd, sizeof cmd,
            "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 TIDE_RDZV=127.0.0.1:%d "
            "timeout 120 mpirun --oversubscribe -np 4 %s",
-           free_port(), argv[0]);
+           harness_free_port(), argv[0]);
   fprintf(stderr, "-- %s\n", cmd);
   CHECK(system(cmd) == 0);
   return 0;

@@ -428,23 +428,12 @@ static void test_signals_and_timeout(void) {
   CHECK_OUT(&p, strstr(p.text[1], "--timeout") != NULL);
 }
 
-static int free_port(void) {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  CHECK(fd >= 0);
-  struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-  CHECK(bind(fd, (struct sockaddr *)&sa, sizeof sa) == 0);
-  socklen_t len = sizeof sa;
-  CHECK(getsockname(fd, (struct sockaddr *)&sa, &len) == 0);
-  close(fd);
-  return ntohs(sa.sin_port);
-}
-
 /* Two tiderun processes as two nodes of two ranks each: ranks 0..3 meet in
  * node 0's store. */
 static void test_two_nodes(void) {
   remove_dir_files();
   char rdzv[64];
-  snprintf(rdzv, sizeof rdzv, "127.0.0.1:%d", free_port());
+  snprintf(rdzv, sizeof rdzv, "127.0.0.1:%d", harness_free_port());
   setenv("TIDE_JOB_TOKEN", "two-node-test-token", 1);
   proc_t nodes[2];
   for (int node = 1; node >= 0; node--) { /* node 1 first: it waits for node 0's store */
@@ -481,7 +470,7 @@ static void test_two_nodes(void) {
   CHECK(read_file("env.4") == NULL);
 
   /* A node with another token is refused with a message saying what to do. */
-  snprintf(rdzv, sizeof rdzv, "127.0.0.1:%d", free_port());
+  snprintf(rdzv, sizeof rdzv, "127.0.0.1:%d", harness_free_port());
   setenv("TIDE_JOB_TOKEN", "token-a", 1);
   const char *args0[] = {"--nnodes", "2", "--node-rank", "0", "--rdzv", rdzv,
                          "/bin/sh", "-c", "sleep 3", NULL};

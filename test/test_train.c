@@ -209,7 +209,7 @@ static void autoscale(void) {
            "TIDE_JOB_TOKEN=test-autoscale-%d %s/tiderun --rdzv 127.0.0.1:%d --timeout 120 --elastic --min-np 1 "
            "--max-np 2 -np 1 %s/tide-train --elastic --model mlp --epochs 3 --batch 32 "
            "--adapt autoscale:window=4:settle=1:max=2 --name autoscale --runs %s 2>&1",
-           (int)getpid(), tools, 20000 + (int)(getpid() % 20000), tools, runs);
+           (int)getpid(), tools, harness_free_port(), tools, runs);
   int rc = run(cmd, out, sizeof out);
   if (rc != 0 || strstr(out, "the first on 2 worker(s)") == NULL || strstr(out, "replicas identical: yes") == NULL) {
     fprintf(stderr, "%s\n-> exit %d (want 0, a step on 2 workers, identical replicas)\n%s\n", cmd, rc, out);
