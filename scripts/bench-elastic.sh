@@ -84,7 +84,7 @@ for i in $(seq 1 "$RUNS"); do
 "\"accuracy_uninterrupted\":$(acc base$i),\"accuracy_killed\":$(acc kill$i)}"
 
   # resize: 2 -> 4 -> 3 in place
-  port=$((20000 + RANDOM % 20000))
+  port=$((20000 + RANDOM % 12000)) # below the ephemeral ports (32768 on)
   "$B/tools/tiderun" --rdzv 127.0.0.1:$port --elastic --min-np 2 --max-np 4 -np 2 $TRAIN --name resize$i \
     > "$OUT/resize$i.out" 2> "$OUT/resize$i.err" &
   job=$!
