@@ -1,15 +1,13 @@
 #include "harness.h"
 
-#include <netinet/in.h>
 #include <signal.h>
-#include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
+
+#include "core/core.h"
 
 int harness_status[64];
 
@@ -104,13 +102,8 @@ int harness_run(const harness_opts_t *opts, int (*fn)(int, int, void *), void *a
 }
 
 int harness_free_port(void) {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-  socklen_t len = sizeof sa;
-  if (fd < 0 || bind(fd, (struct sockaddr *)&sa, sizeof sa) != 0 || getsockname(fd, (struct sockaddr *)&sa, &len) != 0) {
-    perror("harness_free_port");
-    abort();
-  }
+  int fd, port;
+  if (tide__tcp_listen("127.0.0.1", 0, &fd, &port) != 0) abort(); /* its log says why */
   close(fd);
-  return ntohs(sa.sin_port);
+  return port;
 }

@@ -2,9 +2,7 @@
  * TIDE_RDZV, with rank 0 hosting the store: Open MPI's mpirun (when
  * installed), and PMI_RANK/PMI_SIZE (MPICH, Slurm PMI) and
  * SLURM_PROCID/SLURM_NTASKS set by hand here. */
-#include <netinet/in.h>
 #include <string.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
