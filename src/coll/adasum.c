@@ -91,6 +91,23 @@ typedef float flanes_t __attribute__((vector_size(FLANES * sizeof(float))));
     (f) = (flanes_t){0};                                                                           \
   } while (0)
 
+/* Stores one 64-byte vector at dst, which is 16-byte aligned, with
+ * non-temporal stores: into the transport's ring they need not own the
+ * lines the peer has just read first (on an AMD EPYC VM a combining loop's
+ * plain stores there took 3x memcpy's time, and the whole Adasum 1.2-1.3x
+ * the time it takes with these). */
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+static inline void stream64(void *dst, const void *v) {
+  for (int k = 0; k < 4; k++)
+    _mm_stream_si128((__m128i *)dst + k, _mm_loadu_si128((const __m128i *)v + k));
+}
+static inline void stream_fence(void) { _mm_sfence(); }
+#else
+static inline void stream64(void *dst, const void *v) { memcpy(dst, v, 64); }
+static inline void stream_fence(void) {}
+#endif
+
 /* take: adds n elements of mine and in, the first of them element g of
  * its segment, to acc (SUMS doubles), copying in to dst on the way unless
  * dst is NULL. */
@@ -195,15 +212,35 @@ static void sums_total(double *acc, tide_dtype_t dtype, double *out) {
   }
 }
 
-/* out = ca a + cb b. */
-#define DEFINE_COMBINE(T, suffix)                                                                  \
-  KERNEL_CLONES static void combine_##suffix(T *out, const T *a, const T *b, size_t n, double ca,  \
-                                             double cb) {                                          \
+/* out = ca a + cb b, and keep = out too unless keep is NULL; out by
+ * non-temporal stores when stream is set. */
+#define DEFINE_COMBINE(T, V, suffix)                                                               \
+  KERNEL_CLONES static void combine_##suffix(T *keep, T *out, const T *a, const T *b, size_t n,    \
+                                             double ca, double cb, int stream) {                   \
+    enum { W = sizeof(V) / sizeof(T) };                                                            \
     T x = (T)ca, y = (T)cb;                                                                        \
-    for (size_t i = 0; i < n; i++) out[i] = x * a[i] + y * b[i];                                   \
+    size_t i = 0;                                                                                  \
+    for (; i < n && stream && ((uintptr_t)(out + i) & 15) != 0; i++) {                             \
+      out[i] = x * a[i] + y * b[i];                                                                \
+      if (keep != NULL) keep[i] = out[i];                                                          \
+    }                                                                                              \
+    for (; i + W <= n; i += W) {                                                                   \
+      V va, vb, r;                                                                                 \
+      memcpy(&va, a + i, sizeof va);                                                               \
+      memcpy(&vb, b + i, sizeof vb);                                                               \
+      r = x * va + y * vb;                                                                         \
+      if (keep != NULL) memcpy(keep + i, &r, sizeof r);                                            \
+      if (stream) stream64(out + i, &r);                                                           \
+      else memcpy(out + i, &r, sizeof r);                                                          \
+    }                                                                                              \
+    for (; i < n; i++) {                                                                           \
+      out[i] = x * a[i] + y * b[i];                                                                \
+      if (keep != NULL) keep[i] = out[i];                                                          \
+    }                                                                                              \
+    if (stream) stream_fence();                                                                    \
   }
-DEFINE_COMBINE(float, f32)
-DEFINE_COMBINE(double, f64)
+DEFINE_COMBINE(float, flanes_t, f32)
+DEFINE_COMBINE(double, lanes_t, f64)
 
 /* The coefficients of a and b from (a.b, |a|^2, |b|^2); a vector with
  * |x|^2 < sqrt(DBL_MIN) (zero, in effect) keeps coefficient 1. */
@@ -236,20 +273,23 @@ static size_t piece_hi(const adasum_t *x, size_t s, size_t hi) {
   return x->end[s] - x->base < hi ? x->end[s] - x->base : hi;
 }
 
-/* out[lo, hi) = ca*a + cb*b per segment, from the summed x->partial; a
- * and b start at element lo. */
-static void combine(adasum_t *x, void *out, const void *a, const void *b, size_t lo, size_t hi) {
+/* out[lo, hi) = ca*a + cb*b per segment, from the summed x->partial, and
+ * keep[lo, hi) too unless keep is NULL; a, b, out and keep start at
+ * element lo; stream: out by non-temporal stores. */
+static void combine(adasum_t *x, void *keep, void *out, const void *a, const void *b, size_t lo, size_t hi,
+                    int stream) {
   size_t esize = tide_dtype_size(x->dtype);
   FOR_PIECES(x, lo, hi, s, plo, phi) {
     double ca, cb;
     coefficients(x->partial + 3 * s, &ca, &cb);
     size_t at = (plo - lo) * esize;
+    uint8_t *k = keep == NULL ? NULL : (uint8_t *)keep + at;
     if (x->dtype == TIDE_F32)
-      combine_f32((float *)((uint8_t *)out + at), (const float *)((const uint8_t *)a + at),
-                  (const float *)((const uint8_t *)b + at), phi - plo, ca, cb);
+      combine_f32((float *)k, (float *)((uint8_t *)out + at), (const float *)((const uint8_t *)a + at),
+                  (const float *)((const uint8_t *)b + at), phi - plo, ca, cb, stream);
     else
-      combine_f64((double *)((uint8_t *)out + at), (const double *)((const uint8_t *)a + at),
-                  (const double *)((const uint8_t *)b + at), phi - plo, ca, cb);
+      combine_f64((double *)k, (double *)((uint8_t *)out + at), (const double *)((const uint8_t *)a + at),
+                  (const double *)((const uint8_t *)b + at), phi - plo, ca, cb, stream);
   }
 }
 
@@ -263,9 +303,9 @@ typedef struct {
   size_t lo;
 } pending_t;
 
-static void combine_pending(adasum_t *x, const pending_t *p, void *out, size_t lo, size_t hi) {
+static void combine_pending(adasum_t *x, const pending_t *p, void *keep, void *out, size_t lo, size_t hi, int stream) {
   size_t at = (lo - p->lo) * tide_dtype_size(x->dtype);
-  combine(x, out, p->a + at, p->b + at, lo, hi);
+  combine(x, keep, out, p->a + at, p->b + at, lo, hi, stream);
 }
 
 /* One side of a swap, for its producer or consumer: elements from lo on.
@@ -282,19 +322,17 @@ typedef struct {
   uint8_t *theirs;
 } side_t;
 
-/* The producer of a swap's outgoing elements (tide__produce_cb). Elements
- * kept too are made in base first, and memcpy takes them into the
- * transport: writing both from the combining loop took 3x as long on an
- * AMD EPYC VM (np 2, the shm ring: a vector store has to own the line the
- * peer just read, memcpy's rep movsb does not). Elements not kept go
- * straight out (at np 4, the same time either way). */
+/* The producer of a swap's outgoing elements (tide__produce_cb): makes
+ * them straight into the transport's memory by non-temporal stores (see
+ * stream64), and into base too when they are kept. TCP and MPI have them
+ * made in base itself, with plain stores. */
 static void make(void *ctx, size_t at, void *out, size_t len) {
   side_t *o = ctx;
   adasum_t *x = o->x;
   size_t esize = tide_dtype_size(x->dtype), lo = o->lo + at / esize, hi = lo + len / esize;
   uint8_t *kept = o->base + lo * esize;
-  combine_pending(x, o->pend, o->keep ? kept : out, lo, hi);
-  if (o->keep && out != kept) memcpy(out, kept, len);
+  int in_base = out == kept;
+  combine_pending(x, o->pend, o->keep && !in_base ? kept : NULL, out, lo, hi, !in_base);
 }
 
 /* The consumer of a swap's incoming elements (tide__consume_cb): copies
@@ -303,7 +341,7 @@ static void take(void *ctx, size_t at, const void *data, size_t len) {
   side_t *l = ctx;
   adasum_t *x = l->x;
   size_t esize = tide_dtype_size(x->dtype), lo = l->lo + at / esize, hi = lo + len / esize;
-  if (l->pend != NULL) combine_pending(x, l->pend, (uint8_t *)l->mine + at, lo, hi);
+  if (l->pend != NULL) combine_pending(x, l->pend, NULL, (uint8_t *)l->mine + at, lo, hi, 0);
   int landed = data == l->theirs + at; /* the transport put it in place itself */
   FOR_PIECES(x, lo, hi, s, plo, phi) {
     size_t in_at = (plo - lo) * esize, mine_at = (plo - l->lo) * esize;
@@ -433,7 +471,7 @@ static int vhdd(adasum_t *x, const void *in, void *buf, size_t count) {
     }
     TIDE_CHECK(swap_and_dot(x, r - 1, NULL, 0, NULL, count, &fold, 1));
     TIDE_CHECK(sum_partials(x, 0, 1, extra));
-    combine(x, buf, scratch, src, 0, count);
+    combine(x, NULL, buf, scratch, src, 0, count, 0);
     src = base;
     v = r / 2;
   } else {
@@ -480,7 +518,7 @@ static int vhdd(adasum_t *x, const void *in, void *buf, size_t count) {
     lo = seg_lo[l];
     hi = seg_hi[l];
   }
-  TIDE_DEBUG("adasum of %zu elements: reduce phase %.2f ms, summing dot products %.2f ms, gather phase %.2f ms",
+  TIDE_DEBUG("adasum of %zu elements: reduce phase %.3f ms, summing dot products %.3f ms, gather phase %.3f ms",
              count, t_reduce / 1e6, t_sum / 1e6, (tide__now_ns() - t0) / 1e6);
   if (r < 2 * extra) TIDE_CHECK(exchange(x, r - 1, buf, count, NULL, NULL, 0, NULL));
   return 0;
