@@ -110,8 +110,11 @@ static inline void stream_fence(void) {}
 
 /* take: adds n elements of mine and in, the first of them element g of
  * its segment, to acc (SUMS doubles), copying in to dst on the way unless
- * dst is NULL. */
-KERNEL_CLONES static void take_f32(float *dst, const float *mine, const float *in, size_t n, size_t g, double *acc) {
+ * dst is NULL. When pa is not NULL, mine is made first, in the same loop:
+ * mine = ca pa + cb pb (the previous level's combination, as combine()
+ * makes it). */
+KERNEL_CLONES static void take_f32(float *dst, float *mine, const float *in, size_t n, size_t g, double *acc,
+                                   const float *pa, const float *pb, float ca, float cb) {
   lanes_t xy, xx, yy;
   flanes_t fxy, fxx, fyy;
   memcpy(&xy, acc, sizeof xy);
@@ -125,6 +128,7 @@ KERNEL_CLONES static void take_f32(float *dst, const float *mine, const float *i
 #define TAKE_ONE_F32                                                                               \
   do {                                                                                             \
     size_t k = (g + i) % FLANES;                                                                   \
+    if (pa != NULL) mine[i] = ca * pa[i] + cb * pb[i];                                             \
     float x = mine[i], y = in[i];                                                                  \
     fxy[k] += x * y;                                                                               \
     fxx[k] += x * x;                                                                               \
@@ -139,7 +143,15 @@ KERNEL_CLONES static void take_f32(float *dst, const float *mine, const float *i
   for (; i < n && (g + i) % FLANES != 0; i++) TAKE_ONE_F32;
   for (; i + FLANES <= n; i += FLANES) {
     flanes_t m, r;
-    memcpy(&m, mine + i, sizeof m);
+    if (pa != NULL) {
+      flanes_t va, vb;
+      memcpy(&va, pa + i, sizeof va);
+      memcpy(&vb, pb + i, sizeof vb);
+      m = ca * va + cb * vb;
+      memcpy(mine + i, &m, sizeof m);
+    } else {
+      memcpy(&m, mine + i, sizeof m);
+    }
     memcpy(&r, in + i, sizeof r);
     if (dst != NULL) memcpy(dst + i, &r, sizeof r);
     fxy += m * r;
@@ -161,8 +173,8 @@ KERNEL_CLONES static void take_f32(float *dst, const float *mine, const float *i
   memcpy(f + 2 * FLANES, &fyy, sizeof fyy);
 }
 
-KERNEL_CLONES static void take_f64(double *dst, const double *mine, const double *in, size_t n, size_t g,
-                                   double *acc) {
+KERNEL_CLONES static void take_f64(double *dst, double *mine, const double *in, size_t n, size_t g, double *acc,
+                                   const double *pa, const double *pb, double ca, double cb) {
   lanes_t xy, xx, yy;
   memcpy(&xy, acc, sizeof xy);
   memcpy(&xx, acc + LANES, sizeof xx);
@@ -171,6 +183,7 @@ KERNEL_CLONES static void take_f64(double *dst, const double *mine, const double
 #define TAKE_ONE_F64                                                                               \
   do {                                                                                             \
     size_t k = (g + i) % LANES;                                                                    \
+    if (pa != NULL) mine[i] = ca * pa[i] + cb * pb[i];                                             \
     double x = mine[i], y = in[i];                                                                 \
     xy[k] += x * y;                                                                                \
     xx[k] += x * x;                                                                                \
@@ -180,7 +193,15 @@ KERNEL_CLONES static void take_f64(double *dst, const double *mine, const double
   for (; i < n && (g + i) % LANES != 0; i++) TAKE_ONE_F64;
   for (; i + LANES <= n; i += LANES) {
     lanes_t x, y;
-    memcpy(&x, mine + i, sizeof x);
+    if (pa != NULL) {
+      lanes_t va, vb;
+      memcpy(&va, pa + i, sizeof va);
+      memcpy(&vb, pb + i, sizeof vb);
+      x = ca * va + cb * vb;
+      memcpy(mine + i, &x, sizeof x);
+    } else {
+      memcpy(&x, mine + i, sizeof x);
+    }
     memcpy(&y, in + i, sizeof y);
     if (dst != NULL) memcpy(dst + i, &y, sizeof y);
     xy += x * y;
@@ -336,23 +357,30 @@ static void make(void *ctx, size_t at, void *out, size_t len) {
 }
 
 /* The consumer of a swap's incoming elements (tide__consume_cb): copies
- * each piece out of the transport while adding it to the dot products. */
+ * each piece out of the transport while adding it to the dot products,
+ * and makes the pending combination of mine in the same pass. */
 static void take(void *ctx, size_t at, const void *data, size_t len) {
   side_t *l = ctx;
   adasum_t *x = l->x;
   size_t esize = tide_dtype_size(x->dtype), lo = l->lo + at / esize, hi = lo + len / esize;
-  if (l->pend != NULL) combine_pending(x, l->pend, NULL, (uint8_t *)l->mine + at, lo, hi, 0);
   int landed = data == l->theirs + at; /* the transport put it in place itself */
   FOR_PIECES(x, lo, hi, s, plo, phi) {
-    size_t in_at = (plo - lo) * esize, mine_at = (plo - l->lo) * esize;
+    size_t in_at = (plo - lo) * esize;
     size_t g = x->base + plo - (s == 0 ? 0 : x->end[s - 1]);
-    const uint8_t *in = (const uint8_t *)data + in_at;
-    uint8_t *dst = landed ? NULL : l->theirs + at + in_at;
+    const uint8_t *in = (const uint8_t *)data + in_at, *pa = NULL, *pb = NULL;
+    uint8_t *dst = landed ? NULL : l->theirs + at + in_at, *mine = (uint8_t *)l->mine + (plo - l->lo) * esize;
+    double ca = 1, cb = 1;
+    if (l->pend != NULL) {
+      coefficients(x->partial + 3 * s, &ca, &cb);
+      pa = l->pend->a + (plo - l->pend->lo) * esize;
+      pb = l->pend->b + (plo - l->pend->lo) * esize;
+    }
     if (x->dtype == TIDE_F32)
-      take_f32((float *)dst, (const float *)(l->mine + mine_at), (const float *)in, phi - plo, g, x->sums + SUMS * s);
+      take_f32((float *)dst, (float *)mine, (const float *)in, phi - plo, g, x->sums + SUMS * s, (const float *)pa,
+               (const float *)pb, (float)ca, (float)cb);
     else
-      take_f64((double *)dst, (const double *)(l->mine + mine_at), (const double *)in, phi - plo, g,
-               x->sums + SUMS * s);
+      take_f64((double *)dst, (double *)mine, (const double *)in, phi - plo, g, x->sums + SUMS * s,
+               (const double *)pa, (const double *)pb, ca, cb);
   }
 }
 
