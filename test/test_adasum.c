@@ -15,6 +15,7 @@
  *    averages, against flat Adasum when a host's ranks hold the same input,
  *    and flat forced with TIDE_ADASUM_HIER=0. */
 #include <math.h>
+#include <sched.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -314,6 +315,53 @@ static int flat_rank(int rank, int size, void *arg) {
   return 0;
 }
 
+/* ---- ranks that share a CPU ------------------------------------------------------- */
+
+/* The first two CPUs this process may run on, or -1. */
+static int two_cpus[2] = {-1, -1};
+
+/* Rank r bound to CPU r % 2 of two_cpus, as tiderun binds 4 or 8 ranks on
+ * 2 cores:
+ * Adasum pairs the ranks that share a core first (distances 2, 4, then 1),
+ * so the result is the tree over the ranks in the order 0, 2, 1, 3 (np 4)
+ * or 0, 2, 4, 6, 1, 3, 5, 7 (np 8), and not the tree over 0, 1, 2, 3. */
+static int bound_rank(int rank, int size, void *arg) {
+  (void)arg;
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  CPU_SET(two_cpus[rank % 2], &set);
+  CHECK(sched_setaffinity(0, sizeof set, &set) == 0);
+  tide_comm_t *comm;
+  CHECK_OK(tide_comm_init(&comm));
+  const layout_t *l = &layouts[2];
+  tide_tensor_t t[16];
+  size_t nt = tensors_of(l, t);
+  double *out = malloc(l->count * sizeof *out);
+  CHECK(out != NULL);
+  fill(out, TIDE_F64, RANDOM, rank, l->count, size, 1);
+  CHECK_OK(tide_adasum_allreduce(comm, out, out, l->count, TIDE_F64, t, nt));
+  check_identical(comm, out, l->count * sizeof *out);
+  double *g[8], *ordered[8];
+  for (int r = 0; r < size; r++) {
+    g[r] = malloc(l->count * sizeof(double));
+    CHECK(g[r] != NULL);
+  }
+  for (int pass = 0; pass < 2; pass++) { /* pass 0: the order of rank numbers; 1: the cores' */
+    for (int r = 0; r < size; r++)
+      for (size_t i = 0; i < l->count; i++) g[r][i] = input(RANDOM, r, i, size, 1);
+    for (int j = 0; j < size; j++) ordered[j] = g[pass == 0 ? j : j < size / 2 ? 2 * j : 2 * (j - size / 2) + 1];
+    ref_adasum(ordered, size, l);
+    double worst = 0;
+    for (size_t i = 0; i < l->count; i++) worst = fmax(worst, fabs(out[i] - ordered[0][i]));
+    if (pass == 0) CHECK(worst > 1e-6); /* the two trees differ: this test tells them apart */
+    else check_close(out, TIDE_F64, ordered[0], l, "ranks on shared cores vs reference in their order");
+  }
+  for (int r = 0; r < size; r++) free(g[r]);
+  free(out);
+  tide_comm_destroy(comm);
+  return 0;
+}
+
 /* ---- hierarchical ----------------------------------------------------------------- */
 
 static int hier_rank(int rank, int size, void *arg) {
@@ -387,6 +435,16 @@ int main(void) {
   for (int np = 1; np <= 8; np++) failed |= run("flat", np, NULL, 0, flat_rank, checks);
   failed |= run("flat", 3, NULL, 1, flat_rank, checks);
   failed |= run("flat", 4, NULL, 1, flat_rank, checks);
+  cpu_set_t allowed;
+  CHECK(sched_getaffinity(0, sizeof allowed, &allowed) == 0);
+  for (int cpu = 0, k = 0; cpu < CPU_SETSIZE && k < 2; cpu++)
+    if (CPU_ISSET(cpu, &allowed)) two_cpus[k++] = cpu;
+  if (two_cpus[1] >= 0) {
+    failed |= run("ranks bound to 2 CPUs, rank r to CPU r % 2", 4, NULL, 0, bound_rank, checks);
+    failed |= run("ranks bound to 2 CPUs, rank r to CPU r % 2", 8, NULL, 0, bound_rank, checks);
+  } else {
+    fprintf(stderr, "ranks bound to 2 CPUs: skipped (this process may run on one CPU only)\n");
+  }
   for (int v = 0; v < 3; v++) failed |= run("bad arguments", 3, NULL, 0, flat_rank, (run_t){v, 0, NULL, NULL});
   const char *hosts4[] = {"a", "a", "b", "b"};
   const char *hosts6[] = {"a", "a", "b", "b", "c", "c"};

@@ -433,25 +433,44 @@ static int swap_and_dot(adasum_t *x, int peer, const uint8_t *out, size_t n_out,
   return 0;
 }
 
-/* Sums x->partial over the group of `width` virtual ranks that v is in
- * (the aligned block: they hold the pieces of the same segment), then over
- * the shards. Up to DIRECT_WIDTH ranks swap their partials in one round
- * and each adds them up in the group's order; wider groups use recursive
- * doubling (x+y here, y+x there). Either way every rank gets the same bits. */
+/* The j-th member (in increasing order) of the group of virtual rank v
+ * whose ranks differ from v only in the bits of mask. */
+static int member(int v, int mask, int j) {
+  int w = v & ~mask;
+  for (int bit = 1; mask != 0; bit <<= 1)
+    if (mask & bit) {
+      if (j & 1) w |= bit;
+      j >>= 1;
+      mask &= ~bit;
+    }
+  return w;
+}
+
+/* Sums x->partial over the group of virtual ranks that differ from v only
+ * in the bits of mask (the distances of the levels so far: they hold the
+ * pieces of the same segment), then over the shards. Up to DIRECT_WIDTH
+ * ranks swap their partials in one round and each adds them up in the
+ * group's order; wider groups use recursive doubling (x+y here, y+x
+ * there). Either way every rank gets the same bits. */
 #define DIRECT_WIDTH 8
-static int sum_partials(adasum_t *x, int v, int width, int extra) {
+static int sum_partials(adasum_t *x, int v, int mask, int extra) {
   size_t n = 3 * x->nseg, bytes = n * sizeof(double);
+  int width = 1 << __builtin_popcount((unsigned)mask);
   if (width <= DIRECT_WIDTH) {
     tide__p2p_t ops[2 * DIRECT_WIDTH];
-    int k = 0, first = v & ~(width - 1);
+    int k = 0, self = 0;
     for (int j = 0; j < width; j++) {
-      if (first + j == v) continue;
-      tide__p2p_set(&ops[k++], TIDE__P2P_SEND, real_rank(first + j, extra), x->partial, NULL, bytes, TIDE_F64, TIDE_SUM);
-      tide__p2p_set(&ops[k++], TIDE__P2P_RECV, real_rank(first + j, extra), NULL, x->incoming + (size_t)j * n, bytes,
+      int w = member(v, mask, j);
+      if (w == v) {
+        self = j;
+        continue;
+      }
+      tide__p2p_set(&ops[k++], TIDE__P2P_SEND, real_rank(w, extra), x->partial, NULL, bytes, TIDE_F64, TIDE_SUM);
+      tide__p2p_set(&ops[k++], TIDE__P2P_RECV, real_rank(w, extra), NULL, x->incoming + (size_t)j * n, bytes,
                     TIDE_F64, TIDE_SUM);
     }
     if (k > 0) {
-      memcpy(x->incoming + (size_t)(v - first) * n, x->partial, bytes);
+      memcpy(x->incoming + (size_t)self * n, x->partial, bytes);
       TIDE_CHECK(lift(x->parent, x->comm, tide__comm_run(x->comm, ops, k, "adasum_allreduce")));
       for (size_t i = 0; i < n; i++) {
         double t = x->incoming[i];
@@ -460,7 +479,8 @@ static int sum_partials(adasum_t *x, int v, int width, int extra) {
       }
     }
   } else {
-    for (int m = 1; m < width; m <<= 1) {
+    for (int m = 1; m <= mask; m <<= 1) {
+      if (!(mask & m)) continue;
       tide__p2p_t ops[2];
       tide__p2p_set(&ops[0], TIDE__P2P_SEND, real_rank(v ^ m, extra), x->partial, NULL, bytes, TIDE_F64, TIDE_SUM);
       tide__p2p_set(&ops[1], TIDE__P2P_RECV, real_rank(v ^ m, extra), NULL, x->incoming, bytes, TIDE_F64, TIDE_SUM);
@@ -471,6 +491,31 @@ static int sum_partials(adasum_t *x, int v, int width, int extra) {
   if (x->shards == NULL) return 0;
   return lift(x->parent, x->shards,
               tide__allreduce_rd(x->shards, x->partial, x->partial, 3 * x->nseg, TIDE_F64, TIDE_SUM));
+}
+
+/* The distances of the levels, in the order they are taken, into dist;
+ * returns how many (log2 p). Ranks bound to the same CPUs (tiderun binds
+ * rank r to core r % cores when ranks outnumber cores) swap first: the
+ * first level moves the most data, and between two ranks on one core it
+ * stays in that core's cache (on a 2-core VM, 4 ranks: Adasum 1.1-1.15x
+ * the allreduce's time, from 1.2-1.3x pairing neighbours first). Then the
+ * other distances, in increasing order, as the paper's vector-halving
+ * distance-doubling takes them all. Every rank has the same cpus_of, so
+ * all choose the same order; it decides the pairing, so the result
+ * depends on it (docs/algorithms.md). */
+static int distances(const adasum_t *x, int p, int extra, int *dist) {
+  const int *cpus_of = x->comm->cpus_of;
+  int levels = 0;
+  for (int pass = 0; pass < 2; pass++)
+    for (int d = 1; d < p; d <<= 1) {
+      int shared = cpus_of != NULL;
+      for (int v = 0; shared && v < p; v++) {
+        int a = cpus_of[real_rank(v, extra)], b = cpus_of[real_rank(v ^ d, extra)];
+        shared = a >= 0 && a == b;
+      }
+      if (shared == (pass == 0)) dist[levels++] = d;
+    }
+  return levels;
 }
 
 /* Adasum over x->comm of in[0..count) into buf (in may equal buf; in is
@@ -498,7 +543,7 @@ static int vhdd(adasum_t *x, const void *in, void *buf, size_t count) {
       return exchange(x, r + 1, NULL, 0, NULL, buf, count, NULL);
     }
     TIDE_CHECK(swap_and_dot(x, r - 1, NULL, 0, NULL, count, &fold, 1));
-    TIDE_CHECK(sum_partials(x, 0, 1, extra));
+    TIDE_CHECK(sum_partials(x, 0, 0, extra));
     combine(x, NULL, buf, scratch, src, 0, count, 0);
     src = base;
     v = r / 2;
@@ -510,33 +555,33 @@ static int vhdd(adasum_t *x, const void *in, void *buf, size_t count) {
    * level, the first gather swap) makes it piece by piece. */
   size_t lo = 0, hi = count, seg_lo[32], seg_hi[32];
   pending_t pend = {NULL, NULL, 0}, prev;
-  int levels = 0;
-  for (int d = 1; d < p; d <<= 1, levels++) {
+  int dist[32], levels = distances(x, p, extra, dist), mask = 0;
+  for (int l = 0; l < levels; l++) {
     size_t mid = lo + (hi - lo) / 2;
-    int upper = (v & d) != 0, first = d == 1;
+    int d = dist[l], upper = (v & d) != 0, first = l == 0;
     size_t keep_lo = upper ? mid : lo, keep_hi = upper ? hi : mid;
     size_t give_lo = upper ? lo : mid, give_hi = upper ? mid : hi;
     prev = pend;
     side_t give = {.x = x, .lo = give_lo, .pend = &prev, .base = base};
     side_t keep = {.x = x, .lo = keep_lo, .pend = first ? NULL : &prev, .mine = (first ? src : base) + keep_lo * esize,
-                   .theirs = region[levels % 2]};
+                   .theirs = region[l % 2]};
     TIDE_CHECK(swap_and_dot(x, real_rank(v ^ d, extra), first ? src + give_lo * esize : base + give_lo * esize,
                             give_hi - give_lo, first ? NULL : &give, keep_hi - keep_lo, &keep, upper));
     t_reduce += (t1 = tide__now_ns()) - t0;
-    TIDE_CHECK(sum_partials(x, v, 2 * d, extra));
+    TIDE_CHECK(sum_partials(x, v, mask |= d, extra));
     t_sum += (t0 = tide__now_ns()) - t1;
     pend.a = upper ? keep.theirs : keep.mine;
     pend.b = upper ? keep.mine : keep.theirs;
     pend.lo = keep_lo;
-    seg_lo[levels] = lo;
-    seg_hi[levels] = hi;
+    seg_lo[l] = lo;
+    seg_hi[l] = hi;
     lo = keep_lo;
     hi = keep_hi;
   }
   /* Gather phase: swap the finished halves back, distance-halving; the
    * first swap makes the last level's combination as it goes out. */
   for (int l = levels - 1; l >= 0; l--) {
-    int d = 1 << l;
+    int d = dist[l];
     size_t mid = seg_lo[l] + (seg_hi[l] - seg_lo[l]) / 2;
     int upper = (v & d) != 0; /* then the peer holds the lower half */
     size_t other_lo = upper ? seg_lo[l] : mid, other_hi = upper ? mid : seg_hi[l];

@@ -20,6 +20,7 @@ typedef struct {
   char addr[64];
   int port;
   char host[200];
+  uint64_t placement; /* tide__placement_key */
 } peer_info_t;
 
 /* ---- failure state ---------------------------------------------------- */
@@ -348,8 +349,9 @@ static int comm_connect(tide_comm_t *comm) {
   int *use_tcp = tide__calloc((size_t)comm->size, sizeof *use_tcp);
   int *local_ranks = tide__calloc((size_t)comm->size, sizeof *local_ranks);
   const char **hosts = tide__calloc((size_t)comm->size, sizeof *hosts);
+  uint64_t *keys = tide__calloc((size_t)comm->size, sizeof *keys);
   comm->chans = tide__calloc((size_t)comm->size, sizeof *comm->chans);
-  if (!peers || !use_tcp || !local_ranks || !hosts || !comm->chans) {
+  if (!peers || !use_tcp || !local_ranks || !hosts || !keys || !comm->chans) {
     rc = TIDE_ENOMEM;
     goto out;
   }
@@ -361,7 +363,7 @@ static int comm_connect(tide_comm_t *comm) {
   TIDE_CHECK_GOTO(tide__tcp_listen(addr, 0, &listen_fd, &port), rc, out);
   host_identity(host, sizeof host);
   snprintf(key, sizeof key, "%s/peer/%d", comm->ns, comm->rank);
-  snprintf(value, sizeof value, "%s %d %s", addr, port, host);
+  snprintf(value, sizeof value, "%s %d %s %llx", addr, port, host, (unsigned long long)tide__placement_key());
   TIDE_CHECK_GOTO(set_string(comm->store, key, value), rc, out);
   for (int r = 0; r < comm->size; r++) {
     snprintf(key, sizeof key, "%s/peer/%d", comm->ns, r);
@@ -370,13 +372,18 @@ static int comm_connect(tide_comm_t *comm) {
       TIDE_ERROR("rank %d waited %d ms for rank %d to join (is it running, with the same "
                  "TIDE_RDZV and size?)", comm->rank, timeout, r);
     if (rc != 0) goto out;
-    if (sscanf(value, "%63s %d %199s", peers[r].addr, &peers[r].port, peers[r].host) != 3) {
+    unsigned long long placement;
+    if (sscanf(value, "%63s %d %199s %llx", peers[r].addr, &peers[r].port, peers[r].host, &placement) != 4) {
       rc = TIDE_EPROTO;
       goto out;
     }
+    peers[r].placement = placement;
   }
-  for (int r = 0; r < comm->size; r++) hosts[r] = peers[r].host;
-  TIDE_CHECK_GOTO(tide__comm_set_hosts(comm, hosts), rc, out);
+  for (int r = 0; r < comm->size; r++) {
+    hosts[r] = peers[r].host;
+    keys[r] = peers[r].placement;
+  }
+  TIDE_CHECK_GOTO(tide__comm_set_hosts(comm, hosts, keys), rc, out);
   int shm = tide__param_int(TIDE__PARAM_SHM) != 0 && comm->local_size > 1;
   for (int r = 0; r < comm->size; r++) {
     if (comm->node_of[r] == comm->node) local_ranks[comm->local_rank_of[r]] = r;
@@ -414,6 +421,7 @@ out:
   tide__free(use_tcp);
   tide__free(local_ranks);
   tide__free(hosts);
+  tide__free(keys);
   return rc;
 }
 
@@ -566,6 +574,7 @@ void tide_comm_destroy(tide_comm_t *comm) {
   tide__free(comm->chans);
   tide__free(comm->node_of);
   tide__free(comm->local_rank_of);
+  tide__free(comm->cpus_of);
   tide__free(comm->scratch);
   tide__free(comm->token);
   tide__membership_free(comm->membership);

@@ -22,6 +22,7 @@ struct tide_comm {
   int *node_of;       /* node index of every rank */
   int *local_rank_of; /* local rank of every rank */
   int uniform_nodes;  /* every node has the same number of ranks */
+  int *cpus_of;       /* NULL, or by rank: -1 unbound, else the lowest rank of its node bound to the same CPUs */
   char ns[160];       /* store namespace; identifies the communicator */
 
   char store_host[256];
@@ -103,8 +104,9 @@ void tide__comm_apply_report(tide_comm_t *comm, const char *value);
 /* Groups the ranks into nodes: host_of[r] names rank r's host (equal names,
  * one node; nodes numbered in order of their lowest rank). Sets node_of,
  * local_rank_of, node, node_count, local_rank, local_size and
- * uniform_nodes (src/comm/topology.c). */
-int tide__comm_set_hosts(tide_comm_t *comm, const char *const *host_of);
+ * uniform_nodes, and cpus_of from key_of (tide__placement_key of every
+ * rank; NULL leaves cpus_of NULL) (src/comm/topology.c). */
+int tide__comm_set_hosts(tide_comm_t *comm, const char *const *host_of, const uint64_t *key_of);
 
 /* ---- peer connections (src/comm/accept.c) --------------------------------- */
 

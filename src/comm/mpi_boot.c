@@ -141,7 +141,7 @@ static int topology(tide_comm_t *comm) {
     names[r][sizeof mine - 1] = '\0';
     host_of[r] = names[r];
   }
-  rc = tide__comm_set_hosts(comm, host_of);
+  rc = tide__comm_set_hosts(comm, host_of, NULL);
 out:
   tide__free(names);
   tide__free(host_of);

@@ -289,6 +289,10 @@ void tide__place_self(int local_rank, int local_size);
 /* 1 when this rank runs on a share of its own (tiderun bound it, or
  * tide__place_self did). */
 int tide__placement_bound(void);
+/* This process's CPUs as a key: 0 when it may run on every online CPU,
+ * else a hash of its affinity mask (processes of one host with equal keys
+ * share their CPUs, as tiderun binds more ranks than cores). */
+uint64_t tide__placement_key(void);
 /* TIDE_NUM_THREADS when set, else the CPUs this process may run on, divided
  * among the local ranks (local_size; < 1: the recorded or TIDE_LOCAL_SIZE)
  * when it is not bound to a share of its own. At least 1. */

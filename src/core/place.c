@@ -19,6 +19,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "core.h"
 
@@ -284,4 +285,11 @@ int tide__default_threads(int local_size) {
   }
   if (local_size > 1) cpus /= local_size;
   return cpus >= 1 ? cpus : 1;
+}
+
+uint64_t tide__placement_key(void) {
+  cpu_set_t set;
+  long online = sysconf(_SC_NPROCESSORS_ONLN);
+  if (sched_getaffinity(0, sizeof set, &set) != 0 || CPU_COUNT(&set) >= online) return 0;
+  return tide__fnv1a(&set, sizeof set) | 1;
 }
