@@ -10,7 +10,7 @@
 #   scripts/bench-adasum.sh [BUILD_DIR]        (default: build)
 #
 # Environment (all optional):
-#   NPS="2 4"  ROUNDS=5  SIZES="1M 4M 16M 64M"  ITERS=10
+#   NPS="2 4"  ROUNDS=5  SIZES="1M 4M 16M 64M"  ITERS=30
 #   OUT=BUILD_DIR/bench-adasum.jsonl  RUN_TIMEOUT=300 (seconds per run)
 set -uo pipefail
 
@@ -31,7 +31,7 @@ for ((round = 1; round <= rounds; round++)); do
       echo "bench-adasum: round $round, np=$np, $size" >&2
       tmp=$(mktemp)
       timeout -k 10 "${RUN_TIMEOUT:-300}" "$build/tools/tiderun" -np "$np" "$build/tools/tide" bench \
-        --op allreduce,adasum --dtype f32 --min-bytes "$size" --max-bytes "$size" --iters "${ITERS:-10}" \
+        --op allreduce,adasum --dtype f32 --min-bytes "$size" --max-bytes "$size" --iters "${ITERS:-30}" \
         --check >"$tmp" || status=1
       grep '^{' "$tmp" | sed "s/}\$/,\"round\":$round}/" >>"$out"
       rm -f "$tmp"

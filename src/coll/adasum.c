@@ -28,6 +28,7 @@
  * in the same order, so all ranks end with bitwise identical results and
  * use identical coefficients. */
 #include <float.h>
+#include <stdatomic.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -47,6 +48,8 @@ typedef struct {
   double *partial;  /* 3 * nseg: (a.b, |a|^2, |b|^2) per segment */
   double *incoming; /* DIRECT_WIDTH times that: the group's partials */
   double *sums;               /* SUMS * nseg: the running lanes of a level's dot products */
+  int stream;                 /* how make() writes into the transport (see choose_stores) */
+  int64_t made_ns, made_bytes; /* time make() took for those bytes */
 } adasum_t;
 
 static int lift(tide_comm_t *comm, tide_comm_t *sub, int rc) {
@@ -343,17 +346,54 @@ typedef struct {
   uint8_t *theirs;
 } side_t;
 
+/* How make() writes into a transport's memory (the shm ring): by
+ * non-temporal stores (stream64), or made with plain stores (in base first
+ * when kept, then memcpy). On a quiet AMD EPYC VM the first made np 2
+ * Adasum 1.05-1.23x the allreduce against 1.18-1.30x; while the VM's
+ * memory was busy with other work (minutes at a time) it was the other way
+ * round, 1.6-2.1x against 1.35x. So each process measures the two: the
+ * cheaper per byte so far, and the other every eighth call, so a change
+ * in the machine is seen. The choice is this rank's alone: the bytes are
+ * the same either way. */
+static _Atomic int64_t store_ps_per_byte[2]; /* smoothed, 0 = not measured yet */
+static atomic_uint store_calls;
+
+static int choose_stores(void) {
+  unsigned call = atomic_fetch_add(&store_calls, 1);
+  int64_t plain = atomic_load(&store_ps_per_byte[0]), streamed = atomic_load(&store_ps_per_byte[1]);
+  int best = plain == 0 ? 0 : streamed == 0 ? 1 : streamed <= plain;
+  return call % 8 == 7 ? !best : best;
+}
+
+static void stores_measured(const adasum_t *x) {
+  if (x->made_bytes < 65536) return;
+  int64_t ps = x->made_ns * 1000 / x->made_bytes, old = atomic_load(&store_ps_per_byte[x->stream]);
+  atomic_store(&store_ps_per_byte[x->stream], old == 0 ? ps : (3 * old + ps) / 4);
+}
+
 /* The producer of a swap's outgoing elements (tide__produce_cb): makes
- * them straight into the transport's memory by non-temporal stores (see
- * stream64), and into base too when they are kept. TCP and MPI have them
- * made in base itself, with plain stores. */
+ * them straight into the transport's memory, and into base too when they
+ * are kept (see choose_stores). TCP and MPI have them made in base itself. */
 static void make(void *ctx, size_t at, void *out, size_t len) {
   side_t *o = ctx;
   adasum_t *x = o->x;
   size_t esize = tide_dtype_size(x->dtype), lo = o->lo + at / esize, hi = lo + len / esize;
   uint8_t *kept = o->base + lo * esize;
-  int in_base = out == kept;
-  combine_pending(x, o->pend, o->keep && !in_base ? kept : NULL, out, lo, hi, !in_base);
+  if (out == kept) {
+    combine_pending(x, o->pend, NULL, out, lo, hi, 0);
+    return;
+  }
+  int64_t t0 = tide__now_ns();
+  if (x->stream) {
+    combine_pending(x, o->pend, o->keep ? kept : NULL, out, lo, hi, 1);
+  } else if (o->keep) {
+    combine_pending(x, o->pend, NULL, kept, lo, hi, 0);
+    memcpy(out, kept, len);
+  } else {
+    combine_pending(x, o->pend, NULL, out, lo, hi, 0);
+  }
+  x->made_ns += tide__now_ns() - t0;
+  x->made_bytes += (int64_t)len;
 }
 
 /* The consumer of a swap's incoming elements (tide__consume_cb): copies
@@ -536,6 +576,8 @@ static int vhdd(adasum_t *x, const void *in, void *buf, size_t count) {
                                               x->parent->rank);
   uint8_t *region[2] = {scratch, scratch + half * esize};
   int64_t t_reduce = 0, t_sum = 0, t0 = tide__now_ns(), t1;
+  x->stream = choose_stores();
+  x->made_ns = x->made_bytes = 0;
   if (r < 2 * extra) {
     side_t fold = {.x = x, .lo = 0, .mine = src, .theirs = scratch};
     if (r % 2 == 0) { /* folded: the odd neighbour combines for both of us */
@@ -591,8 +633,11 @@ static int vhdd(adasum_t *x, const void *in, void *buf, size_t count) {
     lo = seg_lo[l];
     hi = seg_hi[l];
   }
-  TIDE_DEBUG("adasum of %zu elements: reduce phase %.3f ms, summing dot products %.3f ms, gather phase %.3f ms",
-             count, t_reduce / 1e6, t_sum / 1e6, (tide__now_ns() - t0) / 1e6);
+  stores_measured(x);
+  TIDE_DEBUG("adasum of %zu elements: reduce phase %.3f ms, summing dot products %.3f ms, gather phase %.3f ms; "
+             "%s stores into the transport, %.1f ps per byte",
+             count, t_reduce / 1e6, t_sum / 1e6, (tide__now_ns() - t0) / 1e6, x->stream ? "non-temporal" : "plain",
+             x->made_bytes > 0 ? 1000.0 * (double)x->made_ns / (double)x->made_bytes : 0.0);
   if (r < 2 * extra) TIDE_CHECK(exchange(x, r - 1, buf, count, NULL, NULL, 0, NULL));
   return 0;
 }
@@ -690,7 +735,7 @@ int tide__adasum_allreduce(tide_comm_t *comm, const void *sendbuf, void *recvbuf
     if (sendbuf != recvbuf) memcpy(recvbuf, sendbuf, count * tide_dtype_size(dtype));
     return 0;
   }
-  adasum_t x = {comm, comm, NULL, dtype, end, nseg, 0, NULL, NULL, NULL};
+  adasum_t x = {.comm = comm, .parent = comm, .dtype = dtype, .end = end, .nseg = nseg};
   x.partial = tide__malloc((3 + 3 * DIRECT_WIDTH + SUMS) * nseg * sizeof *x.partial);
   if (x.partial == NULL)
     return tide__comm_fail(comm, TIDE_ENOMEM, 0, "rank %d: out of memory in adasum_allreduce", comm->rank);
