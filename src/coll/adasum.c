@@ -48,6 +48,7 @@ typedef struct {
   double *partial;  /* 3 * nseg: (a.b, |a|^2, |b|^2) per segment */
   double *incoming; /* DIRECT_WIDTH times that: the group's partials */
   double *sums;               /* SUMS * nseg: the running lanes of a level's dot products */
+  int cores_first;            /* pair ranks bound to the same CPUs first (TIDE__ALGO_VHDD_CORES) */
   int stream;                 /* how make() writes into the transport (see choose_stores) */
   int64_t made_ns, made_bytes; /* time make() took for those bytes */
 } adasum_t;
@@ -533,28 +534,33 @@ static int sum_partials(adasum_t *x, int v, int mask, int extra) {
               tide__allreduce_rd(x->shards, x->partial, x->partial, 3 * x->nseg, TIDE_F64, TIDE_SUM));
 }
 
+/* Whether every pair of ranks d apart (virtual ranks, p of them) is
+ * bound to the same CPUs. */
+static int shares_cpus(const tide_comm_t *c, int p, int extra, int d) {
+  for (int v = 0; v < p; v++) {
+    int a = c->cpus_of[real_rank(v, extra)], b = c->cpus_of[real_rank(v ^ d, extra)];
+    if (a < 0 || a != b) return 0;
+  }
+  return 1;
+}
+
 /* The distances of the levels, in the order they are taken, into dist;
- * returns how many (log2 p). Ranks bound to the same CPUs (tiderun binds
- * rank r to core r % cores when ranks outnumber cores) swap first: the
- * first level moves the most data, and between two ranks on one core it
- * stays in that core's cache (on a 2-core VM, 4 ranks: Adasum 1.1-1.15x
- * the allreduce's time, from 1.2-1.3x pairing neighbours first). Then the
- * other distances, in increasing order, as the paper's vector-halving
- * distance-doubling takes them all. Every rank has the same cpus_of, so
- * all choose the same order; it decides the pairing, so the result
- * depends on it (docs/algorithms.md). */
+ * returns how many (log2 p). With cores_first, distances at which ranks
+ * bound to the same CPUs pair (tiderun binds rank r to core r % cores when
+ * ranks outnumber cores) come first: the first level moves the most data,
+ * and between two ranks on one core, over shared memory, it stays in that
+ * core's cache (on a 2-core VM, 4 ranks: Adasum 1.0-1.15x the allreduce's
+ * time, from 1.2-1.35x pairing neighbours first; over TCP it is slower,
+ * so only shared memory does this). Then the other distances in
+ * increasing order, as the paper's vector-halving distance-doubling takes
+ * them all. The order decides the pairing, so the result depends on it
+ * (docs/algorithms.md). */
 static int distances(const adasum_t *x, int p, int extra, int *dist) {
-  const int *cpus_of = x->comm->cpus_of;
   int levels = 0;
-  for (int pass = 0; pass < 2; pass++)
-    for (int d = 1; d < p; d <<= 1) {
-      int shared = cpus_of != NULL;
-      for (int v = 0; shared && v < p; v++) {
-        int a = cpus_of[real_rank(v, extra)], b = cpus_of[real_rank(v ^ d, extra)];
-        shared = a >= 0 && a == b;
-      }
-      if (shared == (pass == 0)) dist[levels++] = d;
-    }
+  for (int pass = x->cores_first ? 0 : 1; pass < 2; pass++)
+    for (int d = 1; d < p; d <<= 1)
+      if (pass == 1 ? !x->cores_first || !shares_cpus(x->comm, p, extra, d) : shares_cpus(x->comm, p, extra, d))
+        dist[levels++] = d;
   return levels;
 }
 
@@ -698,7 +704,13 @@ int tide__adasum_segments(const tide_tensor_t *tensors, size_t ntensors, size_t 
 tide__algo_t tide__adasum_algo(const tide_comm_t *comm) {
   int hier = comm->node_count > 1 && comm->uniform_nodes && comm->local_size > 1 &&
              tide__param_int(TIDE__PARAM_ADASUM_HIER) != 0;
-  return comm->size == 1 ? TIDE__ALGO_NONE : hier ? TIDE__ALGO_HIER : TIDE__ALGO_VHDD;
+  if (comm->size == 1) return TIDE__ALGO_NONE;
+  if (hier) return TIDE__ALGO_HIER;
+  int p = 1;
+  while (p * 2 <= comm->size) p *= 2;
+  for (int d = 1; comm->cpus_of != NULL && tide__param_int(TIDE__PARAM_SHM) != 0 && d < p; d <<= 1)
+    if (shares_cpus(comm, p, comm->size - p, d)) return TIDE__ALGO_VHDD_CORES;
+  return TIDE__ALGO_VHDD;
 }
 
 static int adasum_hier(tide_comm_t *comm, const void *sendbuf, void *recvbuf, size_t count, adasum_t *x) {
@@ -735,7 +747,8 @@ int tide__adasum_allreduce(tide_comm_t *comm, const void *sendbuf, void *recvbuf
     if (sendbuf != recvbuf) memcpy(recvbuf, sendbuf, count * tide_dtype_size(dtype));
     return 0;
   }
-  adasum_t x = {.comm = comm, .parent = comm, .dtype = dtype, .end = end, .nseg = nseg};
+  adasum_t x = {.comm = comm, .parent = comm, .dtype = dtype, .end = end, .nseg = nseg,
+                .cores_first = algo == TIDE__ALGO_VHDD_CORES};
   x.partial = tide__malloc((3 + 3 * DIRECT_WIDTH + SUMS) * nseg * sizeof *x.partial);
   if (x.partial == NULL)
     return tide__comm_fail(comm, TIDE_ENOMEM, 0, "rank %d: out of memory in adasum_allreduce", comm->rank);

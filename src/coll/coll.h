@@ -24,7 +24,8 @@ static inline int tide__lift(tide_comm_t *comm, tide_comm_t *sub, int rc) {
 /* TIDE__ALGO_MPI: MPI's own collective, on a communicator joined through
  * MPI (comm->mpi), for any dense call it supports (src/coll/mpi.c). */
 typedef enum { TIDE__ALGO_NONE = 0, TIDE__ALGO_RD, TIDE__ALGO_RING, TIDE__ALGO_HIER, TIDE__ALGO_MPI,
-              TIDE__ALGO_VHDD /* flat Adasum */ } tide__algo_t;
+              TIDE__ALGO_VHDD /* flat Adasum */,
+              TIDE__ALGO_VHDD_CORES /* flat Adasum, ranks sharing a core first */ } tide__algo_t;
 
 /* The allreduce algorithm for this call: the same on every rank given the
  * same count, dtype and TIDE_ALGO / TIDE_SMALL_BYTES. On an MPI
@@ -97,7 +98,9 @@ int tide__mpi_collective(tide_comm_t *comm, tide__mpi_coll_kind_t kind, const vo
 int tide__adasum_segments(const tide_tensor_t *tensors, size_t ntensors, size_t count, size_t **end_out,
                           size_t *nseg_out, char *why, size_t cap);
 /* TIDE__ALGO_HIER on ranks spanning hosts (as many on each) unless
- * TIDE_ADASUM_HIER=0, TIDE__ALGO_VHDD (flat) otherwise, NONE for one rank. */
+ * TIDE_ADASUM_HIER=0, TIDE__ALGO_VHDD (flat) otherwise, or
+ * TIDE__ALGO_VHDD_CORES when ranks bound to the same CPUs can pair at the
+ * first level over shared memory; NONE for one rank. */
 tide__algo_t tide__adasum_algo(const tide_comm_t *comm);
 int tide__adasum_allreduce(tide_comm_t *comm, const void *sendbuf, void *recvbuf, size_t count, tide_dtype_t dtype,
                            const size_t *end, size_t nseg, tide__algo_t algo);

@@ -13,8 +13,8 @@ typedef enum {
 } kind_t;
 static const char *kind_names[] = {"?", "barrier", "broadcast", "allreduce", "reduce_scatter", "allgather",
                                    "allgatherv", "sparse_allgather", "hitopk_allreduce", "adasum_allreduce"};
-static const char *algo_names[] = {"-", "rd", "ring", "hier", "mpi", "vhdd"};
-#define ALGO_NAME(a) algo_names[(unsigned)(a) <= TIDE__ALGO_VHDD ? (unsigned)(a) : 0]
+static const char *algo_names[] = {"-", "rd", "ring", "hier", "mpi", "vhdd", "vhdd-cores"};
+#define ALGO_NAME(a) algo_names[(unsigned)(a) <= TIDE__ALGO_VHDD_CORES ? (unsigned)(a) : 0]
 
 typedef struct {
   kind_t kind;
@@ -91,8 +91,8 @@ static int compare_headers(const header_t *mine, int my_rank, const header_t *th
   }
   if (theirs->algo != mine->algo) {
     snprintf(msg, cap,
-             "rank %d chose algorithm %s while rank %d chose %s for %s: TIDE_ALGO, TIDE_SMALL_BYTES or "
-             "TIDE_ADASUM_HIER differ between ranks",
+             "rank %d chose algorithm %s while rank %d chose %s for %s: TIDE_ALGO, TIDE_SMALL_BYTES, "
+             "TIDE_ADASUM_HIER or TIDE_SHM differ between ranks",
              my_rank, ALGO_NAME(mine->algo), their_rank, ALGO_NAME(theirs->algo), what);
     return TIDE_EMISMATCH;
   }
