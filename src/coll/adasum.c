@@ -112,6 +112,21 @@ static inline void stream64(void *dst, const void *v) { memcpy(dst, v, 64); }
 static inline void stream_fence(void) {}
 #endif
 
+/* The vector of mine at element i into m (of vector type V): made as
+ * ca pa + cb pb and stored in mine when pa is set, else loaded. */
+#define LOAD_MINE(V, m)                                                                            \
+  do {                                                                                             \
+    if (pa != NULL) {                                                                              \
+      V va_, vb_;                                                                                  \
+      memcpy(&va_, pa + i, sizeof va_);                                                            \
+      memcpy(&vb_, pb + i, sizeof vb_);                                                            \
+      (m) = ca * va_ + cb * vb_;                                                                   \
+      memcpy(mine + i, &(m), sizeof(m));                                                           \
+    } else {                                                                                       \
+      memcpy(&(m), mine + i, sizeof(m));                                                           \
+    }                                                                                              \
+  } while (0)
+
 /* take: adds n elements of mine and in, the first of them element g of
  * its segment, to acc (SUMS doubles), copying in to dst on the way unless
  * dst is NULL. When pa is not NULL, mine is made first, in the same loop:
@@ -147,15 +162,7 @@ KERNEL_CLONES static void take_f32(float *dst, float *mine, const float *in, siz
   for (; i < n && (g + i) % FLANES != 0; i++) TAKE_ONE_F32;
   for (; i + FLANES <= n; i += FLANES) {
     flanes_t m, r;
-    if (pa != NULL) {
-      flanes_t va, vb;
-      memcpy(&va, pa + i, sizeof va);
-      memcpy(&vb, pb + i, sizeof vb);
-      m = ca * va + cb * vb;
-      memcpy(mine + i, &m, sizeof m);
-    } else {
-      memcpy(&m, mine + i, sizeof m);
-    }
+    LOAD_MINE(flanes_t, m);
     memcpy(&r, in + i, sizeof r);
     if (dst != NULL) memcpy(dst + i, &r, sizeof r);
     fxy += m * r;
@@ -197,15 +204,7 @@ KERNEL_CLONES static void take_f64(double *dst, double *mine, const double *in, 
   for (; i < n && (g + i) % LANES != 0; i++) TAKE_ONE_F64;
   for (; i + LANES <= n; i += LANES) {
     lanes_t x, y;
-    if (pa != NULL) {
-      lanes_t va, vb;
-      memcpy(&va, pa + i, sizeof va);
-      memcpy(&vb, pb + i, sizeof vb);
-      x = ca * va + cb * vb;
-      memcpy(mine + i, &x, sizeof x);
-    } else {
-      memcpy(&x, mine + i, sizeof x);
-    }
+    LOAD_MINE(lanes_t, x);
     memcpy(&y, in + i, sizeof y);
     if (dst != NULL) memcpy(dst + i, &y, sizeof y);
     xy += x * y;
@@ -557,10 +556,11 @@ static int shares_cpus(const tide_comm_t *c, int p, int extra, int d) {
  * (docs/algorithms.md). */
 static int distances(const adasum_t *x, int p, int extra, int *dist) {
   int levels = 0;
-  for (int pass = x->cores_first ? 0 : 1; pass < 2; pass++)
-    for (int d = 1; d < p; d <<= 1)
-      if (pass == 1 ? !x->cores_first || !shares_cpus(x->comm, p, extra, d) : shares_cpus(x->comm, p, extra, d))
-        dist[levels++] = d;
+  for (int pass = 0; pass < 2; pass++)
+    for (int d = 1; d < p; d <<= 1) {
+      int first = x->cores_first && shares_cpus(x->comm, p, extra, d);
+      if (first == (pass == 0)) dist[levels++] = d;
+    }
   return levels;
 }
 

@@ -20,7 +20,6 @@ typedef struct {
   char addr[64];
   int port;
   char host[200];
-  uint64_t placement; /* tide__placement_key */
 } peer_info_t;
 
 /* ---- failure state ---------------------------------------------------- */
@@ -377,12 +376,9 @@ static int comm_connect(tide_comm_t *comm) {
       rc = TIDE_EPROTO;
       goto out;
     }
-    peers[r].placement = placement;
+    keys[r] = placement;
   }
-  for (int r = 0; r < comm->size; r++) {
-    hosts[r] = peers[r].host;
-    keys[r] = peers[r].placement;
-  }
+  for (int r = 0; r < comm->size; r++) hosts[r] = peers[r].host;
   TIDE_CHECK_GOTO(tide__comm_set_hosts(comm, hosts, keys), rc, out);
   int shm = tide__param_int(TIDE__PARAM_SHM) != 0 && comm->local_size > 1;
   for (int r = 0; r < comm->size; r++) {
