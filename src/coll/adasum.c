@@ -548,8 +548,8 @@ static int shares_cpus(const tide_comm_t *c, int p, int extra, int d) {
  * bound to the same CPUs pair (tiderun binds rank r to core r % cores when
  * ranks outnumber cores) come first: the first level moves the most data,
  * and between two ranks on one core, over shared memory, it stays in that
- * core's cache (on a 2-core VM, 4 ranks: Adasum 1.0-1.15x the allreduce's
- * time, from 1.2-1.35x pairing neighbours first; over TCP it is slower,
+ * core's cache (on a 2-core VM, 4 ranks: Adasum 1.01-1.12x the allreduce's
+ * time, from 1.10-1.35x pairing neighbours first; over TCP it is slower,
  * so only shared memory does this). Then the other distances in
  * increasing order, as the paper's vector-halving distance-doubling takes
  * them all. The order decides the pairing, so the result depends on it
