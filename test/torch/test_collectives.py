@@ -15,21 +15,30 @@ def adasum_pair(a, b):
     return ca * a + cb * b
 
 
-def adasum_ref(xs):
-    """docs/algorithms.md: pairs (2i, 2i+1) for i < n - p first, then a
-    binary tree over the p vectors."""
+def adasum_ref(xs, cpus):
+    """docs/algorithms.md: pairs (2i, 2i+1) for i < n - p first, then one
+    level per distance d = 1, 2, ..., p/2, except that over shared memory the
+    distances at which every pair of ranks runs on the same CPUs come first
+    (cpus[r]: rank r's affinity mask, None when it may run anywhere)."""
     n = len(xs)
     p = 1
     while p * 2 <= n:
         p *= 2
-    vs = []
     extra = n - p
-    for i in range(extra):
-        vs.append(adasum_pair(xs[2 * i], xs[2 * i + 1]))
-    vs += xs[2 * extra:]
-    while len(vs) > 1:
-        vs = [adasum_pair(vs[i], vs[i + 1]) for i in range(0, len(vs), 2)]
-    return vs[0]
+
+    def real(v):
+        return 2 * v + 1 if v < extra else v + extra
+
+    def shared(d):
+        return all(cpus[real(v)] is not None and cpus[real(v)] == cpus[real(v ^ d)] for v in range(p))
+    dists = [1 << k for k in range(p.bit_length() - 1)]
+    dists = [d for d in dists if shared(d)] + [d for d in dists if not shared(d)]
+    cur = {v: adasum_pair(xs[2 * v], xs[2 * v + 1]) if v < extra else xs[v + extra] for v in range(p)}
+    for d in dists:
+        for v in sorted(cur):
+            if v in cur and not v & d:
+                cur[v] = adasum_pair(cur[v], cur.pop(v ^ d))
+    return cur[0]
 
 
 def worker():
@@ -82,7 +91,10 @@ def worker():
     g = torch.Generator().manual_seed(3)
     xs = [torch.randn(257, dtype=torch.float64, generator=g) for _ in range(n)]
     got = tt.allreduce(xs[r], op=tt.Adasum)
-    assert torch.allclose(got, adasum_ref(xs), rtol=1e-9, atol=1e-12), "adasum"
+    mask = sum(1 << c for c in os.sched_getaffinity(0))
+    masks = tt.allgather(torch.tensor([mask], dtype=torch.int64)).tolist()
+    cpus = [m if bin(m).count("1") < os.cpu_count() else None for m in masks]
+    assert torch.allclose(got, adasum_ref(xs, cpus), rtol=1e-9, atol=1e-12), "adasum"
     # identical vectors give themselves
     assert torch.allclose(tt.allreduce(xs[0], op=tt.Adasum), xs[0], rtol=1e-12)
 
