@@ -706,9 +706,10 @@ tide__algo_t tide__adasum_algo(const tide_comm_t *comm) {
              tide__param_int(TIDE__PARAM_ADASUM_HIER) != 0;
   if (comm->size == 1) return TIDE__ALGO_NONE;
   if (hier) return TIDE__ALGO_HIER;
+  if (comm->cpus_of == NULL || tide__param_int(TIDE__PARAM_SHM) == 0) return TIDE__ALGO_VHDD;
   int p = 1;
   while (p * 2 <= comm->size) p *= 2;
-  for (int d = 1; comm->cpus_of != NULL && tide__param_int(TIDE__PARAM_SHM) != 0 && d < p; d <<= 1)
+  for (int d = 1; d < p; d <<= 1)
     if (shares_cpus(comm, p, comm->size - p, d)) return TIDE__ALGO_VHDD_CORES;
   return TIDE__ALGO_VHDD;
 }
