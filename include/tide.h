@@ -603,6 +603,51 @@ int tide_compressor_reset(tide_compressor_t *c);
 const char *tide_compressor_last_error(const tide_compressor_t *c);
 void tide_compressor_destroy(tide_compressor_t *c);
 
+/* ---- top-k on a GPU (CUDA) ------------------------------------------------- */
+
+/* tide finds CUDA at run time: the driver (libcuda.so.1) and NVRTC
+ * (libnvrtc.so, or TIDE_NVRTC_LIBRARY) are loaded with dlopen on first use
+ * and the kernels compiled for the device found (about a second, once;
+ * kept in TIDE_GPU_CACHE for later processes). Building tide needs no CUDA;
+ * without a GPU every call below returns TIDE_ENOSYS (logged with the
+ * reason) and tide_gpu_available says why. docs/algorithms.md gives each
+ * selector's passes and cost. */
+
+/* 1 when a CUDA GPU, its driver and NVRTC are usable in this process; else
+ * 0 and, when why is not NULL, the reason in why[0..why_len). */
+int tide_gpu_available(char *why, size_t why_len);
+/* The name of the current context's device (device 0 when none is current). */
+int tide_gpu_device_name(char *name, size_t len);
+
+/* Selects k of x[0..d) (device memory, dtype TIDE_F32, TIDE_F16 or
+ * TIDE_BF16) by magnitude into values[0..k) (device memory, x's dtype) and
+ * indices[0..k) (device memory, TIDE_I32 or TIDE_I64), the same selection
+ * as the CPU selector of that kind: TIDE_TOPK_EXACT and TIDE_TOPK_SAMPLED
+ * the exact top k (ties to the lower index), TIDE_TOPK_MSTOPK MSTopK with
+ * the bisection kept on the device; TIDE_TOPK_RANDOMK has no GPU kernels
+ * (TIDE_EINVAL). Unlike the CPU's, the pairs come in no particular order.
+ * Stream-ordered: the passes queue on `stream` (a CUstream / cudaStream_t;
+ * NULL: the legacy default stream) after the work already there, and the
+ * call returns when they are done (it synchronises the stream once, at
+ * the end, to read the counts). A NaN or Inf in x is TIDE_EINVAL naming
+ * `name` and the element; nothing is written then. k <= d < 2^32 (i32
+ * indices: d < 2^31). Calls on one GPU context run one at a time. */
+int tide_gpu_topk_select(tide_topk_kind_t kind, const tide_topk_opts_t *opts, const void *x, tide_dtype_t dtype,
+                         size_t d, size_t k, const char *name, void *values, void *indices,
+                         tide_dtype_t index_dtype, void *stream, tide_topk_stats_t *stats_or_null);
+
+/* A compressor (scope TIDE_TOPK_GLOBAL, d floats) whose residual lives on
+ * the GPU of the current context and whose selection runs there (kind as
+ * for tide_gpu_topk_select), queued on stream. tide_compressor_compress
+ * then takes grad in device memory (or host memory, copied over first: what
+ * tide_hitopk_allreduce passes) and writes the k pairs to host memory
+ * values and indices, in no particular order: only the pairs leave the
+ * device. tide_compressor_residual returns a device pointer;
+ * tide_compressor_set_residual copies from host or device memory. The other
+ * calls are the same. TIDE_ENOSYS without a GPU. */
+int tide_compressor_create_gpu(tide_topk_kind_t kind, double density, size_t d, const tide_topk_opts_t *opts,
+                               void *stream, tide_compressor_t **out);
+
 /* ---- sparse collectives ---------------------------------------------------- */
 
 /* TopK-AllGather: rank r contributes k_r (value, index) pairs of a dense

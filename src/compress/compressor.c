@@ -15,6 +15,7 @@
 #include <sys/mman.h>
 
 #include "compress/compress.h"
+#include "gpu/gpu.h"
 
 typedef struct {
   char *name; /* never NULL: the caller's, or "tensor <i>" */
@@ -42,6 +43,7 @@ struct tide_compressor {
   int nlists;   /* candidate lists used so far, in index order */
   int overflow; /* stopped collecting: select exactly from acc */
   int nonfinite;
+  tide__gpu_ef_t *gpu; /* tide_compressor_create_gpu: residual and selection on a GPU */
 };
 
 /* Asks for transparent huge pages over the whole pages of a large buffer:
@@ -73,6 +75,7 @@ static void set_k(tide_compressor_t *c) {
 void tide_compressor_destroy(tide_compressor_t *c) {
   if (c == NULL) return;
   tide__ef_abort(c);
+  tide__gpu_ef_destroy(c->gpu);
   for (size_t t = 0; t < c->ntensors; t++) tide__free(c->tensors[t].name);
   tide__free(c->tensors);
   tide__free(c->residual);
@@ -80,9 +83,10 @@ void tide_compressor_destroy(tide_compressor_t *c) {
   tide__free(c);
 }
 
-int tide_compressor_create(tide_topk_kind_t kind, double density, tide_topk_scope_t scope,
-                           const tide_tensor_t *tensors, size_t ntensors, size_t d,
-                           const tide_topk_opts_t *opts, tide_compressor_t **out) {
+/* Both creates: the host buffers, or the GPU's when gpu is set. */
+static int create(tide_topk_kind_t kind, double density, tide_topk_scope_t scope, const tide_tensor_t *tensors,
+                  size_t ntensors, size_t d, const tide_topk_opts_t *opts, int gpu, void *stream,
+                  tide_compressor_t **out) {
   if (out == NULL) {
     TIDE_ERROR("tide_compressor_create: out must not be NULL");
     return TIDE_EINVAL;
@@ -144,6 +148,11 @@ int tide_compressor_create(tide_topk_kind_t kind, double density, tide_topk_scop
   tide__free(order);
   if (rc < 0) goto fail;
   set_k(c);
+  if (gpu) {
+    if ((rc = tide__gpu_ef_create(d, stream, &c->gpu)) < 0) goto fail;
+    *out = c;
+    return 0;
+  }
   c->residual = tide__calloc(d, sizeof(float));
   c->acc = tide__malloc(d * sizeof(float));
   if (c->residual == NULL || c->acc == NULL) {
@@ -161,6 +170,21 @@ fail:
   return rc;
 }
 
+int tide_compressor_create(tide_topk_kind_t kind, double density, tide_topk_scope_t scope,
+                           const tide_tensor_t *tensors, size_t ntensors, size_t d,
+                           const tide_topk_opts_t *opts, tide_compressor_t **out) {
+  return create(kind, density, scope, tensors, ntensors, d, opts, 0, NULL, out);
+}
+
+int tide_compressor_create_gpu(tide_topk_kind_t kind, double density, size_t d, const tide_topk_opts_t *opts,
+                               void *stream, tide_compressor_t **out) {
+  if (kind == TIDE_TOPK_RANDOMK) {
+    TIDE_ERROR("tide_compressor_create_gpu: random-k has no GPU kernels: use exact, sampled or mstopk");
+    return TIDE_EINVAL;
+  }
+  return create(kind, density, TIDE_TOPK_GLOBAL, NULL, 0, d, opts, 1, stream, out);
+}
+
 int tide_compressor_set_residual(tide_compressor_t *c, const float *residual, size_t d) {
   if (c == NULL || residual == NULL) {
     TIDE_ERROR("tide_compressor_set_residual: compressor and residual must not be NULL");
@@ -170,6 +194,7 @@ int tide_compressor_set_residual(tide_compressor_t *c, const float *residual, si
     TIDE_ERROR("tide_compressor_set_residual: d is %zu but the compressor was created for %zu elements", d, c->d);
     return TIDE_EINVAL;
   }
+  if (c->gpu != NULL) return tide__gpu_ef_set_residual(c->gpu, residual);
   memcpy(c->residual, residual, d * sizeof *residual);
   return 0;
 }
@@ -190,6 +215,7 @@ int tide_compressor_set_density(tide_compressor_t *c, double density) {
 }
 
 const float *tide_compressor_residual(const tide_compressor_t *c) {
+  if (c != NULL && c->gpu != NULL) return tide__gpu_ef_residual(c->gpu);
   return c != NULL ? c->residual : NULL;
 }
 
@@ -199,9 +225,10 @@ int tide_compressor_reset(tide_compressor_t *c) {
     return TIDE_EINVAL;
   }
   tide__ef_abort(c);
-  memset(c->residual, 0, c->d * sizeof(float));
   c->step = 0;
   c->last_error[0] = '\0';
+  if (c->gpu != NULL) return tide__gpu_ef_reset(c->gpu);
+  memset(c->residual, 0, c->d * sizeof(float));
   return 0;
 }
 
@@ -263,7 +290,7 @@ static int fail_nonfinite(tide_compressor_t *c, const float *grad, size_t flat) 
 /* ---- the one-pass path ------------------------------------------------------------------ */
 
 int tide__ef_plan(const tide_compressor_t *c, tide__sample_plan_t *plan) {
-  return c != NULL && c->kind == TIDE_TOPK_SAMPLED && c->scope == TIDE_TOPK_GLOBAL && c->k > 0 &&
+  return c != NULL && c->gpu == NULL && c->kind == TIDE_TOPK_SAMPLED && c->scope == TIDE_TOPK_GLOBAL && c->k > 0 &&
          c->k < c->d && tide__sample_plan(c->d, plan);
 }
 
@@ -452,6 +479,29 @@ static int compress_one_pass(tide_compressor_t *c, const tide__sample_plan_t *pl
   return rc;
 }
 
+static int compress_gpu(tide_compressor_t *c, const float *grad, float *values, uint32_t *indices,
+                        size_t *k_out) {
+  tide_topk_opts_t opts = c->opts;
+  opts.seed = step_seed(c, 0);
+  size_t bad = 0;
+  int rc = tide__gpu_ef_compress(c->gpu, c->kind, &opts, grad, c->k, c->tensors[0].name, values, indices, &bad);
+  if (rc == TIDE__GPU_NONFINITE) {
+    snprintf(c->last_error, sizeof c->last_error,
+             "tide_compressor_compress: element %zu of gradient + residual is NaN or Inf (on the GPU); the "
+             "residual is unchanged, skip this step", bad);
+    TIDE_ERROR("%s", c->last_error);
+    return TIDE_EINVAL;
+  }
+  if (rc < 0) {
+    snprintf(c->last_error, sizeof c->last_error, "tide_compressor_compress: GPU selection failed: %s",
+             tide__gpu_last_error()[0] ? tide__gpu_last_error() : tide_strerror(rc));
+    return rc;
+  }
+  c->step++;
+  *k_out = c->k;
+  return 0;
+}
+
 int tide_compressor_compress(tide_compressor_t *c, const float *grad, size_t d, float *values,
                              uint32_t *indices, size_t *k_out) {
   if (c == NULL || grad == NULL || k_out == NULL) {
@@ -470,6 +520,7 @@ int tide_compressor_compress(tide_compressor_t *c, const float *grad, size_t d, 
     TIDE_ERROR("%s", c->last_error);
     return TIDE_EINVAL;
   }
+  if (c->gpu != NULL) return compress_gpu(c, grad, values, indices, k_out);
   tide__sample_plan_t plan;
   if (tide__ef_plan(c, &plan)) return compress_one_pass(c, &plan, grad, values, indices, k_out);
   int nt;

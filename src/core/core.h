@@ -153,6 +153,11 @@ int tide__array_bytes(const char *fn, const char *arg, size_t count, size_t size
   XX(ELASTIC_TIMEOUT_MS, INT, "10000", 1, 2147483647,                                    \
      "how long a membership change waits for a member that neither arrives nor is seen " \
      "to die, and for new members to connect, before it goes on without them")           \
+  XX(GPU_CACHE, STR, "", 0, 0,                                                           \
+     "directory of the GPU kernels compiled for each device (default: $XDG_CACHE_HOME/"   \
+     "tide/gpu, else ~/.cache/tide/gpu; none: compile in every process)")               \
+  XX(NVRTC_LIBRARY, STR, "", 0, 0,                                                       \
+     "path of libnvrtc.so, tried before libnvrtc.so, .so.13 and .so.12 (GPU top-k)")     \
   XX(STRAGGLER, STR, "report", 0, 0,                                                     \
      "an elastic trainer's answer to a rank whose compute is persistently slow: off, "   \
      "report (log it, tide_trainer_straggler) or remove (also take it out of the job)")

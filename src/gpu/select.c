@@ -1,0 +1,311 @@
+/* Top-k selection on a GPU: the sequences of select.cu's passes that make
+ * each selector, queued on the caller's stream, and the error-feedback
+ * backend of a compressor whose residual lives on the device.
+ *
+ * exact:   hist(MAG 0) over x [collect bucket and above]  hist(MAG 1, 2)
+ *          [ties: hist(TIE 0..2)]  emit                     ~2 reads of x
+ * sampled: sample (one block)  collect x >= cut  hist(MAG 0..2) on the list
+ *          [ties]  emit; a cut that misses falls back to exact  ~1 read
+ * mstopk:  mean  probe x rounds (over x until one collects what the later
+ *          probes need, then over that list)  band  hist(BAND_HI 0..2)
+ *          [hist(BAND_LO 0..2)]  emit                 ~2-4 reads of x
+ * Bracketed stages are queued always and skip themselves on the device
+ * when not needed: the host never waits between passes, only once at the
+ * end to read the state (a NaN/Inf, the counts for the stats). */
+#include <math.h>
+#include <string.h>
+
+#include "compress/fused.h"
+#include "gpu/gpu.h"
+
+/* Scratch list entries a selection may need: the collection after the
+ * first histogram (bucket and above), the sampled cut's candidates, and
+ * MSTopK's probes. A larger list only means an earlier collection. */
+static size_t list_entries(size_t d, size_t k, const tide__sample_plan_t *plan, int sampled) {
+  size_t cap = 4 * k + 65536;
+  if (d / 16 > cap) cap = d / 16;
+  if (sampled) {
+    double n = (double)(plan->runs * TIDE__SAMPLE_RUN);
+    double e = (double)k * n / (double)d, r = ceil(e + 4.0 * sqrt(e) + 4.0);
+    size_t expect = (size_t)(r * (double)d / n), want = 3 * expect + 2 * k + 65536;
+    if (want > cap) cap = want;
+  }
+  return cap < d ? cap : d;
+}
+
+typedef struct {
+  tide__gpu_t *g;
+  void *stream;
+  const char *suffix;
+  unsigned blocks;
+  int rc;
+} queue_t;
+
+static void run(queue_t *q, const char *kernel, unsigned blocks, void **args) {
+  if (q->rc != 0) return;
+  char name[48];
+  snprintf(name, sizeof name, "tide_gpu_%s_%s", kernel, q->suffix);
+  q->rc = tide__gpu_launch(q->g, name, blocks, q->stream, args);
+}
+
+int tide__gpu_select(tide_topk_kind_t kind, const tide_topk_opts_t *opts, const void *x, tide_dtype_t dtype,
+                     size_t d, size_t k, void *values, void *indices, tide_dtype_t index_dtype, void *stream,
+                     tide_topk_stats_t *stats, size_t *bad_index) {
+  static const char *const fn = "tide_gpu_topk_select";
+  if (kind != TIDE_TOPK_EXACT && kind != TIDE_TOPK_SAMPLED && kind != TIDE_TOPK_MSTOPK) {
+    TIDE_ERROR("%s: selector %s has no GPU kernels: use exact, sampled or mstopk", fn, tide_topk_name(kind));
+    return TIDE_EINVAL;
+  }
+  if (dtype != TIDE_F32 && dtype != TIDE_F16 && dtype != TIDE_BF16) {
+    TIDE_ERROR("%s: dtype %s is not selectable: use f32, f16 or bf16", fn, tide_dtype_name(dtype));
+    return TIDE_EINVAL;
+  }
+  if (index_dtype != TIDE_I32 && index_dtype != TIDE_I64) {
+    TIDE_ERROR("%s: index_dtype %s: use i32 or i64", fn, tide_dtype_name(index_dtype));
+    return TIDE_EINVAL;
+  }
+  if (d >= ((size_t)1 << 32) || k > d) {
+    TIDE_ERROR("%s: k = %zu, d = %zu: need k <= d < 2^32 (select over shards beyond)", fn, k, d);
+    return TIDE_EINVAL;
+  }
+  if (index_dtype == TIDE_I32 && d > (size_t)INT32_MAX) {
+    TIDE_ERROR("%s: d = %zu needs i64 indices (i32 holds indices below 2^31)", fn, d);
+    return TIDE_EINVAL;
+  }
+  if (x == NULL && d > 0) return tide__null_arg(fn, "x");
+  if (k > 0 && (values == NULL || indices == NULL)) return tide__null_arg(fn, "values/indices");
+  int rounds = opts != NULL && opts->mstopk_rounds > 0 ? opts->mstopk_rounds : 20;
+  if (opts != NULL && (opts->mstopk_rounds < 0 || opts->mstopk_rounds > 64)) {
+    TIDE_ERROR("%s: mstopk_rounds = %d; use 1..64, or 0 for 20", fn, opts->mstopk_rounds);
+    return TIDE_EINVAL;
+  }
+  tide_topk_stats_t st = {0};
+  if (d == 0) {
+    if (stats != NULL) *stats = st;
+    return 0;
+  }
+  tide__gpu_t *g;
+  TIDE_CHECK(tide__gpu_for_pointer(fn, x, &g));
+  for (int i = 0; k > 0 && i < 2; i++) {
+    const void *p = i == 0 ? values : indices;
+    if (!tide__gpu_is_device_pointer(p)) {
+      TIDE_ERROR("%s: %s (%p) is not GPU memory: the pairs are written on the device", fn,
+                 i == 0 ? "values" : "indices", p);
+      return TIDE_EINVAL;
+    }
+  }
+  tide__sample_plan_t plan = {0};
+  int sampled = kind == TIDE_TOPK_SAMPLED && k > 0 && k < d && tide__sample_plan(d, &plan);
+
+  tide__gpu_lock(g);
+  tide__cu_ptr_t state, hist, partials, list;
+  tide__gpu_state_t *hs;
+  int rc = tide__gpu_scratch(g, list_entries(d, k, &plan, sampled), &state, &hist, &partials, &list, &hs);
+  if (rc < 0) goto out;
+  memset(hs, 0, sizeof *hs);
+  hs->d = d;
+  hs->k = k;
+  hs->cap = list_entries(d, k, &plan, sampled);
+  hs->seed = opts != NULL ? opts->seed : 0;
+  hs->bad_index = TIDE__GPU_NONE;
+  hs->min_taken = 0xffffffffu;
+  queue_t q = {g, stream, dtype == TIDE_F32 ? "f32" : dtype == TIDE_F16 ? "f16" : "bf16",
+               (unsigned)tide__gpu_blocks(g), 0};
+  q.rc = tide__gpu_copy(g, (void *)(uintptr_t)state, hs, sizeof *hs, stream);
+  if (q.rc == 0) q.rc = tide__gpu_memset32(g, hist, 0, (size_t)TIDE__GPU_HISTS * TIDE__GPU_BINS, stream);
+
+  int vec = ((uintptr_t)x % 16) == 0;
+  int index64 = index_dtype == TIDE_I64;
+  void *xp = (void *)x, *lp = (void *)(uintptr_t)list, *sp = (void *)(uintptr_t)state;
+  void *pp = (void *)(uintptr_t)partials;
+  int slot = 0;
+  /* One histogram pass: its own zeroed slot of bins. */
+#define HIST(stage_, pass_)                                                              \
+  do {                                                                                   \
+    void *hp = (void *)(uintptr_t)(hist + (tide__cu_ptr_t)slot++ * TIDE__GPU_BINS * 4);  \
+    int stage = (stage_), pass = (pass_);                                                \
+    void *args[] = {&xp, &lp, &sp, &hp, &stage, &pass, &vec};                            \
+    run(&q, "hist", q.blocks, args);                                                     \
+  } while (0)
+  void *collect_args[] = {&xp, &lp, &sp, &vec};
+  if (k == 0) {
+    void *args[] = {&xp, &sp, &vec};
+    run(&q, "check", q.blocks, args);
+  } else if (kind != TIDE_TOPK_MSTOPK) {
+    if (sampled) {
+      unsigned long long runs = plan.runs, stride = plan.stride;
+      void *args[] = {&xp, &sp, &runs, &stride};
+      run(&q, "sample", 1, args);
+      run(&q, "collect", q.blocks, collect_args);
+    }
+    HIST(TIDE__GPU_STAGE_MAG, 0);
+    run(&q, "collect", q.blocks, collect_args);
+    HIST(TIDE__GPU_STAGE_MAG, 1);
+    HIST(TIDE__GPU_STAGE_MAG, 2);
+    for (int p = 0; p < 3; p++) HIST(TIDE__GPU_STAGE_TIE, p);
+    int emit_kind = TIDE__GPU_EXACT;
+    void *args[] = {&xp, &lp, &sp, &values, &indices, &index64, &emit_kind, &vec};
+    run(&q, "emit", q.blocks, args);
+  } else {
+    void *mean_args[] = {&xp, &sp, &pp, &vec};
+    run(&q, "mean", q.blocks, mean_args);
+    for (int r = 0; r < rounds; r++) run(&q, "probe", q.blocks, collect_args);
+    run(&q, "band", q.blocks, collect_args);
+    for (int p = 0; p < 3; p++) HIST(TIDE__GPU_STAGE_BAND_HI, p);
+    for (int p = 0; p < 3; p++) HIST(TIDE__GPU_STAGE_BAND_LO, p);
+    int emit_kind = TIDE__GPU_MSTOPK;
+    void *args[] = {&xp, &lp, &sp, &values, &indices, &index64, &emit_kind, &vec};
+    run(&q, "emit", q.blocks, args);
+  }
+#undef HIST
+  if (q.rc == 0) q.rc = tide__gpu_copy(g, hs, (void *)(uintptr_t)state, sizeof *hs, stream);
+  if (q.rc == 0) q.rc = tide__gpu_sync(g, stream);
+  rc = q.rc;
+  if (rc < 0) goto out;
+  if (hs->bad_index != TIDE__GPU_NONE) {
+    *bad_index = (size_t)hs->bad_index;
+    rc = TIDE__GPU_NONFINITE;
+    goto out;
+  }
+  if (hs->failed || hs->written != k) {
+    TIDE_ERROR("%s: internal error: %s selection of k = %zu of d = %zu wrote %llu pairs (failed %u): "
+               "please report it",
+               fn, tide_topk_name(kind), k, d, hs->written, hs->failed);
+    rc = TIDE_EIO;
+    goto out;
+  }
+  if (k > 0) memcpy(&st.threshold, &hs->min_taken, sizeof st.threshold);
+  if (kind == TIDE_TOPK_MSTOPK && k > 0) {
+    st.t1 = hs->k1 > 0 ? 0.0f : INFINITY;
+    if (hs->k1 > 0) memcpy(&st.t1, &hs->key1, sizeof st.t1);
+    memcpy(&st.t2, &hs->key2, sizeof st.t2);
+  }
+  st.full_passes = hs->full_passes;
+  st.candidates = hs->candidates;
+  st.fallback = (int)hs->fallback && kind == TIDE_TOPK_SAMPLED;
+  st.threads = (int)q.blocks * TIDE__GPU_THREADS;
+  if (stats != NULL) *stats = st;
+out:
+  tide__gpu_unlock(g);
+  return rc;
+}
+
+/* The message for a NaN/Inf: its index and what it is (read back). */
+static int fail_nonfinite(const char *name, const void *x, tide_dtype_t dtype, size_t bad) {
+  const char *what = "NaN or Inf";
+  if (dtype == TIDE_F32) {
+    float v = 0.0f;
+    tide__gpu_t *g;
+    if (tide__gpu_for_pointer("tide_gpu_topk_select", x, &g) == 0 &&
+        tide__gpu_copy(g, &v, (const float *)x + bad, sizeof v, NULL) == 0 && tide__gpu_sync(g, NULL) == 0)
+      what = isnan(v) ? "NaN" : v > 0 ? "+Inf" : "-Inf";
+  }
+  TIDE_ERROR("tide_gpu_topk_select: tensor \"%s\" element %zu is %s; nothing was written", name ? name : "tensor",
+             bad, what);
+  return TIDE_EINVAL;
+}
+
+int tide_gpu_topk_select(tide_topk_kind_t kind, const tide_topk_opts_t *opts, const void *x, tide_dtype_t dtype,
+                         size_t d, size_t k, const char *name, void *values, void *indices, tide_dtype_t index_dtype,
+                         void *stream, tide_topk_stats_t *stats_or_null) {
+  size_t bad = 0;
+  int rc = tide__gpu_select(kind, opts, x, dtype, d, k, values, indices, index_dtype, stream, stats_or_null, &bad);
+  if (rc == TIDE__GPU_NONFINITE) return fail_nonfinite(name, x, dtype, bad);
+  return rc;
+}
+
+/* ---- error feedback ----------------------------------------------------------------------- */
+
+struct tide__gpu_ef {
+  tide__gpu_t *g;
+  void *stream;
+  size_t d;
+  tide__cu_ptr_t residual, acc, grad, values, indices; /* grad: staging for a host gradient */
+  size_t pairs;                                         /* entries values and indices hold */
+};
+
+int tide__gpu_ef_create(size_t d, void *stream, tide__gpu_ef_t **out) {
+  tide__gpu_t *g;
+  TIDE_CHECK(tide__gpu_for_pointer("tide_compressor_create_gpu", NULL, &g));
+  tide__gpu_ef_t *ef = tide__calloc(1, sizeof *ef);
+  if (ef == NULL) return TIDE_ENOMEM;
+  ef->g = g;
+  ef->stream = stream;
+  ef->d = d;
+  int rc = tide__gpu_alloc(g, d * sizeof(float), &ef->residual);
+  if (rc == 0) rc = tide__gpu_alloc(g, d * sizeof(float), &ef->acc);
+  if (rc == 0) rc = tide__gpu_memset32(g, ef->residual, 0, d, stream);
+  if (rc == 0) rc = tide__gpu_sync(g, stream);
+  if (rc < 0) {
+    tide__gpu_ef_destroy(ef);
+    return rc;
+  }
+  *out = ef;
+  return 0;
+}
+
+void tide__gpu_ef_destroy(tide__gpu_ef_t *ef) {
+  if (ef == NULL) return;
+  tide__gpu_free(ef->g, ef->residual);
+  tide__gpu_free(ef->g, ef->acc);
+  tide__gpu_free(ef->g, ef->grad);
+  tide__gpu_free(ef->g, ef->values);
+  tide__gpu_free(ef->g, ef->indices);
+  tide__free(ef);
+}
+
+const float *tide__gpu_ef_residual(const tide__gpu_ef_t *ef) {
+  return ef != NULL ? (const float *)(uintptr_t)ef->residual : NULL;
+}
+
+int tide__gpu_ef_set_residual(tide__gpu_ef_t *ef, const float *residual) {
+  TIDE_CHECK(tide__gpu_copy(ef->g, (void *)(uintptr_t)ef->residual, residual, ef->d * sizeof(float), ef->stream));
+  return tide__gpu_sync(ef->g, ef->stream);
+}
+
+int tide__gpu_ef_reset(tide__gpu_ef_t *ef) {
+  TIDE_CHECK(tide__gpu_memset32(ef->g, ef->residual, 0, ef->d, ef->stream));
+  return tide__gpu_sync(ef->g, ef->stream);
+}
+
+int tide__gpu_ef_compress(tide__gpu_ef_t *ef, tide_topk_kind_t kind, const tide_topk_opts_t *opts,
+                          const float *grad, size_t k, const char *name, float *values, uint32_t *indices,
+                          size_t *bad_index) {
+  (void)name;
+  tide__gpu_t *g = ef->g;
+  const size_t d = ef->d;
+  if (k > ef->pairs) {
+    tide__gpu_free(g, ef->values);
+    tide__gpu_free(g, ef->indices);
+    ef->values = ef->indices = 0;
+    ef->pairs = 0;
+    TIDE_CHECK(tide__gpu_alloc(g, k * sizeof(float), &ef->values));
+    TIDE_CHECK(tide__gpu_alloc(g, k * sizeof(uint32_t), &ef->indices));
+    ef->pairs = k;
+  }
+  const float *dgrad = grad;
+  if (!tide__gpu_is_device_pointer(grad)) { /* a host gradient (HiTopKComm's shard): to the device first */
+    if (ef->grad == 0) TIDE_CHECK(tide__gpu_alloc(g, d * sizeof(float), &ef->grad));
+    TIDE_CHECK(tide__gpu_copy(g, (void *)(uintptr_t)ef->grad, grad, d * sizeof(float), ef->stream));
+    dgrad = (const float *)(uintptr_t)ef->grad;
+  }
+  void *gp = (void *)dgrad, *rp = (void *)(uintptr_t)ef->residual, *ap = (void *)(uintptr_t)ef->acc;
+  unsigned long long n = d;
+  void *add_args[] = {&gp, &rp, &ap, &n};
+  unsigned blocks = (unsigned)tide__gpu_blocks(g);
+  TIDE_CHECK(tide__gpu_launch(g, "tide_gpu_ef_add", blocks, ef->stream, add_args));
+  void *dv = (void *)(uintptr_t)ef->values, *di = (void *)(uintptr_t)ef->indices;
+  int rc = tide__gpu_select(kind, opts, ap, TIDE_F32, d, k, dv, di, TIDE_I32, ef->stream, NULL, bad_index);
+  if (rc != 0) return rc; /* the residual is as it was: acc was a buffer of its own */
+  /* acc becomes the residual, less what was sent. */
+  tide__cu_ptr_t t = ef->residual;
+  ef->residual = ef->acc;
+  ef->acc = t;
+  rp = (void *)(uintptr_t)ef->residual;
+  unsigned long long kk = k;
+  void *zero_args[] = {&rp, &di, &kk};
+  TIDE_CHECK(tide__gpu_launch(g, "tide_gpu_ef_zero", blocks, ef->stream, zero_args));
+  TIDE_CHECK(tide__gpu_copy(g, values, dv, k * sizeof(float), ef->stream));
+  TIDE_CHECK(tide__gpu_copy(g, indices, di, k * sizeof(uint32_t), ef->stream));
+  return tide__gpu_sync(g, ef->stream);
+}

@@ -1,0 +1,684 @@
+/* tide's GPU top-k kernels. NVRTC compiles this file when a process first
+ * selects on a GPU (src/gpu/driver.c), for the device it finds, so that
+ * building tide needs no CUDA. src/gpu/select.c queues the kernels; the
+ * algorithms are those of the CPU selectors (src/compress), made of passes
+ * that each read a source once:
+ *
+ * - keys: the magnitude bits of an element (|x| as a uint32, sign cleared);
+ *   comparing keys compares magnitudes, and a key >= 0x7f800000 is NaN/Inf.
+ * - a histogram pass counts the keys (or, to break ties, the inverted
+ *   indices) of a class of elements into 2^10 or 2^11 bins of one digit; the
+ *   last block to finish picks the bin holding the sought rank (radix
+ *   selection, three digits for 31 or 32 bits).
+ * - a collection pass appends (key, index) of every element at or above a
+ *   cut to a list; later passes read the list instead of x when it holds
+ *   everything they need.
+ * - the emission appends the selected pairs with warp-aggregated atomics:
+ *   the pairs come out in no particular order.
+ *
+ * Every decision (which source, whether a stage runs) is taken on the
+ * device from the state (state.h), so the host queues a fixed sequence and
+ * synchronises once. Kernels end with the last-block pattern: each block
+ * fences its writes and takes a ticket; the block with the last ticket
+ * finishes the pass (reads the totals, updates the state, resets the
+ * ticket). Loops over a source run the same number of iterations in every
+ * thread of a block, so warp-wide votes see every lane. */
+#include "state.h"
+
+typedef unsigned int u32;
+typedef unsigned long long u64;
+typedef unsigned short u16;
+
+#define THREADS TIDE__GPU_THREADS
+#define WARPS (THREADS / 32)
+#define VEC 8 /* elements a thread reads per iteration over x */
+#define FULL 0xffffffffu
+#define NONFINITE 0x7f800000u
+
+/* ---- keys --------------------------------------------------------------------------- */
+
+__device__ __forceinline__ u32 key_of(float f) { return __float_as_uint(f) & 0x7fffffffu; }
+
+__device__ __forceinline__ float half_bits_to_float(u16 h) {
+  float f;
+  asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+  return f;
+}
+
+/* DT: 0 float32, 1 float16, 2 bfloat16. */
+template <int DT>
+__device__ __forceinline__ u32 key16(u32 bits) {
+  u16 h = (u16)bits;
+  return key_of(DT == 1 ? half_bits_to_float(h) : __uint_as_float((u32)h << 16));
+}
+
+template <int DT>
+__device__ __forceinline__ u32 key_at(const void *x, u64 i) {
+  if (DT == 0) return key_of(((const float *)x)[i]);
+  return key16<DT>(((const u16 *)x)[i]);
+}
+
+/* Keys of x[i0 .. i0 + VEC), 0 past n. vec: x is 16-byte aligned. */
+template <int DT>
+__device__ __forceinline__ void load_keys(const void *x, u64 i0, u64 n, int vec, u32 key[VEC]) {
+  if (vec && i0 + VEC <= n) {
+    if (DT == 0) {
+      const float4 *p = (const float4 *)((const float *)x + i0);
+      float4 a = p[0], b = p[1];
+      key[0] = key_of(a.x), key[1] = key_of(a.y), key[2] = key_of(a.z), key[3] = key_of(a.w);
+      key[4] = key_of(b.x), key[5] = key_of(b.y), key[6] = key_of(b.z), key[7] = key_of(b.w);
+    } else {
+      uint4 a = *(const uint4 *)((const u16 *)x + i0);
+      u32 w[4] = {a.x, a.y, a.z, a.w};
+#pragma unroll
+      for (int j = 0; j < 4; j++) {
+        key[2 * j] = key16<DT>(w[j] & 0xffffu);
+        key[2 * j + 1] = key16<DT>(w[j] >> 16);
+      }
+    }
+  } else {
+#pragma unroll
+    for (int j = 0; j < VEC; j++) key[j] = i0 + j < n ? key_at<DT>(x, i0 + j) : 0u;
+  }
+}
+
+/* f(key, index, valid) for every element of x, VEC per thread and
+ * iteration; every thread of the block makes the same calls. */
+template <int DT, class F>
+__device__ __forceinline__ void scan_x(const void *x, u64 n, int vec, F f) {
+  const u64 step = (u64)gridDim.x * THREADS * VEC;
+  for (u64 base = (u64)blockIdx.x * THREADS * VEC; base < n; base += step) {
+    u64 i0 = base + (u64)threadIdx.x * VEC;
+    u32 key[VEC];
+    load_keys<DT>(x, i0, n, vec, key);
+#pragma unroll
+    for (int j = 0; j < VEC; j++) f(key[j], i0 + j, i0 + j < n);
+  }
+}
+
+/* The same over the list's entries (key, index). */
+template <class F>
+__device__ __forceinline__ void scan_list(const uint2 *list, u64 n, F f) {
+  const u64 step = (u64)gridDim.x * THREADS;
+  for (u64 base = (u64)blockIdx.x * THREADS; base < n; base += step) {
+    u64 i = base + threadIdx.x;
+    uint2 e = i < n ? list[i] : make_uint2(0u, 0u);
+    f(e.x, (u64)e.y, i < n);
+  }
+}
+
+/* ---- block and warp helpers ---------------------------------------------------------- */
+
+/* A position in *counter for each lane that takes, one atomic per warp.
+ * Every lane of the warp must call it. */
+__device__ __forceinline__ u64 warp_append(unsigned long long *counter, bool take) {
+  u32 m = __ballot_sync(FULL, take);
+  if (m == 0) return 0;
+  int lane = threadIdx.x & 31, leader = __ffs(m) - 1;
+  unsigned long long base = 0;
+  if (lane == leader) base = atomicAdd(counter, (unsigned long long)__popc(m));
+  base = __shfl_sync(FULL, base, leader);
+  return base + (u64)__popc(m & ((1u << lane) - 1u));
+}
+
+__device__ u64 block_sum(u64 v) {
+  __shared__ u64 part[WARPS];
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_down_sync(FULL, v, o);
+  if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = v;
+  __syncthreads();
+  u64 t = 0;
+  for (int w = 0; w < WARPS; w++) t += part[w];
+  __syncthreads();
+  return t;
+}
+
+/* A fixed order of additions, so the same input gives the same bits. */
+__device__ double block_sum_double(double v) {
+  __shared__ double part[WARPS];
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_down_sync(FULL, v, o);
+  if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = v;
+  __syncthreads();
+  double t = 0.0;
+  for (int w = 0; w < WARPS; w++) t += part[w];
+  __syncthreads();
+  return t;
+}
+
+__device__ u32 block_min(u32 v) {
+  __shared__ u32 part[WARPS];
+  for (int o = 16; o > 0; o >>= 1) v = min(v, __shfl_down_sync(FULL, v, o));
+  if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = v;
+  __syncthreads();
+  u32 t = 0xffffffffu;
+  for (int w = 0; w < WARPS; w++) t = min(t, part[w]);
+  __syncthreads();
+  return t;
+}
+
+__device__ u32 block_max(u32 v) {
+  __shared__ u32 part[WARPS];
+  for (int o = 16; o > 0; o >>= 1) v = max(v, __shfl_down_sync(FULL, v, o));
+  if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = v;
+  __syncthreads();
+  u32 t = 0;
+  for (int w = 0; w < WARPS; w++) t = max(t, part[w]);
+  __syncthreads();
+  return t;
+}
+
+/* Exclusive prefix sum over the block's threads in thread order; *total
+ * receives the sum of all. */
+__device__ u64 block_exclusive_scan(u64 v, u64 *total) {
+  __shared__ u64 part[WARPS];
+  int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+  u64 inc = v;
+  for (int o = 1; o < 32; o <<= 1) {
+    u64 y = __shfl_up_sync(FULL, inc, o);
+    if (lane >= o) inc += y;
+  }
+  if (lane == 31) part[w] = inc;
+  __syncthreads();
+  u64 off = 0, tot = 0;
+  for (int i = 0; i < WARPS; i++) {
+    if (i < w) off += part[i];
+    tot += part[i];
+  }
+  __syncthreads();
+  *total = tot;
+  return off + inc - v;
+}
+
+/* True in the block that finishes last; its loads then see every block's
+ * writes. Every thread must call it. */
+__device__ bool last_block(tide__gpu_state_t *s) {
+  __shared__ bool last;
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) last = atomicAdd(&s->blocks_done, 1u) == gridDim.x - 1;
+  __syncthreads();
+  if (last) __threadfence();
+  return last;
+}
+
+/* The bin of h[0..nb) (read as volatile: other blocks' atomics) holding the
+ * rank-th element counted from the top bin down: *bin, *above (elements in
+ * higher bins) and *count (elements in the bin), in shared memory for every
+ * thread. Returns false when the bins hold fewer than rank elements. */
+__device__ bool find_bin(const u32 *h, int nb, u64 rank, u32 *bin, u64 *above, u64 *count) {
+  __shared__ u32 sbin;
+  __shared__ u64 sabove, scount;
+  const int per = nb / THREADS; /* 4 or 8 */
+  const int top = nb - 1 - (int)threadIdx.x * per;
+  u32 c[8];
+  u64 sum = 0;
+  for (int j = 0; j < per; j++) {
+    c[j] = ((volatile const u32 *)h)[top - j];
+    sum += c[j];
+  }
+  u64 total;
+  u64 before = block_exclusive_scan(sum, &total);
+  if (rank == 0 || rank > total) return false;
+  if (before < rank && rank <= before + sum) {
+    u64 cum = before;
+    for (int j = 0; j < per; j++) {
+      if (cum + c[j] >= rank) {
+        sbin = (u32)(top - j);
+        sabove = cum;
+        scount = c[j];
+        break;
+      }
+      cum += c[j];
+    }
+  }
+  __syncthreads();
+  *bin = sbin;
+  *above = sabove;
+  *count = scount;
+  __syncthreads();
+  return true;
+}
+
+/* ---- the passes ---------------------------------------------------------------------- */
+
+/* Digits: magnitude keys have 31 bits (11 + 10 + 10), inverted indices 32
+ * (11 + 11 + 10). */
+__device__ __forceinline__ void digit(bool index_mode, int pass, int *bits, int *shift) {
+  if (!index_mode) {
+    *bits = pass == 0 ? 11 : 10;
+    *shift = pass == 0 ? 20 : pass == 1 ? 10 : 0;
+  } else {
+    *bits = pass == 2 ? 10 : 11;
+    *shift = pass == 0 ? 21 : pass == 1 ? 10 : 0;
+  }
+}
+
+/* One digit of a radix selection. stage MAG: the rank-th largest key; the
+ * other stages: the rank-th lowest index (largest inverted index) among
+ * the elements of a key class. hist: this pass's zeroed bins. */
+template <int DT>
+__device__ void hist_pass(const void *x, const uint2 *list, tide__gpu_state_t *s, u32 *hist, int stage, int pass,
+                          int vec) {
+  __shared__ u32 sh[TIDE__GPU_BINS];
+  bool active = !s->failed;
+  if (stage == TIDE__GPU_STAGE_TIE) active = active && s->tie_needed;
+  if (stage == TIDE__GPU_STAGE_BAND_HI) active = active && s->need > 0;
+  if (stage == TIDE__GPU_STAGE_BAND_LO) active = active && s->need > 0 && s->offset > 0;
+  if (!active) return;
+  const bool from_list = s->use_list;
+  const u64 n = from_list ? s->list_len : s->d;
+  const bool index_mode = stage != TIDE__GPU_STAGE_MAG;
+  int bits, shift;
+  digit(index_mode, pass, &bits, &shift);
+  const u32 nb = 1u << bits, prefix = s->prefix, mask = s->mask;
+  u32 lo = 0, hi = 0xffffffffu; /* the class: lo <= key <= hi */
+  if (stage == TIDE__GPU_STAGE_TIE) {
+    lo = hi = s->kth;
+  } else if (index_mode) {
+    lo = s->key2;
+    hi = s->k1 > 0 ? s->key1 - 1u : 0xffffffffu;
+  }
+  const bool check = !index_mode && pass == 0 && !from_list;
+  for (u32 b = threadIdx.x; b < nb; b += THREADS) sh[b] = 0;
+  __syncthreads();
+  u64 bad = TIDE__GPU_NONE;
+  auto visit = [&](u32 key, u64 idx, bool valid) {
+    if (!valid) return;
+    if (check && key >= NONFINITE && idx < bad) bad = idx;
+    u32 v = index_mode ? ~(u32)idx : key;
+    if ((v & mask) == prefix && key >= lo && key <= hi) atomicAdd(&sh[(v >> shift) & (nb - 1u)], 1u);
+  };
+  if (from_list)
+    scan_list(list, n, visit);
+  else
+    scan_x<DT>(x, n, vec, visit);
+  if (bad != TIDE__GPU_NONE) atomicMin(&s->bad_index, bad);
+  __syncthreads();
+  for (u32 b = threadIdx.x; b < nb; b += THREADS)
+    if (sh[b] != 0) atomicAdd(&hist[b], sh[b]);
+  if (!last_block(s)) return;
+
+  u32 bin;
+  u64 above, count;
+  bool found = find_bin(hist, (int)nb, s->rank, &bin, &above, &count);
+  if (threadIdx.x != 0) return;
+  s->blocks_done = 0;
+  if (!from_list) s->full_passes++;
+  if (!found) {
+    s->failed = 1;
+    return;
+  }
+  s->prefix = prefix | (bin << shift);
+  s->mask = mask | ((nb - 1u) << shift);
+  s->rank -= above;
+  s->above += above;
+  s->equal = count;
+  if (stage == TIDE__GPU_STAGE_MAG && pass == 0 && !from_list && s->above + count <= s->cap) {
+    /* The bucket and everything above fit the list: collect them. */
+    s->collect = 1;
+    s->list_cut = s->prefix;
+  }
+  if (pass != 2) return;
+  if (stage == TIDE__GPU_STAGE_MAG) {
+    s->kth = s->prefix;
+    s->tie_needed = s->rank < s->equal;
+    s->prefix = s->mask = 0;
+    s->above = 0; /* rank: the ties still to take, lowest indices first */
+  } else if (stage == TIDE__GPU_STAGE_TIE) {
+    s->tie_index = ~s->prefix;
+  } else if (stage == TIDE__GPU_STAGE_BAND_HI) {
+    s->hi_index = ~s->prefix;
+    s->prefix = s->mask = 0;
+    s->above = 0;
+    s->rank = s->offset;
+  } else {
+    s->lo_index = ~s->prefix;
+  }
+}
+
+/* Appends every element of x with key >= list_cut to the list, when a
+ * previous pass asked for it (collect) and no list is in use. */
+template <int DT>
+__device__ void collect_pass(const void *x, uint2 *list, tide__gpu_state_t *s, int vec) {
+  if (!s->collect || s->use_list || s->failed) return;
+  const u32 cut = s->list_cut;
+  const u64 cap = s->cap;
+  u64 bad = TIDE__GPU_NONE;
+  scan_x<DT>(x, s->d, vec, [&](u32 key, u64 idx, bool valid) {
+    bool take = valid && key >= cut;
+    u64 pos = warp_append(&s->list_len, take);
+    if (take) {
+      if (pos < cap) list[pos] = make_uint2(key, (u32)idx);
+      if (key >= NONFINITE && idx < bad) bad = idx;
+    }
+  });
+  if (bad != TIDE__GPU_NONE) atomicMin(&s->bad_index, bad);
+  if (!last_block(s) || threadIdx.x != 0) return;
+  u64 n = s->list_len;
+  s->full_passes++;
+  if (n >= s->k && n <= cap) {
+    s->use_list = 1;
+    s->candidates = n;
+  } else {
+    s->fallback = 1;
+    s->list_len = 0;
+  }
+  s->collect = 0;
+  s->blocks_done = 0;
+}
+
+/* The sampled selector's cut, in one block: a stratified sample of `runs`
+ * runs of 16 elements, run r at (r * stride / 16) * 16; the cut is the
+ * lower edge of the sub-bucket (key >> 9) holding the sample's r-th largest
+ * key, r four binomial standard deviations above the expected count of
+ * sampled elements at or above the k-th key. */
+template <int DT>
+__device__ void sample_cut(const void *x, tide__gpu_state_t *s, u64 runs, u64 stride) {
+  __shared__ u32 sh[TIDE__GPU_BINS];
+  const u64 n = runs * 16, d = s->d, k = s->k;
+  double e = (double)k * (double)n / (double)d;
+  double r = ceil(e + 4.0 * sqrt(e) + 4.0);
+  if (r >= (double)n) { /* the cut would take (nearly) everything */
+    if (threadIdx.x == 0) s->fallback = 1;
+    return;
+  }
+  u32 bins[2];
+  u64 rank = (u64)r;
+  for (int level = 0; level < 2; level++) {
+    for (u32 b = threadIdx.x; b < TIDE__GPU_BINS; b += THREADS) sh[b] = 0;
+    __syncthreads();
+    for (u64 run = threadIdx.x; run < runs; run += THREADS) {
+      u64 start = run * stride / 16 * 16;
+      for (int j = 0; j < 16; j++) {
+        u32 key = key_at<DT>(x, start + j);
+        if (level == 0)
+          atomicAdd(&sh[key >> 20], 1u);
+        else if ((key >> 20) == bins[0])
+          atomicAdd(&sh[(key >> 9) & 2047u], 1u);
+      }
+    }
+    __syncthreads();
+    u64 above, count;
+    if (!find_bin(sh, TIDE__GPU_BINS, rank, &bins[level], &above, &count)) {
+      if (threadIdx.x == 0) s->fallback = 1;
+      return;
+    }
+    rank -= above;
+  }
+  if (threadIdx.x != 0) return;
+  u32 cut = (bins[0] << 20) | (bins[1] << 9);
+  if (cut > NONFINITE) cut = NONFINITE; /* every NaN/Inf is a candidate */
+  if (cut == 0) {
+    s->fallback = 1;
+    return;
+  }
+  s->list_cut = cut;
+  s->collect = 1;
+}
+
+/* A NaN/Inf anywhere (k = 0 still checks x). */
+template <int DT>
+__device__ void check_pass(const void *x, tide__gpu_state_t *s, int vec) {
+  u64 bad = TIDE__GPU_NONE;
+  scan_x<DT>(x, s->d, vec, [&](u32 key, u64 idx, bool valid) {
+    if (valid && key >= NONFINITE && idx < bad) bad = idx;
+  });
+  if (bad != TIDE__GPU_NONE) atomicMin(&s->bad_index, bad);
+}
+
+/* ---- MSTopK -------------------------------------------------------------------------- */
+
+/* mean|x| (block sums in partials[], added in block order by the last
+ * block: the same bits every run) and max|x|; then the bisection starts. */
+template <int DT>
+__device__ void mean_pass(const void *x, tide__gpu_state_t *s, double *partials, int vec) {
+  double acc = 0.0;
+  u32 mk = 0;
+  u64 bad = TIDE__GPU_NONE;
+  scan_x<DT>(x, s->d, vec, [&](u32 key, u64 idx, bool valid) {
+    if (!valid) return;
+    acc += (double)__uint_as_float(key);
+    mk = max(mk, key);
+    if (key >= NONFINITE && idx < bad) bad = idx;
+  });
+  double sum = block_sum_double(acc);
+  mk = block_max(mk);
+  if (threadIdx.x == 0) {
+    partials[blockIdx.x] = sum;
+    atomicMax(&s->max_key, mk);
+  }
+  if (bad != TIDE__GPU_NONE) atomicMin(&s->bad_index, bad);
+  if (!last_block(s)) return;
+  double total = 0.0;
+  for (u32 b = threadIdx.x; b < gridDim.x; b += THREADS) total += ((volatile double *)partials)[b];
+  total = block_sum_double(total);
+  if (threadIdx.x != 0) return;
+  s->base = total / (double)s->d;
+  s->top = (double)__uint_as_float(((volatile tide__gpu_state_t *)s)->max_key);
+  s->lo_f = 0.0;
+  s->hi_f = 1.0;
+  s->k1 = 0;
+  s->k2 = s->d;
+  s->key1 = s->key2 = 0;
+  s->full_passes++;
+  s->blocks_done = 0;
+}
+
+/* One bisection probe: counts key >= t over x (collecting those elements
+ * while they fit the list) or over the list once one holds them all. */
+template <int DT>
+__device__ void probe_pass(const void *x, uint2 *list, tide__gpu_state_t *s, int vec) {
+  const bool from_list = s->use_list;
+  const double f = (s->lo_f + s->hi_f) / 2.0;
+  const float t = (float)(s->base + f * (s->top - s->base));
+  const u32 tk = key_of(t);
+  const u64 cap = s->cap;
+  u64 c = 0;
+  if (from_list) {
+    scan_list(list, s->list_len, [&](u32 key, u64 idx, bool valid) { c += valid && key >= tk; });
+  } else {
+    const u64 n = s->d, step = (u64)gridDim.x * THREADS * VEC;
+    for (u64 base = (u64)blockIdx.x * THREADS * VEC; base < n; base += step) {
+      u64 i0 = base + (u64)threadIdx.x * VEC;
+      u32 key[VEC];
+      load_keys<DT>(x, i0, n, vec, key);
+      u32 full = __shfl_sync(FULL, *(volatile u32 *)&s->overflow, 0);
+#pragma unroll
+      for (int j = 0; j < VEC; j++) {
+        bool take = i0 + j < n && key[j] >= tk;
+        c += take;
+        if (full) continue;
+        u64 pos = warp_append(&s->list_len, take);
+        if (take) {
+          if (pos < cap)
+            list[pos] = make_uint2(key[j], (u32)(i0 + j));
+          else
+            s->overflow = 1;
+        }
+      }
+    }
+  }
+  c = block_sum(c);
+  if (threadIdx.x == 0) atomicAdd(&s->count, (unsigned long long)c);
+  if (!last_block(s) || threadIdx.x != 0) return;
+  c = s->count;
+  if (c <= s->k) {
+    s->hi_f = f;
+    if (c > s->k1) {
+      s->k1 = c;
+      s->key1 = tk;
+    }
+  } else {
+    s->lo_f = f;
+    if (c < s->k2) {
+      s->k2 = c;
+      s->key2 = tk;
+    }
+  }
+  if (!from_list) {
+    s->full_passes++;
+    /* Every later probe lies above this one: the list serves them all. */
+    if (c > s->k && c <= cap && !s->overflow && s->list_len == c) {
+      s->use_list = 1;
+      s->candidates = c;
+    } else {
+      s->list_len = 0;
+      s->overflow = 0;
+    }
+  }
+  s->count = 0;
+  s->blocks_done = 0;
+}
+
+__device__ __forceinline__ u64 splitmix64(u64 *state) {
+  u64 z = (*state += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+/* Uniform in [0, n), 1 <= n <= 2^32 (Lemire's method, as the CPU's). */
+__device__ u64 uniform(u64 *state, u64 n) {
+  for (;;) {
+    u64 r = splitmix64(state) >> 32;
+    u64 m = r * n;
+    u64 low = m & 0xffffffffull;
+    if (low >= n || low >= ((1ull << 32) - n) % n) return m >> 32;
+  }
+}
+
+__device__ __forceinline__ bool in_band(const tide__gpu_state_t *s, u32 key, u64 k1, u32 key1, u32 key2) {
+  (void)s;
+  return key >= key2 && (k1 == 0 || key < key1);
+}
+
+/* Counts the band t2 <= |x| < t1 and draws the offset of the run of
+ * k - k1 band elements (in index order) that pads the selection. */
+template <int DT>
+__device__ void band_pass(const void *x, const uint2 *list, tide__gpu_state_t *s, int vec) {
+  const bool from_list = s->use_list;
+  const u64 k1 = s->k1;
+  const u32 key1 = s->key1, key2 = s->key2;
+  u64 c = 0;
+  auto visit = [&](u32 key, u64 idx, bool valid) { c += valid && in_band(s, key, k1, key1, key2); };
+  if (from_list)
+    scan_list(list, s->list_len, visit);
+  else
+    scan_x<DT>(x, s->d, vec, visit);
+  c = block_sum(c);
+  if (threadIdx.x == 0) atomicAdd(&s->count, (unsigned long long)c);
+  if (!last_block(s) || threadIdx.x != 0) return;
+  u64 band = s->count, need = s->k - k1, seed = s->seed;
+  s->band = band;
+  s->need = need;
+  s->offset = need > 0 ? uniform(&seed, band - need + 1) : 0;
+  s->prefix = s->mask = 0;
+  s->above = 0;
+  s->rank = s->offset + need;
+  s->count = 0;
+  if (!from_list) s->full_passes++;
+  s->blocks_done = 0;
+}
+
+/* ---- emission ------------------------------------------------------------------------ */
+
+/* Appends the selected (value, index) pairs: values in x's type, indices
+ * uint32 or int64. kind: TIDE__GPU_EXACT (exact and sampled) or
+ * TIDE__GPU_MSTOPK. Writes nothing after a NaN/Inf or a failed check. */
+template <int DT>
+__device__ void emit_pass(const void *x, const uint2 *list, tide__gpu_state_t *s, void *values, void *indices,
+                          int index64, int kind, int vec) {
+  if (s->bad_index != TIDE__GPU_NONE || s->failed) return;
+  const bool from_list = s->use_list;
+  const u64 k = s->k;
+  const u32 kth = s->kth, tie_index = s->tie_index, tie_needed = s->tie_needed;
+  const u64 k1 = s->k1, need = s->need, offset = s->offset;
+  const u32 key1 = s->key1, key2 = s->key2, hi_index = s->hi_index, lo_index = s->lo_index;
+  u32 least = 0xffffffffu;
+  auto visit = [&](u32 key, u64 idx, bool valid) {
+    bool take;
+    if (kind == TIDE__GPU_EXACT)
+      take = key > kth || (key == kth && (!tie_needed || idx <= tie_index));
+    else
+      take = (k1 > 0 && key >= key1) ||
+             (need > 0 && in_band(s, key, k1, key1, key2) && idx <= hi_index && (offset == 0 || idx > lo_index));
+    take = take && valid;
+    u64 pos = warp_append(&s->written, take);
+    if (take && pos < k) {
+      if (DT == 0)
+        ((float *)values)[pos] = ((const float *)x)[idx];
+      else
+        ((u16 *)values)[pos] = ((const u16 *)x)[idx];
+      if (index64)
+        ((long long *)indices)[pos] = (long long)idx;
+      else
+        ((u32 *)indices)[pos] = (u32)idx;
+      least = min(least, key);
+    }
+  };
+  if (from_list)
+    scan_list(list, s->list_len, visit);
+  else
+    scan_x<DT>(x, s->d, vec, visit);
+  least = block_min(least);
+  if (threadIdx.x == 0 && least != 0xffffffffu) atomicMin(&s->min_taken, least);
+  if (!last_block(s) || threadIdx.x != 0) return;
+  if (!from_list) s->full_passes++;
+  s->blocks_done = 0;
+}
+
+/* ---- error feedback ------------------------------------------------------------------ */
+
+/* acc = grad + residual, element by element. */
+extern "C" __global__ void __launch_bounds__(THREADS) tide_gpu_ef_add(const float *grad, const float *residual,
+                                                                       float *acc, u64 n) {
+  const u64 step = (u64)gridDim.x * THREADS;
+  for (u64 i = (u64)blockIdx.x * THREADS + threadIdx.x; i < n; i += step) acc[i] = grad[i] + residual[i];
+}
+
+/* residual[indices[j]] = 0 for j < k: what was sent leaves the residual. */
+extern "C" __global__ void __launch_bounds__(THREADS) tide_gpu_ef_zero(float *residual, const u32 *indices, u64 k) {
+  const u64 step = (u64)gridDim.x * THREADS;
+  for (u64 j = (u64)blockIdx.x * THREADS + threadIdx.x; j < k; j += step) residual[indices[j]] = 0.0f;
+}
+
+/* ---- entry points: one per pass and input type ---------------------------------------- */
+
+#define TIDE_GPU_ENTRIES(SUFFIX, DT)                                                                            \
+  extern "C" __global__ void __launch_bounds__(THREADS)                                                        \
+      tide_gpu_hist_##SUFFIX(const void *x, const uint2 *list, tide__gpu_state_t *s, u32 *hist, int stage,     \
+                             int pass, int vec) {                                                              \
+    hist_pass<DT>(x, list, s, hist, stage, pass, vec);                                                         \
+  }                                                                                                            \
+  extern "C" __global__ void __launch_bounds__(THREADS)                                                        \
+      tide_gpu_collect_##SUFFIX(const void *x, uint2 *list, tide__gpu_state_t *s, int vec) {                   \
+    collect_pass<DT>(x, list, s, vec);                                                                         \
+  }                                                                                                            \
+  extern "C" __global__ void __launch_bounds__(THREADS)                                                        \
+      tide_gpu_sample_##SUFFIX(const void *x, tide__gpu_state_t *s, u64 runs, u64 stride) {                    \
+    sample_cut<DT>(x, s, runs, stride);                                                                        \
+  }                                                                                                            \
+  extern "C" __global__ void __launch_bounds__(THREADS) tide_gpu_check_##SUFFIX(const void *x,                 \
+                                                                                tide__gpu_state_t *s, int vec) { \
+    check_pass<DT>(x, s, vec);                                                                                 \
+  }                                                                                                            \
+  extern "C" __global__ void __launch_bounds__(THREADS)                                                        \
+      tide_gpu_mean_##SUFFIX(const void *x, tide__gpu_state_t *s, double *partials, int vec) {                 \
+    mean_pass<DT>(x, s, partials, vec);                                                                        \
+  }                                                                                                            \
+  extern "C" __global__ void __launch_bounds__(THREADS)                                                        \
+      tide_gpu_probe_##SUFFIX(const void *x, uint2 *list, tide__gpu_state_t *s, int vec) {                     \
+    probe_pass<DT>(x, list, s, vec);                                                                           \
+  }                                                                                                            \
+  extern "C" __global__ void __launch_bounds__(THREADS)                                                        \
+      tide_gpu_band_##SUFFIX(const void *x, const uint2 *list, tide__gpu_state_t *s, int vec) {                \
+    band_pass<DT>(x, list, s, vec);                                                                            \
+  }                                                                                                            \
+  extern "C" __global__ void __launch_bounds__(THREADS)                                                        \
+      tide_gpu_emit_##SUFFIX(const void *x, const uint2 *list, tide__gpu_state_t *s, void *values,             \
+                             void *indices, int index64, int kind, int vec) {                                  \
+    emit_pass<DT>(x, list, s, values, indices, index64, kind, vec);                                            \
+  }
+
+TIDE_GPU_ENTRIES(f32, 0)
+TIDE_GPU_ENTRIES(f16, 1)
+TIDE_GPU_ENTRIES(bf16, 2)
