@@ -7,6 +7,7 @@ the same Debian files (dataset-fashion-mnist), with the same defaults
     tiderun -np 4 /usr/bin/python3 examples/torch_fashion_mnist.py --compression hitopk:0.01
     tiderun -np 4 /usr/bin/python3 examples/torch_fashion_mnist.py --adapt gns,adascale
     tiderun -np 4 /usr/bin/python3 examples/torch_fashion_mnist.py --backend ddp   # the baseline
+    tiderun -np 2 python3 examples/torch_fashion_mnist.py --device cuda --compression hitopk:0.01
 
 --backend tide (default) wraps torch.optim.SGD in tide.torch.DistributedOptimizer;
 --adapt LIST trains through tide's step API instead (tide.torch.Trainer: the
@@ -103,13 +104,14 @@ class Backend:
             print(*a, flush=True)
 
 
-def evaluate(backend, model, x, y):
+def evaluate(backend, model, x, y, device):
     model.eval()
     correct = 0
     with torch.no_grad():
         xs, ys = x[backend.rank::backend.size], y[backend.rank::backend.size]
         for i in range(0, len(xs), 1000):
-            correct += (model(xs[i:i + 1000]).argmax(1) == ys[i:i + 1000]).sum().item()
+            out = model(xs[i:i + 1000].to(device)).argmax(1).cpu()
+            correct += (out == ys[i:i + 1000]).sum().item()
     model.train()
     return backend.sum([correct])[0].item() / len(x)
 
@@ -117,6 +119,8 @@ def evaluate(backend, model, x, y):
 def parse_args():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", choices=["mlp", "cnn"], default="mlp")
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                   help="where the model trains (cuda: the rank's GPU, local rank modulo the GPUs)")
     p.add_argument("--backend", choices=["tide", "ddp"], default="tide")
     p.add_argument("--epochs", type=float, default=5)
     p.add_argument("--batch", type=int, default=64, help="samples per rank per step")
@@ -151,18 +155,28 @@ def main():
     backend = Backend(args.backend)
     x, y = load(args.data, "train", args.subset)
     tx, ty = load(args.data, "t10k", args.test_subset)
-    model = make_model(args.model)
+    device = torch.device("cpu")
+    if args.device == "cuda" and args.adapt:
+        sys.exit("torch_fashion_mnist: --adapt trains through tide's step API, on CPU tensors: use --device cpu")
+    if args.device == "cuda":
+        if not torch.cuda.is_available():
+            sys.exit("torch_fashion_mnist: --device cuda but torch sees no CUDA device")
+        local = int(os.environ.get("TIDE_LOCAL_RANK", os.environ.get("OMPI_COMM_WORLD_LOCAL_RANK", "0")))
+        device = torch.device("cuda", local % torch.cuda.device_count())
+        torch.cuda.set_device(device)
+    args.torch_device = device
+    model = make_model(args.model).to(device)
     backend.broadcast_model(model)
     global_batch = args.batch * backend.size
     steps_per_epoch = len(x) // global_batch
     total_steps = max(1, int(args.epochs * steps_per_epoch))
-    backend.log("torch_fashion_mnist: %s, %s, %d ranks x batch %d, %d threads each, %d steps, compression %s%s"
-                % (args.model, args.backend, backend.size, args.batch, torch.get_num_threads(), total_steps,
+    backend.log("torch_fashion_mnist: %s on %s, %s, %d ranks x batch %d, %d threads each, %d steps, compression %s%s"
+                % (args.model, device, args.backend, backend.size, args.batch, torch.get_num_threads(), total_steps,
                    args.compression, ", adapt " + args.adapt if args.adapt else ""))
     state = {"train_s": 0.0, "images": 0, "target_s": None, "evals": []}
 
     def record(step, epoch_f, loss):
-        acc = evaluate(backend, model, tx, ty)
+        acc = evaluate(backend, model, tx, ty, device)
         state["evals"].append({"step": step, "epoch": round(epoch_f, 3), "accuracy": acc, "time_s": state["train_s"]})
         if args.target_accuracy and state["target_s"] is None and acc >= args.target_accuracy:
             state["target_s"] = state["train_s"]
@@ -178,7 +192,7 @@ def main():
     else:
         opt = run_optimizer(args, backend, model, x, y, state, record, steps_per_epoch, total_steps)
     acc = state["evals"][-1]["accuracy"]
-    result = {"model": args.model, "backend": args.backend, "ranks": backend.size, "batch": args.batch,
+    result = {"model": args.model, "device": args.device, "backend": args.backend, "ranks": backend.size, "batch": args.batch,
               "threads": torch.get_num_threads(), "compression": args.compression,
               "sparse_warmup_epochs": args.sparse_warmup_epochs if args.compression != "none" else 0, "op": args.op,
               "adapt": args.adapt or "", "final_accuracy": acc, "train_s": round(state["train_s"], 3),
@@ -234,7 +248,7 @@ def run_optimizer(args, backend, model, x, y, state, record, steps_per_epoch, to
             t0 = time.perf_counter()
             idx = mine[i * args.batch:(i + 1) * args.batch]
             opt.zero_grad()
-            loss = F.cross_entropy(net(x[idx]), y[idx])
+            loss = F.cross_entropy(net(x[idx].to(args.torch_device)), y[idx].to(args.torch_device))
             loss.backward()
             opt.step()
             state["train_s"] += time.perf_counter() - t0

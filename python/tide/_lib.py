@@ -135,8 +135,17 @@ class StepStats(ctypes.Structure):
                 ("data_s", c_double)]
 
 
+class TopkOpts(ctypes.Structure):
+    _fields_ = [("seed", c_uint64), ("mstopk_rounds", c_int), ("num_threads", c_int)]
+
+
+class TopkStats(ctypes.Structure):
+    _fields_ = [("threshold", c_float), ("t1", c_float), ("t2", c_float), ("full_passes", ctypes.c_uint32),
+                ("candidates", c_uint64), ("fallback", c_int), ("threads", c_int)]
+
+
 # Mirrored structs, for the ABI test: name in tide.h -> ctypes class.
-STRUCTS = {"tide_tensor_t": Tensor, "tide_optim_config_t": OptimConfig, "tide_lr_schedule_t": LrSchedule,
+STRUCTS = {"tide_topk_opts_t": TopkOpts, "tide_topk_stats_t": TopkStats, "tide_tensor_t": Tensor, "tide_optim_config_t": OptimConfig, "tide_lr_schedule_t": LrSchedule,
            "tide_trainer_config_t": TrainerConfig, "tide_batch_t": Batch, "tide_step_stats_t": StepStats}
 
 _PROTOS = {
@@ -172,6 +181,13 @@ _PROTOS = {
     "tide_compressor_compress": (c_int, [c_void_p, c_void_p, c_size_t, c_void_p, c_void_p, P(c_size_t)]),
     "tide_compressor_last_error": (c_char_p, [c_void_p]),
     "tide_compressor_destroy": (None, [c_void_p]),
+    "tide_compressor_create_gpu": (c_int, [c_int, c_double, c_size_t, c_void_p, c_void_p, P(c_void_p)]),
+    "tide_gpu_available": (c_int, [c_char_p, c_size_t]),
+    "tide_gpu_device_name": (c_int, [c_char_p, c_size_t]),
+    "tide_topk_select_opts": (c_int, [c_int, P(TopkOpts), c_void_p, c_size_t, c_size_t, c_char_p, c_void_p,
+                                      c_void_p, P(TopkStats)]),
+    "tide_gpu_topk_select": (c_int, [c_int, P(TopkOpts), c_void_p, c_int, c_size_t, c_size_t, c_char_p, c_void_p,
+                                     c_void_p, c_int, c_void_p, P(TopkStats)]),
     "tide_sparse_allgather": (c_int, [c_void_p, c_void_p, c_void_p, c_size_t, c_void_p, c_size_t, c_int]),
     "tide_hitopk_shard": (c_int, [c_void_p, c_size_t, P(c_size_t), P(c_size_t)]),
     "tide_hitopk_allreduce": (c_int, [c_void_p, c_void_p, c_void_p, c_size_t, c_void_p, c_int]),

@@ -104,7 +104,7 @@ def worker():
 
     # what tide cannot take is a clear TIDE_EINVAL, and the communicator stays usable
     bad = [(torch.arange(10.)[::2], "not contiguous"), (torch.zeros(3, dtype=torch.bool), "dtype"),
-           (torch.zeros(3, dtype=torch.uint8), "dtype"), (torch.zeros(3, device="meta"), "CPU tensors only"),
+           (torch.zeros(3, dtype=torch.uint8), "dtype"), (torch.zeros(3, device="meta"), "CPU and CUDA tensors"),
            (torch.zeros(3, dtype=torch.complex64), "dtype")]
     for t, words in bad:
         try:

@@ -10,6 +10,11 @@
 #define FIELD(s, f) printf(#s " " #f " %zu\n", offsetof(s, f))
 
 int main(void) {
+  SIZE(tide_topk_opts_t);
+  FIELD(tide_topk_opts_t, mstopk_rounds); FIELD(tide_topk_opts_t, num_threads);
+  SIZE(tide_topk_stats_t);
+  FIELD(tide_topk_stats_t, t2); FIELD(tide_topk_stats_t, full_passes); FIELD(tide_topk_stats_t, candidates);
+  FIELD(tide_topk_stats_t, fallback); FIELD(tide_topk_stats_t, threads);
   SIZE(tide_tensor_t);
   FIELD(tide_tensor_t, offset); FIELD(tide_tensor_t, count); FIELD(tide_tensor_t, ndim); FIELD(tide_tensor_t, shape);
   SIZE(tide_optim_config_t);

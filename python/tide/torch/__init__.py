@@ -7,6 +7,9 @@
                                   compression=tt.Compression.hitopk(0.01))
     tt.broadcast_optimizer_state(opt, root_rank=0)
 
+Parameters and tensors may be on the CPU or on a CUDA GPU (staged through
+pinned host memory; top-k compression selects on the GPU).
+
 Launch with `tiderun -np 4 python3 train.py` (or mpirun, srun). docs/torch.md.
 """
 from .._lib import (TideError, InvalidArgumentError, PeerError, MismatchError, TideTimeoutError,  # noqa: F401
@@ -17,4 +20,5 @@ from ._comm import (init, shutdown, is_initialized, rank, size, local_rank, loca
                     broadcast, broadcast_, broadcast_async_, barrier, broadcast_parameters, broadcast_object,
                     broadcast_optimizer_state)
 from ._optimizer import Compression, DistributedOptimizer  # noqa: F401
+from ._select import topk, gpu_available  # noqa: F401
 from ._trainer import Trainer, StepStats, Batch, gns_estimate, adascale_gain  # noqa: F401

@@ -1,4 +1,6 @@
-"""The job's communicator and the collectives on torch CPU tensors."""
+"""The job's communicator and the collectives on torch tensors: CPU
+tensors directly, CUDA tensors staged through pinned host memory in pieces
+(_cuda.py)."""
 import atexit
 import ctypes
 import errno
@@ -8,6 +10,7 @@ import torch
 
 from .. import _lib
 from .._lib import lib
+from . import _cuda
 
 # Reduction ops, as Horovod names them. Adasum is not a tide_op_t: it has its
 # own call (tide_adasum_allreduce).
@@ -102,11 +105,11 @@ def _fail(rc, call):
 
 
 def _check_tensor(t, call, dtypes=None):
-    """tide's dtype of t after checking it is a contiguous CPU tensor."""
+    """tide's dtype of t after checking it is a contiguous CPU or CUDA tensor."""
     if not isinstance(t, torch.Tensor):
         raise _invalid(call, "expected a torch.Tensor, got %s" % type(t).__name__)
-    if t.device.type != "cpu":
-        raise _invalid(call, "tensor is on %s; tide.torch exchanges CPU tensors only (move it with .cpu())"
+    if t.device.type not in ("cpu", "cuda"):
+        raise _invalid(call, "tensor is on %s; tide.torch exchanges CPU and CUDA tensors (move it with .cpu())"
                        % t.device)
     if t.is_sparse or t.layout != torch.strided:
         raise _invalid(call, "tensor layout %s is not supported (dense tensors only)" % t.layout)
@@ -128,7 +131,8 @@ class Handle:
     """A nonblocking collective in flight. It keeps the tensors it borrows
     alive until synchronize(); dropping an unfinished handle waits for it."""
 
-    def __init__(self, req, keep, output, call, finish=None):
+    def __init__(self, req, keep, output, call, finish=None, staged=None):
+        self._staged = staged  # a CUDA tensor's pieces (_cuda.Staged)
         self._req = req
         self._keep = keep
         self.output = output
@@ -136,6 +140,8 @@ class Handle:
         self._finish = finish
 
     def poll(self):
+        if self._staged is not None:
+            return self._staged.poll()
         if self._req is None:
             return True
         done = ctypes.c_int()
@@ -145,6 +151,10 @@ class Handle:
         return bool(done.value)
 
     def wait(self):
+        if self._staged is not None:
+            staged, self._staged = self._staged, None
+            self.output = staged.wait()
+            return self.output
         if self._req is not None:
             req, self._req = self._req, None
             rc = lib.tide_wait(req)
@@ -156,6 +166,9 @@ class Handle:
         return self.output
 
     def __del__(self):
+        if getattr(self, "_staged", None) is not None and _comm is not None:
+            self._staged.abandon()
+            self._staged = None
         if getattr(self, "_req", None) is not None and _comm is not None:
             lib.tide_wait(self._req)  # the library still holds the buffers
             self._req = None
@@ -169,11 +182,24 @@ def _start_allreduce(sendbuf, recvbuf, op, call):
     dtype = _check_tensor(sendbuf, call)
     _check_op(op, call)
     comm = _c(call)
+    if op == Adasum and dtype not in (_lib.F32, _lib.F64):
+        raise _invalid(call, "Adasum needs float32 or float64 tensors, got %s" % sendbuf.dtype)
+    if sendbuf.is_cuda:
+        def start(piece):
+            req = ctypes.c_void_p()
+            if op == Adasum:
+                rc = lib.tide_iadasum_allreduce(comm, _ptr(piece), _ptr(piece), piece.numel(), dtype, None, 0,
+                                                ctypes.byref(req))
+            else:
+                rc = lib.tide_iallreduce(comm, _ptr(piece), _ptr(piece), piece.numel(), dtype, op, ctypes.byref(req))
+            if rc < 0:
+                raise _fail(rc, call)
+            return req
+        staged = _cuda.Staged(sendbuf, recvbuf, start, call, _fail, elementwise=op != Adasum)
+        return Handle(None, None, recvbuf, call, staged=staged)
     req = ctypes.c_void_p()
     n = sendbuf.numel()
     if op == Adasum:
-        if dtype not in (_lib.F32, _lib.F64):
-            raise _invalid(call, "Adasum needs float32 or float64 tensors, got %s" % sendbuf.dtype)
         rc = lib.tide_iadasum_allreduce(comm, _ptr(sendbuf), _ptr(recvbuf), n, dtype, None, 0, ctypes.byref(req))
     else:
         rc = lib.tide_iallreduce(comm, _ptr(sendbuf), _ptr(recvbuf), n, dtype, op, ctypes.byref(req))
@@ -220,6 +246,8 @@ def allgather(tensor, name=None):
     Ranks may differ in their first dimension; the others must agree."""
     call = "allgather(%s)" % name if name else "allgather"
     dtype = _check_tensor(tensor, call)
+    if tensor.is_cuda:  # staged as a whole: the ranks' sizes differ
+        return allgather(_cuda.to_host(tensor), name).to(tensor.device)
     comm = _c(call)
     t = tensor.reshape(1) if tensor.dim() == 0 else tensor
     row = t[0].numel() if t.shape[0] > 0 else int(torch.tensor(t.shape[1:]).prod().item())
@@ -246,6 +274,14 @@ def broadcast_async_(tensor, root_rank=0, name=None):
     call = "broadcast_(%s)" % name if name else "broadcast_"
     dtype = _check_tensor(tensor, call)
     comm = _c(call)
+    if tensor.is_cuda:
+        def start(piece):
+            req = ctypes.c_void_p()
+            rc = lib.tide_ibroadcast(comm, _ptr(piece), piece.numel(), dtype, root_rank, ctypes.byref(req))
+            if rc < 0:
+                raise _fail(rc, call)
+            return req
+        return Handle(None, None, tensor, call, staged=_cuda.Staged(tensor, tensor, start, call, _fail))
     req = ctypes.c_void_p()
     rc = lib.tide_ibroadcast(comm, _ptr(tensor), tensor.numel(), dtype, root_rank, ctypes.byref(req))
     if rc < 0:

@@ -13,7 +13,7 @@ import torch
 
 from .. import _lib
 from .._lib import lib
-from . import _comm
+from . import _comm, _cuda
 from ._comm import Average, Sum, Adasum
 
 
@@ -23,7 +23,10 @@ class Compression:
     density share (TopK-AllGather) and hitopk(density) runs HiTopKComm
     (intra-host reduce-scatter, top-k of the host's sum across hosts). Both
     keep what they did not send in a residual added to the next step's
-    gradient (error feedback). With warmup_steps=W > 0 the density starts
+    gradient (error feedback). On CUDA parameters the selection runs on
+    the GPU and the residual stays there: only the (value, index) pairs
+    leave the device (hitopk's intra-host dense step goes through host
+    memory first). With warmup_steps=W > 0 the density starts
     higher and falls to its target over the first W steps, as Deep Gradient
     Compression's warm-up does: step t < W uses density ** ((t + 1) / (W + 1))
     (tide-train's --sparse-warmup-epochs with a step for an epoch); a
@@ -74,7 +77,7 @@ class _Bucket:
         self.names = names
         self.dtype = dtype
         total = sum(p.numel() for p in params)
-        self.flat = torch.zeros(total, dtype=dtype)
+        self.flat = torch.zeros(total, dtype=dtype, device=params[0].device)
         self.views = []
         self.tensors = (_lib.Tensor * len(params))()  # Adasum combines each tensor on its own
         off = 0
@@ -139,12 +142,16 @@ class _DistributedMixin:
         if compression.name != "none":
             if any(p.dtype != torch.float32 for p in params):
                 raise _comm._invalid(call, "%r needs float32 parameters" % compression)
+            if len({p.device for p in params}) > 1:
+                raise _comm._invalid(call, "%r needs every parameter on one device, got %s" %
+                                     (compression, sorted(str(d) for d in {p.device for p in params})))
             groups = [list(reversed(params))]
         else:
             groups, cur, cur_bytes = [], [], 0
             for p in reversed(params):
                 nbytes = p.numel() * p.element_size()
-                if cur and (cur[0].dtype != p.dtype or cur_bytes + nbytes > bucket_bytes):
+                if cur and (cur[0].dtype != p.dtype or cur[0].device != p.device or
+                            cur_bytes + nbytes > bucket_bytes):
                     groups.append(cur)
                     cur, cur_bytes = [], 0
                 cur.append(p)
@@ -203,13 +210,28 @@ class _DistributedMixin:
         comm = _comm._c()
         req = ctypes.c_void_p()
         dtype = _comm._DTYPES[b.dtype]
+        call = "DistributedOptimizer allreduce of %s" % ",".join(b.names)
+        if b.flat.is_cuda:  # staged through pinned host memory, in pieces unless Adasum
+            def start(piece):
+                r = ctypes.c_void_p()
+                pp = ctypes.c_void_p(piece.data_ptr())
+                if self._op == Adasum:
+                    rc = lib.tide_iadasum_allreduce(comm, pp, pp, piece.numel(), dtype, b.tensors, len(b.params),
+                                                    ctypes.byref(r))
+                else:
+                    rc = lib.tide_iallreduce(comm, pp, pp, piece.numel(), dtype, self._op, ctypes.byref(r))
+                if rc < 0:
+                    raise _comm._fail(rc, call)
+                return r
+            staged = _cuda.Staged(b.flat, b.flat, start, call, _comm._fail, elementwise=self._op != Adasum)
+            b.handle = _comm.Handle(None, None, b.flat, call, staged=staged)
+            return
         ptr = ctypes.c_void_p(b.flat.data_ptr())
         if self._op == Adasum:
             rc = lib.tide_iadasum_allreduce(comm, ptr, ptr, b.flat.numel(), dtype, b.tensors, len(b.params),
                                             ctypes.byref(req))
         else:
             rc = lib.tide_iallreduce(comm, ptr, ptr, b.flat.numel(), dtype, self._op, ctypes.byref(req))
-        call = "DistributedOptimizer allreduce of %s" % ",".join(b.names)
         if rc < 0:
             raise _comm._fail(rc, call)
         b.handle = _comm.Handle(req, (b.flat,), b.flat, call)
@@ -233,8 +255,17 @@ class _DistributedMixin:
             c = ctypes.c_void_p()
             # Created at the first step's density, the highest: the pair
             # buffers then hold every later step's k.
-            _lib.check(lib.tide_compressor_create(kind.value, density, _lib.TOPK_GLOBAL, None, 0,
-                                                  n, None, ctypes.byref(c)), call)
+            if b.flat.is_cuda:  # residual and selection on the GPU
+                torch.cuda.set_device(b.flat.device)
+                rc = lib.tide_compressor_create_gpu(kind.value, density, n, None,
+                                                    ctypes.c_void_p(_cuda.stream_handle(b.flat.device)),
+                                                    ctypes.byref(c))
+                if rc < 0:
+                    raise _cuda.gpu_error(call) or _lib.error(rc, None, call)
+                self._dense_host = torch.empty(d, dtype=torch.float32, pin_memory=True)
+            else:
+                _lib.check(lib.tide_compressor_create(kind.value, density, _lib.TOPK_GLOBAL, None, 0,
+                                                      n, None, ctypes.byref(c)), call)
             self._compressor = c
             self._density = density
             k = lib.tide_compressor_k(c)
@@ -244,10 +275,18 @@ class _DistributedMixin:
             _lib.check(lib.tide_compressor_set_density(self._compressor, density), call)
             self._density = density
         op = _lib.AVG if self._op == Average else _lib.SUM
+        host = ptr
+        if b.flat.is_cuda:  # the dense result comes back through a pinned buffer
+            host = ctypes.c_void_p(self._dense_host.data_ptr())
         if self._compression.name == "hitopk":
-            rc = lib.tide_hitopk_allreduce(comm, ptr, ptr, d, self._compressor, op)
+            if b.flat.is_cuda:  # the intra-host dense reduce-scatter needs the gradient in host memory
+                self._dense_host.copy_(b.flat, non_blocking=True)
+                torch.cuda.current_stream(b.flat.device).synchronize()
+            rc = lib.tide_hitopk_allreduce(comm, host, host, d, self._compressor, op)
             if rc < 0:
                 raise _comm._fail(rc, call)
+            if b.flat.is_cuda:
+                b.flat.copy_(self._dense_host, non_blocking=True)
             return
         k = ctypes.c_size_t()
         rc = lib.tide_compressor_compress(self._compressor, ptr, d, ctypes.c_void_p(self._values.data_ptr()),
@@ -256,9 +295,11 @@ class _DistributedMixin:
             msg = lib.tide_compressor_last_error(self._compressor)
             raise _lib.error(rc, msg.decode() if msg else None, call)
         rc = lib.tide_sparse_allgather(comm, ctypes.c_void_p(self._values.data_ptr()),
-                                       ctypes.c_void_p(self._indices.data_ptr()), k.value, ptr, d, op)
+                                       ctypes.c_void_p(self._indices.data_ptr()), k.value, host, d, op)
         if rc < 0:
             raise _comm._fail(rc, call)
+        if b.flat.is_cuda:
+            b.flat.copy_(self._dense_host, non_blocking=True)
 
     def synchronize(self):
         """Waits for every bucket's exchange (starting those whose hooks did
