@@ -57,6 +57,8 @@ def main():
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--repeats", type=int, default=15)
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--profile", action="store_true",
+                    help="print each kernel's GPU time (torch.profiler) for one call per selector, size, density")
     a = ap.parse_args()
     ok, why = tt.gpu_available()
     if not ok:
@@ -99,6 +101,15 @@ def main():
                         if rc < 0:
                             raise RuntimeError("tide_gpu_topk_select: %s" % lib.tide_strerror(rc).decode())
                     w, e = timed(call, a.warmup, a.repeats)
+                    if a.profile:
+                        from torch.profiler import profile, ProfilerActivity
+                        with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
+                            call()
+                            torch.cuda.synchronize()
+                        evs = [(ev.name, ev.device_time_total) for ev in prof.events()
+                               if ev.device_time_total > 0 and ev.name.startswith(("tide_", "Memcpy", "Memset"))]
+                        print("profile %s d=%d %s density=%g: %s" % (sel, d, dist, density,
+                              ", ".join("%s %.1f" % (n.replace("tide_gpu_", ""), t) for n, t in evs)), flush=True)
                     mass = values.abs().double().sum().item() / exact_mass if exact_mass > 0 else 1.0
                     res[sel + "_ms"], res[sel + "_gpu_ms"] = round(w * 1e3, 4), round(e * 1e3, 4)
                     res[sel + "_mass"] = round(mass, 6)

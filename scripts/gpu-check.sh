@@ -60,7 +60,7 @@ for kind, n in (("train", 20000), ("t10k", 5000)):
     with gzip.open("%s/%s-labels-idx1-ubyte.gz" % (out, kind), "wb") as f:
         f.write(bytes(lhead) + lab[8:8 + n])
 EOF
-  tar -C "$bundle/stage" -cJf "$bundle/bundle.tar.xz" .
+  tar -C "$bundle/stage" -cf - . | xz -T2 -1 >"$bundle/bundle.tar.xz"
   rm -rf "$bundle/stage"
   du -sh "$bundle/bundle.tar.xz"
   exit 0

@@ -316,9 +316,10 @@ struct tide__gpu {
   int sms;
   pthread_mutex_t lock;
   /* scratch */
-  tide__cu_ptr_t state, hist, partials, list;
+  tide__cu_ptr_t state, hist, partials, list, sample;
   size_t list_entries;
   tide__gpu_state_t *host_state; /* pinned */
+  int hist_dirty;                /* the bins need zeroing before the next selection */
 };
 
 #define MAX_CONTEXTS 16
@@ -451,8 +452,11 @@ void tide__gpu_free(tide__gpu_t *g, tide__cu_ptr_t p) {
 }
 
 int tide__gpu_scratch(tide__gpu_t *g, size_t list_entries, tide__cu_ptr_t *state, tide__cu_ptr_t *hist,
-                      tide__cu_ptr_t *partials, tide__cu_ptr_t *list, tide__gpu_state_t **host_state) {
+                      tide__cu_ptr_t *partials, tide__cu_ptr_t *list, tide__cu_ptr_t *sample,
+                      tide__gpu_state_t **host_state, int **hist_dirty) {
   if (g->state == 0) {
+    g->hist_dirty = 1;
+    TIDE_CHECK(tide__gpu_alloc(g, (size_t)1 << 16, &g->sample)); /* 2^14 sampled keys */
     cu_result_t r;
     TIDE_CHECK(tide__gpu_alloc(g, sizeof(tide__gpu_state_t), &g->state));
     TIDE_CHECK(tide__gpu_alloc(g, (size_t)TIDE__GPU_HISTS * TIDE__GPU_BINS * 4, &g->hist));
@@ -472,8 +476,17 @@ int tide__gpu_scratch(tide__gpu_t *g, size_t list_entries, tide__cu_ptr_t *state
   *hist = g->hist;
   *partials = g->partials;
   *list = g->list;
+  *sample = g->sample;
   *host_state = g->host_state;
+  *hist_dirty = &g->hist_dirty;
   return 0;
+}
+
+int tide__gpu_launch_typed(tide__gpu_t *g, tide__gpu_kernel_t kernel, int type, unsigned blocks, void *stream,
+                           void **args) {
+  int i = (int)kernel * 3 + type;
+  cu_result_t r = cu.cuLaunchKernel(g->funcs[i], blocks, 1, 1, TIDE__GPU_THREADS, 1, 1, 0, stream, args, NULL);
+  return r == 0 ? 0 : cu_fail(g->names[i], r);
 }
 
 int tide__gpu_launch(tide__gpu_t *g, const char *fn, unsigned blocks, void *stream, void **args) {

@@ -43,10 +43,15 @@ int tide__gpu_is_device_pointer(const void *p);
 void tide__gpu_lock(tide__gpu_t *g);
 void tide__gpu_unlock(tide__gpu_t *g);
 int tide__gpu_blocks(const tide__gpu_t *g); /* blocks of a pass over x: SMs x 8 */
-/* Scratch of the context, grown to at least the sizes asked; under the lock. */
+/* Scratch of the context, grown to at least the sizes asked; under the lock.
+ * *hist_dirty: set when the histogram bins must be zeroed before use. */
 int tide__gpu_scratch(tide__gpu_t *g, size_t list_entries, tide__cu_ptr_t *state, tide__cu_ptr_t *hist,
-                      tide__cu_ptr_t *partials, tide__cu_ptr_t *list, tide__gpu_state_t **host_state);
+                      tide__cu_ptr_t *partials, tide__cu_ptr_t *list, tide__cu_ptr_t *sample,
+                      tide__gpu_state_t **host_state, int **hist_dirty);
 
+/* Queues select.cu's kernel of that kind for input type (0 f32, 1 f16, 2 bf16). */
+int tide__gpu_launch_typed(tide__gpu_t *g, tide__gpu_kernel_t kernel, int type, unsigned blocks, void *stream,
+                           void **args);
 /* Queues kernel `fn` (a name of select.cu's) with `blocks` blocks of
  * TIDE__GPU_THREADS threads on stream; args as cuLaunchKernel takes them. */
 int tide__gpu_launch(tide__gpu_t *g, const char *fn, unsigned blocks, void *stream, void **args);

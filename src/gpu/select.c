@@ -36,16 +36,13 @@ static size_t list_entries(size_t d, size_t k, const tide__sample_plan_t *plan, 
 typedef struct {
   tide__gpu_t *g;
   void *stream;
-  const char *suffix;
+  int type; /* 0 f32, 1 f16, 2 bf16 */
   unsigned blocks;
   int rc;
 } queue_t;
 
-static void run(queue_t *q, const char *kernel, unsigned blocks, void **args) {
-  if (q->rc != 0) return;
-  char name[48];
-  snprintf(name, sizeof name, "tide_gpu_%s_%s", kernel, q->suffix);
-  q->rc = tide__gpu_launch(q->g, name, blocks, q->stream, args);
+static void run(queue_t *q, tide__gpu_kernel_t kernel, unsigned blocks, void **args) {
+  if (q->rc == 0) q->rc = tide__gpu_launch_typed(q->g, kernel, q->type, blocks, q->stream, args);
 }
 
 int tide__gpu_select(tide_topk_kind_t kind, const tide_topk_opts_t *opts, const void *x, tide_dtype_t dtype,
@@ -98,21 +95,26 @@ int tide__gpu_select(tide_topk_kind_t kind, const tide_topk_opts_t *opts, const 
   int sampled = kind == TIDE_TOPK_SAMPLED && k > 0 && k < d && tide__sample_plan(d, &plan);
 
   tide__gpu_lock(g);
-  tide__cu_ptr_t state, hist, partials, list;
+  tide__cu_ptr_t state, hist, partials, list, sample;
   tide__gpu_state_t *hs;
-  int rc = tide__gpu_scratch(g, list_entries(d, k, &plan, sampled), &state, &hist, &partials, &list, &hs);
+  int *hist_dirty;
+  int rc = tide__gpu_scratch(g, list_entries(d, k, &plan, sampled), &state, &hist, &partials, &list, &sample, &hs,
+                             &hist_dirty);
   if (rc < 0) goto out;
   memset(hs, 0, sizeof *hs);
   hs->d = d;
   hs->k = k;
+  hs->rank = k; /* the first selection seeks the k-th largest key */
   hs->cap = list_entries(d, k, &plan, sampled);
   hs->seed = opts != NULL ? opts->seed : 0;
   hs->bad_index = TIDE__GPU_NONE;
   hs->min_taken = 0xffffffffu;
-  queue_t q = {g, stream, dtype == TIDE_F32 ? "f32" : dtype == TIDE_F16 ? "f16" : "bf16",
-               (unsigned)tide__gpu_blocks(g), 0};
+  queue_t q = {g, stream, dtype == TIDE_F32 ? 0 : dtype == TIDE_F16 ? 1 : 2, (unsigned)tide__gpu_blocks(g), 0};
   q.rc = tide__gpu_copy(g, (void *)(uintptr_t)state, hs, sizeof *hs, stream);
-  if (q.rc == 0) q.rc = tide__gpu_memset32(g, hist, 0, (size_t)TIDE__GPU_HISTS * TIDE__GPU_BINS, stream);
+  /* Each histogram pass zeroes its bins when done; after a failed call
+   * (or the first) they are zeroed here. */
+  if (q.rc == 0 && *hist_dirty) q.rc = tide__gpu_memset32(g, hist, 0, (size_t)TIDE__GPU_HISTS * TIDE__GPU_BINS, stream);
+  *hist_dirty = 1;
 
   int vec = ((uintptr_t)x % 16) == 0;
   int index64 = index_dtype == TIDE_I64;
@@ -125,43 +127,54 @@ int tide__gpu_select(tide_topk_kind_t kind, const tide_topk_opts_t *opts, const 
     void *hp = (void *)(uintptr_t)(hist + (tide__cu_ptr_t)slot++ * TIDE__GPU_BINS * 4);  \
     int stage = (stage_), pass = (pass_);                                                \
     void *args[] = {&xp, &lp, &sp, &hp, &stage, &pass, &vec};                            \
-    run(&q, "hist", q.blocks, args);                                                     \
+    run(&q, TIDE__K_HIST, q.blocks, args);                                               \
   } while (0)
   void *collect_args[] = {&xp, &lp, &sp, &vec};
+  int emit_kind = kind == TIDE_TOPK_MSTOPK ? TIDE__GPU_MSTOPK : TIDE__GPU_EXACT, ties_done = 0;
+  void *emit_args[] = {&xp, &lp, &sp, &values, &indices, &index64, &emit_kind, &vec, &ties_done};
   if (k == 0) {
     void *args[] = {&xp, &sp, &vec};
-    run(&q, "check", q.blocks, args);
+    run(&q, TIDE__K_CHECK, q.blocks, args);
   } else if (kind != TIDE_TOPK_MSTOPK) {
-    if (sampled) {
+    if (sampled) { /* when the cut misses, the histograms read x (exact, slower) */
       unsigned long long runs = plan.runs, stride = plan.stride;
-      void *args[] = {&xp, &sp, &runs, &stride};
-      run(&q, "sample", 1, args);
-      run(&q, "collect", q.blocks, collect_args);
+      void *hp = (void *)(uintptr_t)(hist + (tide__cu_ptr_t)slot++ * TIDE__GPU_BINS * 4);
+      void *kp = (void *)(uintptr_t)sample;
+      void *args[] = {&xp, &sp, &runs, &stride, &hp, &kp};
+      run(&q, TIDE__K_SAMPLE, (unsigned)((runs + TIDE__GPU_THREADS - 1) / TIDE__GPU_THREADS), args);
+      run(&q, TIDE__K_COLLECT, q.blocks, collect_args);
     }
     HIST(TIDE__GPU_STAGE_MAG, 0);
-    run(&q, "collect", q.blocks, collect_args);
+    if (!sampled) run(&q, TIDE__K_COLLECT, q.blocks, collect_args);
     HIST(TIDE__GPU_STAGE_MAG, 1);
     HIST(TIDE__GPU_STAGE_MAG, 2);
-    for (int p = 0; p < 3; p++) HIST(TIDE__GPU_STAGE_TIE, p);
-    int emit_kind = TIDE__GPU_EXACT;
-    void *args[] = {&xp, &lp, &sp, &values, &indices, &index64, &emit_kind, &vec};
-    run(&q, "emit", q.blocks, args);
+    run(&q, TIDE__K_EMIT, q.blocks, emit_args); /* unless ties at the k-th key need breaking */
   } else {
     void *mean_args[] = {&xp, &sp, &pp, &vec};
-    run(&q, "mean", q.blocks, mean_args);
-    for (int r = 0; r < rounds; r++) run(&q, "probe", q.blocks, collect_args);
-    run(&q, "band", q.blocks, collect_args);
+    run(&q, TIDE__K_MEAN, q.blocks, mean_args);
+    for (int r = 0; r < rounds; r++) run(&q, TIDE__K_PROBE, q.blocks, collect_args);
+    run(&q, TIDE__K_BAND, q.blocks, collect_args);
     for (int p = 0; p < 3; p++) HIST(TIDE__GPU_STAGE_BAND_HI, p);
     for (int p = 0; p < 3; p++) HIST(TIDE__GPU_STAGE_BAND_LO, p);
-    int emit_kind = TIDE__GPU_MSTOPK;
-    void *args[] = {&xp, &lp, &sp, &values, &indices, &index64, &emit_kind, &vec};
-    run(&q, "emit", q.blocks, args);
+    run(&q, TIDE__K_EMIT, q.blocks, emit_args);
   }
-#undef HIST
   if (q.rc == 0) q.rc = tide__gpu_copy(g, hs, (void *)(uintptr_t)state, sizeof *hs, stream);
   if (q.rc == 0) q.rc = tide__gpu_sync(g, stream);
+  if (q.rc == 0 && k > 0 && emit_kind == TIDE__GPU_EXACT && hs->tie_needed && hs->bad_index == TIDE__GPU_NONE &&
+      !hs->failed) {
+    /* Ties at the k-th key, more than are taken: the lowest indices among
+     * them (three more passes). Rare in gradients; a second round keeps the
+     * common case free of them. */
+    for (int p = 0; p < 3; p++) HIST(TIDE__GPU_STAGE_TIE, p);
+    ties_done = 1;
+    run(&q, TIDE__K_EMIT, q.blocks, emit_args);
+    if (q.rc == 0) q.rc = tide__gpu_copy(g, hs, (void *)(uintptr_t)state, sizeof *hs, stream);
+    if (q.rc == 0) q.rc = tide__gpu_sync(g, stream);
+  }
+#undef HIST
   rc = q.rc;
   if (rc < 0) goto out;
+  *hist_dirty = hs->failed != 0; /* a failed pass leaves its bins */
   if (hs->bad_index != TIDE__GPU_NONE) {
     *bad_index = (size_t)hs->bad_index;
     rc = TIDE__GPU_NONFINITE;

@@ -96,10 +96,13 @@ __device__ __forceinline__ void scan_x(const void *x, u64 n, int vec, F f) {
   }
 }
 
-/* The same over the list's entries (key, index). */
+__device__ __forceinline__ u32 blocks_for(bool from_list, u64 n);
+
+/* The same over the list's entries (key, index), by the blocks that take
+ * part (blocks_for). */
 template <class F>
 __device__ __forceinline__ void scan_list(const uint2 *list, u64 n, F f) {
-  const u64 step = (u64)gridDim.x * THREADS;
+  const u64 step = (u64)blocks_for(true, n) * THREADS;
   for (u64 base = (u64)blockIdx.x * THREADS; base < n; base += step) {
     u64 i = base + threadIdx.x;
     uint2 e = i < n ? list[i] : make_uint2(0u, 0u);
@@ -108,18 +111,6 @@ __device__ __forceinline__ void scan_list(const uint2 *list, u64 n, F f) {
 }
 
 /* ---- block and warp helpers ---------------------------------------------------------- */
-
-/* A position in *counter for each lane that takes, one atomic per warp.
- * Every lane of the warp must call it. */
-__device__ __forceinline__ u64 warp_append(unsigned long long *counter, bool take) {
-  u32 m = __ballot_sync(FULL, take);
-  if (m == 0) return 0;
-  int lane = threadIdx.x & 31, leader = __ffs(m) - 1;
-  unsigned long long base = 0;
-  if (lane == leader) base = atomicAdd(counter, (unsigned long long)__popc(m));
-  base = __shfl_sync(FULL, base, leader);
-  return base + (u64)__popc(m & ((1u << lane) - 1u));
-}
 
 __device__ u64 block_sum(u64 v) {
   __shared__ u64 part[WARPS];
@@ -188,16 +179,72 @@ __device__ u64 block_exclusive_scan(u64 v, u64 *total) {
   return off + inc - v;
 }
 
-/* True in the block that finishes last; its loads then see every block's
- * writes. Every thread must call it. */
-__device__ bool last_block(tide__gpu_state_t *s) {
+/* Blocks that take part in a pass over n entries of the list: the others
+ * return at once (a list is often far shorter than the grid). Over x: all. */
+__device__ __forceinline__ u32 blocks_for(bool from_list, u64 n) {
+  if (!from_list) return gridDim.x;
+  u64 want = (n + THREADS - 1) / THREADS;
+  return want < 1 ? 1u : want < gridDim.x ? (u32)want : gridDim.x;
+}
+
+/* True in the block that finishes last of the `blocks` taking part; its
+ * loads then see every block's writes. Every thread of those must call it. */
+__device__ bool last_block(tide__gpu_state_t *s, u32 blocks) {
   __shared__ bool last;
   __threadfence();
   __syncthreads();
-  if (threadIdx.x == 0) last = atomicAdd(&s->blocks_done, 1u) == gridDim.x - 1;
+  if (threadIdx.x == 0) last = atomicAdd(&s->blocks_done, 1u) == blocks - 1;
   __syncthreads();
   if (last) __threadfence();
   return last;
+}
+
+/* Positions in *counter for this thread's `count` entries (the first is
+ * returned), one atomic per block and call: a single counter taken by
+ * every warp of the grid serialises at the L2. Every thread of the block
+ * must call it. */
+__device__ u64 block_append(unsigned long long *counter, u32 count) {
+  __shared__ u64 base;
+  u64 total;
+  u64 off = block_exclusive_scan(count, &total);
+  if (total == 0) return 0;
+  if (threadIdx.x == 0) base = atomicAdd(counter, (unsigned long long)total);
+  __syncthreads();
+  u64 first = base + off;
+  __syncthreads(); /* read by all before a later call writes it */
+  return first;
+}
+
+/* For every element of x: take(key, index) decides; put(pos, key, index)
+ * stores the taken ones at consecutive positions of *counter. */
+template <int DT, class T, class P>
+__device__ __forceinline__ void append_x(const void *x, u64 n, int vec, unsigned long long *counter, T take, P put) {
+  const u64 step = (u64)gridDim.x * THREADS * VEC;
+  for (u64 base = (u64)blockIdx.x * THREADS * VEC; base < n; base += step) {
+    u64 i0 = base + (u64)threadIdx.x * VEC;
+    u32 key[VEC], mask = 0;
+    load_keys<DT>(x, i0, n, vec, key);
+#pragma unroll
+    for (int j = 0; j < VEC; j++)
+      if (i0 + j < n && take(key[j], i0 + j)) mask |= 1u << j;
+    u64 pos = block_append(counter, __popc(mask));
+#pragma unroll
+    for (int j = 0; j < VEC; j++)
+      if (mask >> j & 1u) put(pos++, key[j], i0 + j);
+  }
+}
+
+/* The same over the list's entries, by the blocks that take part. */
+template <class T, class P>
+__device__ __forceinline__ void append_list(const uint2 *list, u64 n, unsigned long long *counter, T take, P put) {
+  const u64 step = (u64)blocks_for(true, n) * THREADS;
+  for (u64 base = (u64)blockIdx.x * THREADS; base < n; base += step) {
+    u64 i = base + threadIdx.x;
+    uint2 e = i < n ? list[i] : make_uint2(0u, 0u);
+    bool t = i < n && take(e.x, (u64)e.y);
+    u64 pos = block_append(counter, t ? 1u : 0u);
+    if (t) put(pos, e.x, (u64)e.y);
+  }
 }
 
 /* The bin of h[0..nb) (read as volatile: other blocks' atomics) holding the
@@ -266,6 +313,8 @@ __device__ void hist_pass(const void *x, const uint2 *list, tide__gpu_state_t *s
   if (!active) return;
   const bool from_list = s->use_list;
   const u64 n = from_list ? s->list_len : s->d;
+  const u32 blocks = blocks_for(from_list, n);
+  if (blockIdx.x >= blocks) return;
   const bool index_mode = stage != TIDE__GPU_STAGE_MAG;
   int bits, shift;
   digit(index_mode, pass, &bits, &shift);
@@ -295,11 +344,12 @@ __device__ void hist_pass(const void *x, const uint2 *list, tide__gpu_state_t *s
   __syncthreads();
   for (u32 b = threadIdx.x; b < nb; b += THREADS)
     if (sh[b] != 0) atomicAdd(&hist[b], sh[b]);
-  if (!last_block(s)) return;
+  if (!last_block(s, blocks)) return;
 
   u32 bin;
   u64 above, count;
   bool found = find_bin(hist, (int)nb, s->rank, &bin, &above, &count);
+  for (u32 b = threadIdx.x; b < nb; b += THREADS) hist[b] = 0; /* zeroed for the next selection */
   if (threadIdx.x != 0) return;
   s->blocks_done = 0;
   if (!from_list) s->full_passes++;
@@ -343,16 +393,14 @@ __device__ void collect_pass(const void *x, uint2 *list, tide__gpu_state_t *s, i
   const u32 cut = s->list_cut;
   const u64 cap = s->cap;
   u64 bad = TIDE__GPU_NONE;
-  scan_x<DT>(x, s->d, vec, [&](u32 key, u64 idx, bool valid) {
-    bool take = valid && key >= cut;
-    u64 pos = warp_append(&s->list_len, take);
-    if (take) {
-      if (pos < cap) list[pos] = make_uint2(key, (u32)idx);
-      if (key >= NONFINITE && idx < bad) bad = idx;
-    }
-  });
+  append_x<DT>(
+      x, s->d, vec, &s->list_len, [&](u32 key, u64 idx) { return key >= cut; },
+      [&](u64 pos, u32 key, u64 idx) {
+        if (pos < cap) list[pos] = make_uint2(key, (u32)idx);
+        if (key >= NONFINITE && idx < bad) bad = idx;
+      });
   if (bad != TIDE__GPU_NONE) atomicMin(&s->bad_index, bad);
-  if (!last_block(s) || threadIdx.x != 0) return;
+  if (!last_block(s, gridDim.x) || threadIdx.x != 0) return;
   u64 n = s->list_len;
   s->full_passes++;
   if (n >= s->k && n <= cap) {
@@ -366,13 +414,15 @@ __device__ void collect_pass(const void *x, uint2 *list, tide__gpu_state_t *s, i
   s->blocks_done = 0;
 }
 
-/* The sampled selector's cut, in one block: a stratified sample of `runs`
- * runs of 16 elements, run r at (r * stride / 16) * 16; the cut is the
- * lower edge of the sub-bucket (key >> 9) holding the sample's r-th largest
- * key, r four binomial standard deviations above the expected count of
- * sampled elements at or above the k-th key. */
+/* The sampled selector's cut: a stratified sample of `runs` runs of 16
+ * elements, run r at (r * stride / 16) * 16, one run per thread of a few
+ * blocks (a scattered sample is latency-bound: spread it); the last block
+ * cuts at the lower edge of the sub-bucket (key >> 9) holding the sample's
+ * r-th largest key, r four binomial standard deviations above the expected
+ * count of sampled elements at or above the k-th key. hist: a zeroed slot
+ * of bins (zeroed again after); keys: room for the sample. */
 template <int DT>
-__device__ void sample_cut(const void *x, tide__gpu_state_t *s, u64 runs, u64 stride) {
+__device__ void sample_cut(const void *x, tide__gpu_state_t *s, u64 runs, u64 stride, u32 *hist, u32 *keys) {
   __shared__ u32 sh[TIDE__GPU_BINS];
   const u64 n = runs * 16, d = s->d, k = s->k;
   double e = (double)k * (double)n / (double)d;
@@ -381,33 +431,45 @@ __device__ void sample_cut(const void *x, tide__gpu_state_t *s, u64 runs, u64 st
     if (threadIdx.x == 0) s->fallback = 1;
     return;
   }
-  u32 bins[2];
-  u64 rank = (u64)r;
-  for (int level = 0; level < 2; level++) {
-    for (u32 b = threadIdx.x; b < TIDE__GPU_BINS; b += THREADS) sh[b] = 0;
-    __syncthreads();
-    for (u64 run = threadIdx.x; run < runs; run += THREADS) {
-      u64 start = run * stride / 16 * 16;
-      for (int j = 0; j < 16; j++) {
-        u32 key = key_at<DT>(x, start + j);
-        if (level == 0)
-          atomicAdd(&sh[key >> 20], 1u);
-        else if ((key >> 20) == bins[0])
-          atomicAdd(&sh[(key >> 9) & 2047u], 1u);
-      }
+  for (u32 b = threadIdx.x; b < TIDE__GPU_BINS; b += THREADS) sh[b] = 0;
+  __syncthreads();
+  u64 run = (u64)blockIdx.x * THREADS + threadIdx.x;
+  if (run < runs) {
+    u64 start = run * stride / 16 * 16;
+    u32 key[16];
+#pragma unroll
+    for (int j = 0; j < 16; j++) key[j] = key_at<DT>(x, start + j);
+#pragma unroll
+    for (int j = 0; j < 16; j++) {
+      keys[run * 16 + j] = key[j];
+      atomicAdd(&sh[key[j] >> 20], 1u);
+    }
+  }
+  __syncthreads();
+  for (u32 b = threadIdx.x; b < TIDE__GPU_BINS; b += THREADS)
+    if (sh[b] != 0) atomicAdd(&hist[b], sh[b]);
+  if (!last_block(s, gridDim.x)) return;
+  u32 b1, b2;
+  u64 above, count;
+  bool found = find_bin(hist, TIDE__GPU_BINS, (u64)r, &b1, &above, &count);
+  for (u32 b = threadIdx.x; b < TIDE__GPU_BINS; b += THREADS) {
+    hist[b] = 0; /* zeroed for the next selection */
+    sh[b] = 0;
+  }
+  __syncthreads();
+  if (found) {
+    for (u64 i = threadIdx.x; i < n; i += THREADS) {
+      u32 kk = ((volatile u32 *)keys)[i];
+      if ((kk >> 20) == b1) atomicAdd(&sh[(kk >> 9) & 2047u], 1u);
     }
     __syncthreads();
-    u64 above, count;
-    if (!find_bin(sh, TIDE__GPU_BINS, rank, &bins[level], &above, &count)) {
-      if (threadIdx.x == 0) s->fallback = 1;
-      return;
-    }
-    rank -= above;
+    found = find_bin(sh, TIDE__GPU_BINS, (u64)r - above, &b2, &above, &count);
   }
   if (threadIdx.x != 0) return;
-  u32 cut = (bins[0] << 20) | (bins[1] << 9);
+  s->blocks_done = 0;
+  u32 cut = (b1 << 20) | (b2 << 9);
   if (cut > NONFINITE) cut = NONFINITE; /* every NaN/Inf is a candidate */
-  if (cut == 0) {
+  if (!found || cut == 0) {
     s->fallback = 1;
     return;
   }
@@ -447,7 +509,7 @@ __device__ void mean_pass(const void *x, tide__gpu_state_t *s, double *partials,
     atomicMax(&s->max_key, mk);
   }
   if (bad != TIDE__GPU_NONE) atomicMin(&s->bad_index, bad);
-  if (!last_block(s)) return;
+  if (!last_block(s, gridDim.x)) return;
   double total = 0.0;
   for (u32 b = threadIdx.x; b < gridDim.x; b += THREADS) total += ((volatile double *)partials)[b];
   total = block_sum_double(total);
@@ -468,6 +530,8 @@ __device__ void mean_pass(const void *x, tide__gpu_state_t *s, double *partials,
 template <int DT>
 __device__ void probe_pass(const void *x, uint2 *list, tide__gpu_state_t *s, int vec) {
   const bool from_list = s->use_list;
+  const u32 blocks = blocks_for(from_list, s->list_len);
+  if (blockIdx.x >= blocks) return;
   const double f = (s->lo_f + s->hi_f) / 2.0;
   const float t = (float)(s->base + f * (s->top - s->base));
   const u32 tk = key_of(t);
@@ -476,30 +540,24 @@ __device__ void probe_pass(const void *x, uint2 *list, tide__gpu_state_t *s, int
   if (from_list) {
     scan_list(list, s->list_len, [&](u32 key, u64 idx, bool valid) { c += valid && key >= tk; });
   } else {
-    const u64 n = s->d, step = (u64)gridDim.x * THREADS * VEC;
-    for (u64 base = (u64)blockIdx.x * THREADS * VEC; base < n; base += step) {
-      u64 i0 = base + (u64)threadIdx.x * VEC;
-      u32 key[VEC];
-      load_keys<DT>(x, i0, n, vec, key);
-      u32 full = __shfl_sync(FULL, *(volatile u32 *)&s->overflow, 0);
-#pragma unroll
-      for (int j = 0; j < VEC; j++) {
-        bool take = i0 + j < n && key[j] >= tk;
-        c += take;
-        if (full) continue;
-        u64 pos = warp_append(&s->list_len, take);
-        if (take) {
+    /* Collect while counting; positions past cap only count (overflow). */
+    append_x<DT>(
+        x, s->d, vec, &s->list_len,
+        [&](u32 key, u64 idx) {
+          bool take = key >= tk;
+          c += take;
+          return take;
+        },
+        [&](u64 pos, u32 key, u64 idx) {
           if (pos < cap)
-            list[pos] = make_uint2(key[j], (u32)(i0 + j));
+            list[pos] = make_uint2(key, (u32)idx);
           else
             s->overflow = 1;
-        }
-      }
-    }
+        });
   }
   c = block_sum(c);
   if (threadIdx.x == 0) atomicAdd(&s->count, (unsigned long long)c);
-  if (!last_block(s) || threadIdx.x != 0) return;
+  if (!last_block(s, blocks) || threadIdx.x != 0) return;
   c = s->count;
   if (c <= s->k) {
     s->hi_f = f;
@@ -556,6 +614,8 @@ __device__ __forceinline__ bool in_band(const tide__gpu_state_t *s, u32 key, u64
 template <int DT>
 __device__ void band_pass(const void *x, const uint2 *list, tide__gpu_state_t *s, int vec) {
   const bool from_list = s->use_list;
+  const u32 blocks = blocks_for(from_list, s->list_len);
+  if (blockIdx.x >= blocks) return;
   const u64 k1 = s->k1;
   const u32 key1 = s->key1, key2 = s->key2;
   u64 c = 0;
@@ -566,7 +626,7 @@ __device__ void band_pass(const void *x, const uint2 *list, tide__gpu_state_t *s
     scan_x<DT>(x, s->d, vec, visit);
   c = block_sum(c);
   if (threadIdx.x == 0) atomicAdd(&s->count, (unsigned long long)c);
-  if (!last_block(s) || threadIdx.x != 0) return;
+  if (!last_block(s, blocks) || threadIdx.x != 0) return;
   u64 band = s->count, need = s->k - k1, seed = s->seed;
   s->band = band;
   s->need = need;
@@ -586,24 +646,24 @@ __device__ void band_pass(const void *x, const uint2 *list, tide__gpu_state_t *s
  * TIDE__GPU_MSTOPK. Writes nothing after a NaN/Inf or a failed check. */
 template <int DT>
 __device__ void emit_pass(const void *x, const uint2 *list, tide__gpu_state_t *s, void *values, void *indices,
-                          int index64, int kind, int vec) {
+                          int index64, int kind, int vec, int ties_done) {
   if (s->bad_index != TIDE__GPU_NONE || s->failed) return;
+  if (kind == TIDE__GPU_EXACT && s->tie_needed && !ties_done) return; /* the host queues the tie passes */
   const bool from_list = s->use_list;
+  const u32 blocks = blocks_for(from_list, s->list_len);
+  if (blockIdx.x >= blocks) return;
   const u64 k = s->k;
   const u32 kth = s->kth, tie_index = s->tie_index, tie_needed = s->tie_needed;
   const u64 k1 = s->k1, need = s->need, offset = s->offset;
   const u32 key1 = s->key1, key2 = s->key2, hi_index = s->hi_index, lo_index = s->lo_index;
   u32 least = 0xffffffffu;
-  auto visit = [&](u32 key, u64 idx, bool valid) {
-    bool take;
-    if (kind == TIDE__GPU_EXACT)
-      take = key > kth || (key == kth && (!tie_needed || idx <= tie_index));
-    else
-      take = (k1 > 0 && key >= key1) ||
-             (need > 0 && in_band(s, key, k1, key1, key2) && idx <= hi_index && (offset == 0 || idx > lo_index));
-    take = take && valid;
-    u64 pos = warp_append(&s->written, take);
-    if (take && pos < k) {
+  auto take = [&](u32 key, u64 idx) {
+    if (kind == TIDE__GPU_EXACT) return key > kth || (key == kth && (!tie_needed || idx <= tie_index));
+    return (k1 > 0 && key >= key1) ||
+           (need > 0 && in_band(s, key, k1, key1, key2) && idx <= hi_index && (offset == 0 || idx > lo_index));
+  };
+  auto put = [&](u64 pos, u32 key, u64 idx) {
+    if (pos < k) {
       if (DT == 0)
         ((float *)values)[pos] = ((const float *)x)[idx];
       else
@@ -616,12 +676,12 @@ __device__ void emit_pass(const void *x, const uint2 *list, tide__gpu_state_t *s
     }
   };
   if (from_list)
-    scan_list(list, s->list_len, visit);
+    append_list(list, s->list_len, &s->written, take, put);
   else
-    scan_x<DT>(x, s->d, vec, visit);
+    append_x<DT>(x, s->d, vec, &s->written, take, put);
   least = block_min(least);
   if (threadIdx.x == 0 && least != 0xffffffffu) atomicMin(&s->min_taken, least);
-  if (!last_block(s) || threadIdx.x != 0) return;
+  if (!last_block(s, blocks) || threadIdx.x != 0) return;
   if (!from_list) s->full_passes++;
   s->blocks_done = 0;
 }
@@ -653,9 +713,9 @@ extern "C" __global__ void __launch_bounds__(THREADS) tide_gpu_ef_zero(float *re
       tide_gpu_collect_##SUFFIX(const void *x, uint2 *list, tide__gpu_state_t *s, int vec) {                   \
     collect_pass<DT>(x, list, s, vec);                                                                         \
   }                                                                                                            \
-  extern "C" __global__ void __launch_bounds__(THREADS)                                                        \
-      tide_gpu_sample_##SUFFIX(const void *x, tide__gpu_state_t *s, u64 runs, u64 stride) {                    \
-    sample_cut<DT>(x, s, runs, stride);                                                                        \
+  extern "C" __global__ void __launch_bounds__(THREADS) tide_gpu_sample_##SUFFIX(                             \
+      const void *x, tide__gpu_state_t *s, u64 runs, u64 stride, u32 *hist, u32 *keys) {                       \
+    sample_cut<DT>(x, s, runs, stride, hist, keys);                                                            \
   }                                                                                                            \
   extern "C" __global__ void __launch_bounds__(THREADS) tide_gpu_check_##SUFFIX(const void *x,                 \
                                                                                 tide__gpu_state_t *s, int vec) { \
@@ -675,8 +735,8 @@ extern "C" __global__ void __launch_bounds__(THREADS) tide_gpu_ef_zero(float *re
   }                                                                                                            \
   extern "C" __global__ void __launch_bounds__(THREADS)                                                        \
       tide_gpu_emit_##SUFFIX(const void *x, const uint2 *list, tide__gpu_state_t *s, void *values,             \
-                             void *indices, int index64, int kind, int vec) {                                  \
-    emit_pass<DT>(x, list, s, values, indices, index64, kind, vec);                                            \
+                             void *indices, int index64, int kind, int vec, int ties_done) {                   \
+    emit_pass<DT>(x, list, s, values, indices, index64, kind, vec, ties_done);                                 \
   }
 
 TIDE_GPU_ENTRIES(f32, 0)

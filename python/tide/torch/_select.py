@@ -42,6 +42,9 @@ def topk(tensor, k, selector="sampled", seed=0, rounds=0, name=None, stats=False
                                       ctypes.c_void_p(values.data_ptr()), ctypes.c_void_p(indices.data_ptr()),
                                       _lib.I64, ctypes.c_void_p(_cuda.stream_handle(tensor.device)),
                                       ctypes.byref(st))
+        if rc == -errno.EINVAL:
+            raise _lib.error(rc, "tide_gpu_topk_select refused it: the tensor holds a NaN or Inf, or an argument is "
+                             "out of range (tide's log line names the element or the argument)", call)
         if rc < 0:
             raise (_cuda.gpu_error(call) if rc == -errno.ENOSYS else None) or _lib.error(rc, None, call)
     else:
@@ -52,6 +55,9 @@ def topk(tensor, k, selector="sampled", seed=0, rounds=0, name=None, stats=False
         rc = lib.tide_topk_select_opts(kind.value, ctypes.byref(opts), ctypes.c_void_p(tensor.data_ptr()), d, k,
                                        label, ctypes.c_void_p(values.data_ptr()),
                                        ctypes.c_void_p(idx32.data_ptr()), ctypes.byref(st))
+        if rc == -errno.EINVAL:
+            raise _lib.error(rc, "tide_topk_select refused it: the tensor holds a NaN or Inf (tide's log line names "
+                             "the element)", call)
         if rc < 0:
             raise _lib.error(rc, None, call)
         indices = idx32.to(torch.int64) & 0xffffffff
