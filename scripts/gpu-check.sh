@@ -17,21 +17,23 @@
 #   scripts/gpu-check.sh --from-bundle   there: runs from .gpu-bundle/
 #
 # Writes the log and the benchmark's JSON lines to $OUT when set (else
-# gpu-check-out/).
+# gpu-check-out/). BUILD names the build directory (default build).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 mode=${1:-build}
 bundle=$root/.gpu-bundle
+build=${BUILD:-build}
+case $build in /*) ;; *) build=$root/$build ;; esac
 
 if [ "$mode" = "--bundle" ]; then
-  make build >/dev/null
+  make build BUILD="$build" >/dev/null
   rm -rf "$bundle"
   mkdir -p "$bundle/stage/lib" "$bundle/stage/bin" "$bundle/stage/data"
-  cp -L build/libtide.so.0 "$bundle/stage/lib/"
-  cp build/tools/tiderun build/tools/tide build/test/test_gpu "$bundle/stage/bin/"
+  cp -L "$build/libtide.so.0" "$bundle/stage/lib/"
+  cp "$build/tools/tiderun" "$build/tools/tide" "$build/test/test_gpu" "$bundle/stage/bin/"
   # Every shared library they load except glibc's own (the GPU machine has its own).
-  for f in build/libtide.so.0 build/tools/tiderun build/test/test_gpu; do
+  for f in "$build/libtide.so.0" "$build/tools/tiderun" "$build/test/test_gpu"; do
     ldd "$f" | awk '$3 ~ /^\// {print $3}'
   done | sort -u | while read -r lib; do
     case "$(basename "$lib")" in
@@ -80,10 +82,9 @@ if [ "$mode" = "--from-bundle" ]; then
   bin=$run/bin
   data=$run/data
 else
-  make build >/dev/null
-  export TIDE_LIBRARY="$root/build/libtide.so" TIDE_TOOLS_DIR="$root/build/tools"
-  bin=$root/build/test
-  cp build/tools/tiderun build/tools/tide "$bin/" 2>/dev/null || true
+  make build BUILD="$build" >/dev/null
+  export TIDE_LIBRARY="$build/libtide.so" TIDE_TOOLS_DIR="$build/tools"
+  bin=$build/test
   data=/usr/share/datasets/fashion-mnist
   [ -x /usr/bin/python3 ] && py=/usr/bin/python3
 fi

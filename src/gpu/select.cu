@@ -112,49 +112,29 @@ __device__ __forceinline__ void scan_list(const uint2 *list, u64 n, F f) {
 
 /* ---- block and warp helpers ---------------------------------------------------------- */
 
-__device__ u64 block_sum(u64 v) {
-  __shared__ u64 part[WARPS];
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_down_sync(FULL, v, o);
+/* The block's reduction of v by op, every thread getting it, in a fixed
+ * order: the same input gives the same bits (the mean's double sums). */
+template <class T, class Op>
+__device__ T block_reduce(T v, T identity, Op op) {
+  __shared__ T part[WARPS];
+  for (int o = 16; o > 0; o >>= 1) v = op(v, __shfl_down_sync(FULL, v, o));
   if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = v;
   __syncthreads();
-  u64 t = 0;
-  for (int w = 0; w < WARPS; w++) t += part[w];
+  T t = identity;
+  for (int w = 0; w < WARPS; w++) t = op(t, part[w]);
   __syncthreads();
   return t;
 }
 
-/* A fixed order of additions, so the same input gives the same bits. */
-__device__ double block_sum_double(double v) {
-  __shared__ double part[WARPS];
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_down_sync(FULL, v, o);
-  if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = v;
-  __syncthreads();
-  double t = 0.0;
-  for (int w = 0; w < WARPS; w++) t += part[w];
-  __syncthreads();
-  return t;
+template <class T>
+__device__ T block_sum(T v) {
+  return block_reduce(v, (T)0, [](T a, T b) { return a + b; });
 }
-
 __device__ u32 block_min(u32 v) {
-  __shared__ u32 part[WARPS];
-  for (int o = 16; o > 0; o >>= 1) v = min(v, __shfl_down_sync(FULL, v, o));
-  if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = v;
-  __syncthreads();
-  u32 t = 0xffffffffu;
-  for (int w = 0; w < WARPS; w++) t = min(t, part[w]);
-  __syncthreads();
-  return t;
+  return block_reduce(v, 0xffffffffu, [](u32 a, u32 b) { return min(a, b); });
 }
-
 __device__ u32 block_max(u32 v) {
-  __shared__ u32 part[WARPS];
-  for (int o = 16; o > 0; o >>= 1) v = max(v, __shfl_down_sync(FULL, v, o));
-  if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = v;
-  __syncthreads();
-  u32 t = 0;
-  for (int w = 0; w < WARPS; w++) t = max(t, part[w]);
-  __syncthreads();
-  return t;
+  return block_reduce(v, 0u, [](u32 a, u32 b) { return max(a, b); });
 }
 
 /* Exclusive prefix sum over the block's threads in thread order; *total
@@ -502,7 +482,7 @@ __device__ void mean_pass(const void *x, tide__gpu_state_t *s, double *partials,
     mk = max(mk, key);
     if (key >= NONFINITE && idx < bad) bad = idx;
   });
-  double sum = block_sum_double(acc);
+  double sum = block_sum(acc);
   mk = block_max(mk);
   if (threadIdx.x == 0) {
     partials[blockIdx.x] = sum;
@@ -512,7 +492,7 @@ __device__ void mean_pass(const void *x, tide__gpu_state_t *s, double *partials,
   if (!last_block(s, gridDim.x)) return;
   double total = 0.0;
   for (u32 b = threadIdx.x; b < gridDim.x; b += THREADS) total += ((volatile double *)partials)[b];
-  total = block_sum_double(total);
+  total = block_sum(total);
   if (threadIdx.x != 0) return;
   s->base = total / (double)s->d;
   s->top = (double)__uint_as_float(((volatile tide__gpu_state_t *)s)->max_key);
