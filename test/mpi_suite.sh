@@ -31,13 +31,19 @@ mapfile -t layers < <(find "$src/src/core" "$src/src/store" "$src/src/transport"
 mapfile -t others < <(find "$src/src" -name '*.c' -not -path '*/src/nn/*' | sort | grep -v -F -x -f <(printf '%s\n' "${layers[@]}"))
 tests=("$src/test/test_mpi.c" "$src/test/coll_suite.c" "$src/test/harness.c")
 
+# The GPU kernels' source as C strings (src/gpu/driver.c includes them).
+mkdir -p "$work/generated/gpu"
+cmake "-DINPUTS=$src/src/gpu/select.cu;$src/src/gpu/state.h" "-DVARS=tide__gpu_select_cu;tide__gpu_state_h" \
+      -DOUT="$work/generated/gpu/sources.h" -P "$src/cmake/embed.cmake"
+export WORK=$work
+
 # compile FILE...: objects in $work/obj, two compilers at a time (2 cores).
 compile() {
   local s
   for s in "$@"; do
     printf '%s\n%s\n' "$s" "$work/obj/$(echo "${s#"$src"/}" | tr '/' '_').o"
   done | xargs -P 2 -n 2 sh -c 'mpicc.mpich -std=c11 -O2 -g -Wall -Wextra -Werror -D_GNU_SOURCE \
-      -DTIDE_BUILDING -DTIDE_HAVE_MPI -I"$0/include" -I"$0/src" -I"$0/test" -c "$1" -o "$2"' "$src"
+      -DTIDE_BUILDING -DTIDE_HAVE_MPI -I"$0/include" -I"$0/src" -I"$0/test" -I"$WORK/generated" -c "$1" -o "$2"' "$src"
 }
 objects() {
   local s
@@ -49,10 +55,10 @@ if [ ! -x "$bin" ] || [ -n "$(find "$src/src" "$src/include" "$src/test" -newer 
   rm -f "$work"/obj/*.o "$bin"
   compile "${layers[@]}" "${tests[@]}"
   mapfile -t objs < <(objects "${layers[@]}" "${tests[@]}")
-  if ! mpicc.mpich "${objs[@]}" -o "$bin" -lpthread -lm -lrt -lhwloc -lnlopt -llapacke -lopenblas -lpng -ljpeg -lcurl -lz 2>/dev/null; then
+  if ! mpicc.mpich "${objs[@]}" -o "$bin" -lpthread -lm -lrt -ldl -lhwloc -lnlopt -llapacke -lopenblas -lpng -ljpeg -lcurl -lz 2>/dev/null; then
     compile "${others[@]}"
     mapfile -t more < <(objects "${others[@]}")
-    mpicc.mpich "${objs[@]}" "${more[@]}" -o "$bin" -lpthread -lm -lrt -lhwloc -lnlopt -llapacke -lopenblas -lpng -ljpeg -lcurl -lz
+    mpicc.mpich "${objs[@]}" "${more[@]}" -o "$bin" -lpthread -lm -lrt -ldl -lhwloc -lnlopt -llapacke -lopenblas -lpng -ljpeg -lcurl -lz
   fi
 fi
 # MPICH polls without yielding: 3 and 4 ranks on 2 cores are slow, so the
