@@ -113,7 +113,7 @@ static int load_nvrtc(void) {
   char tried[256] = "";
   void *h = open_first(names, sizeof names / sizeof *names, tried, sizeof tried);
   if (h == NULL) {
-    snprintf(probe_why, sizeof probe_why, "NVRTC not found (tried %s; set TIDE_NVRTC_LIBRARY)", tried);
+    snprintf(probe_why, sizeof probe_why, "NVRTC not found (tried %.180s; set TIDE_NVRTC_LIBRARY)", tried);
     return 0;
   }
   struct {
