@@ -699,6 +699,58 @@ typedef struct {
 double tide_pollux_throughput(const tide_pollux_model_t *model, int nodes, int replicas, double atomic,
                               int accum);
 
+/* A job's batch limits for Pollux's optimiser: the base batch M0 the
+ * efficiency is relative to, the largest global batch, the micro-batch
+ * bounds per worker, and the most passes per step (1: no accumulation). */
+typedef struct {
+  double base_batch, max_batch, min_atomic, max_atomic;
+  int max_passes;
+} tide_pollux_limits_t;
+
+/* A batch shape and its modelled goodput (samples/s x efficiency). */
+typedef struct {
+  double goodput, batch, atomic;
+  int accum; /* extra passes: the step is accum + 1 passes */
+} tide_pollux_choice_t;
+
+/* The shape of global batch `batch` on `replicas` workers (local =
+ * ceil(batch / replicas) split into the fewest passes of at most
+ * max_atomic, no more than max_passes) and its goodput at noise scale phi,
+ * in *out. TIDE_EINVAL for a NULL pointer, a model or limits out of range.
+ * Pure; any thread. */
+int tide_pollux_goodput(const tide_pollux_model_t *model, const tide_pollux_limits_t *limits, int nodes,
+                        int replicas, double phi, double batch, tide_pollux_choice_t *out);
+/* The best of 50 global batches spaced geometrically over
+ * [max(base_batch, min_atomic * replicas), max_batch] (the first best on a
+ * tie), as the Pollux agent and the cluster scheduler's speedup function
+ * choose it. Errors as tide_pollux_goodput. Pure; any thread. */
+int tide_pollux_optimize(const tide_pollux_model_t *model, const tide_pollux_limits_t *limits, int nodes,
+                         int replicas, double phi, tide_pollux_choice_t *out);
+
+/* One profile the throughput model is fitted to: mean seconds of one
+ * forward/backward pass (t_acc) and of the last pass with the exchange
+ * (t_opt) seen at `atomic` samples per worker on `replicas` workers over
+ * `nodes` hosts. */
+typedef struct {
+  int nodes, replicas;
+  double atomic, t_acc, t_opt;
+} tide_pollux_profile_t;
+/* Fit flags: gamma free in [1, 10] (the exchange overlaps the backward
+ * pass) instead of 1; after the fit, a network never measured is made no
+ * faster than the one that was (alpha_n >= 1.1 alpha_r, beta_n >= 1.1
+ * beta_r without multi-host profiles), so a scheduler explores it
+ * optimistically but not for free; restart the local search from several
+ * starting points and keep the best. */
+enum { TIDE_POLLUX_FIT_OVERLAP = 1, TIDE_POLLUX_FIT_EXPLORE = 2, TIDE_POLLUX_FIT_RESTARTS = 4 };
+/* Fits the model to n >= 1 profiles (RMSLE of t_acc and t_opt plus the
+ * spec's regularisers, NLopt BOBYQA); terms the profiles cannot identify
+ * are pinned as AdaptDL does (one micro-batch size: alpha_c at half the
+ * mean t_acc; no multi-host profile: alpha_n, beta_n; no single-host
+ * multi-worker profile: alpha_r, beta_r; one worker count: the slopes).
+ * *model is written only on success. TIDE_EINVAL for bad profiles,
+ * TIDE_ENOMEM, or TIDE_ESTATE when the solver fails. Pure; any thread. */
+int tide_pollux_fit(const tide_pollux_profile_t *profiles, int n, unsigned flags, tide_pollux_model_t *model);
+
 /* ---- the training step ---------------------------------------------------- */
 
 /* A trainer owns one data-parallel training step over a caller-owned flat
