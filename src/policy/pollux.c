@@ -39,6 +39,7 @@ typedef struct {
   int n;
   double full[P_COUNT];
   int free_at[P_COUNT], nfree;
+  int logspace; /* the search runs over log(x) */
 } fit_t;
 
 static tide_pollux_model_t model_of(const double *x) {
@@ -57,7 +58,7 @@ static double net_time(const tide_pollux_model_t *m, int nodes, int replicas) {
 static double objective(unsigned n, const double *x, double *grad, void *data) {
   fit_t *f = data;
   (void)grad;
-  for (unsigned i = 0; i < n; i++) f->full[f->free_at[i]] = x[i];
+  for (unsigned i = 0; i < n; i++) f->full[f->free_at[i]] = f->logspace ? exp(x[i]) : x[i];
   tide_pollux_model_t m = model_of(f->full);
   double acc = 0, opt = 0, weight = 0;
   for (int i = 0; i < f->n; i++) {
@@ -78,7 +79,7 @@ static double objective(unsigned n, const double *x, double *grad, void *data) {
 /* One local BOBYQA (COBYLA for one free term) from x; 0 and the
  * objective in *value, or a negative NLopt result. */
 static int fit_from(fit_t *f, const double *lb, const double *ub, double *x, double *value) {
-  nlopt_opt opt = nlopt_create(f->nfree >= 2 ? NLOPT_LN_BOBYQA : NLOPT_LN_COBYLA, (unsigned)f->nfree);
+  nlopt_opt opt = nlopt_create(f->logspace ? NLOPT_LN_SBPLX : f->nfree >= 2 ? NLOPT_LN_BOBYQA : NLOPT_LN_COBYLA, (unsigned)f->nfree);
   if (opt == NULL) return TIDE_ENOMEM;
   nlopt_set_lower_bounds(opt, lb);
   nlopt_set_upper_bounds(opt, ub);
@@ -139,34 +140,40 @@ int tide_pollux_fit(const tide_pollux_profile_t *profiles, int n, unsigned flags
     }
   }
   double best_x[P_COUNT], best = INFINITY, value;
-  int tries = flags & TIDE_POLLUX_FIT_RESTARTS ? 4 : 1, rc = TIDE_ESTATE;
-  /* Restarts scale the free terms of the first start by decades around
-   * the measured times, so a local search that stalls far away is not
-   * the only answer. */
-  static const double scales[4] = {1, 0.1, 10, 0.01};
-  for (int t = 0; t < tries; t++) {
-    double xt[P_COUNT];
-    for (int i = 0; i < f.nfree; i++) {
-      xt[i] = x[i] * scales[t];
-      if (f.free_at[i] == P_GAMMA) xt[i] = t == 0 ? x[i] : 1 + t;
-      if (xt[i] < lb[i]) xt[i] = lb[i];
-      if (xt[i] > ub[i]) xt[i] = ub[i];
-    }
-    if (f.nfree == 0) {
-      best = 0;
-      rc = 0;
-      break;
-    }
-    int r = fit_from(&f, lb, ub, xt, &value);
+  int rc = TIDE_ESTATE;
+  if (f.nfree == 0) {
+    rc = 0;
+  } else if (!(flags & TIDE_POLLUX_FIT_RESTARTS)) {
+    int r = fit_from(&f, lb, ub, x, &value);
     if (r == TIDE_ENOMEM) return r;
-    if (r < 0) {
-      TIDE_DEBUG("pollux: throughput fit failed (NLopt %d)", r);
-      continue;
+    if (r < 0) TIDE_DEBUG("pollux: throughput fit failed (NLopt %d)", r);
+    else memcpy(best_x, x, sizeof x), rc = 0;
+  } else {
+    /* Over log(x), from several starts (the terms span decades, and one
+     * local search from one start can stall far from the optimum): the
+     * first start scaled by decades, gamma from 1 to 8. */
+    static const double scales[8] = {1, 0.1, 10, 1, 0.1, 10, 0.01, 1}, gammas[8] = {1, 1, 1, 2, 2, 4, 4, 8};
+    double llb[P_COUNT], lub[P_COUNT];
+    for (int i = 0; i < f.nfree; i++) llb[i] = log(lb[i]), lub[i] = log(ub[i]);
+    f.logspace = 1;
+    for (int t = 0; t < 8; t++) {
+      double xt[P_COUNT];
+      for (int i = 0; i < f.nfree; i++) {
+        xt[i] = log(f.free_at[i] == P_GAMMA ? gammas[t] : x[i] * scales[t]);
+        xt[i] = fmin(fmax(xt[i], llb[i]), lub[i]);
+      }
+      int r = fit_from(&f, llb, lub, xt, &value);
+      if (r == TIDE_ENOMEM) return r;
+      if (r < 0 && r != NLOPT_ROUNDOFF_LIMITED) continue;
+      if (value < best) {
+        best = value, rc = 0;
+        for (int i = 0; i < f.nfree; i++) best_x[i] = exp(xt[i]);
+      }
     }
-    if (value < best) best = value, memcpy(best_x, xt, sizeof xt), rc = 0;
   }
   if (rc != 0) return rc;
-  for (int i = 0; i < f.nfree; i++) f.full[f.free_at[i]] = best_x[i];
+  /* NLopt may end a hair outside a bound (gamma 1 - 1e-16). */
+  for (int i = 0; i < f.nfree; i++) f.full[f.free_at[i]] = fmin(fmax(best_x[i], lb[i]), ub[i]);
   tide_pollux_model_t m = model_of(f.full);
   if ((flags & TIDE_POLLUX_FIT_EXPLORE) && !multi_node) {
     if (m.alpha_n < 1.1 * m.alpha_r) m.alpha_n = 1.1 * m.alpha_r;
