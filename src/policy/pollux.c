@@ -40,6 +40,7 @@ typedef struct {
   double full[P_COUNT];
   int free_at[P_COUNT], nfree;
   int logspace; /* the search runs over log(x) */
+  double *log_acc, *log_opt; /* of the profiles' times */
 } fit_t;
 
 static tide_pollux_model_t model_of(const double *x) {
@@ -65,14 +66,17 @@ static double objective(unsigned n, const double *x, double *grad, void *data) {
     const tide_pollux_profile_t *pr = &f->profiles[i];
     double model_acc = m.alpha_c + m.beta_c * pr->atomic;
     double model_net = net_time(&m, pr->nodes, pr->replicas);
-    double model_opt = pow(pow(model_acc, m.gamma) + pow(model_net, m.gamma), 1 / m.gamma);
-    acc += pow(log(model_acc) - log(pr->t_acc), 2);
-    opt += pow(log(model_opt) - log(pr->t_opt), 2);
+    /* gamma 1 (the agent's, pinned) needs no pow: the same value */
+    double model_opt = m.gamma == 1 ? model_acc + model_net
+                                    : pow(pow(model_acc, m.gamma) + pow(model_net, m.gamma), 1 / m.gamma);
+    double d_acc = log(model_acc) - f->log_acc[i], d_opt = log(model_opt) - f->log_opt[i];
+    acc += d_acc * d_acc;
+    opt += d_opt * d_opt;
     weight += 1;
   }
-  double r = sqrt(acc / weight) + sqrt(opt / weight) + 1e-3 * pow(m.gamma - 1, 2);
-  if (m.alpha_n > 0) r += 1e-2 * pow(m.beta_n / m.alpha_n, 2);
-  if (m.alpha_r > 0) r += 1e-2 * pow(m.beta_r / m.alpha_r, 2);
+  double r = sqrt(acc / weight) + sqrt(opt / weight) + 1e-3 * (m.gamma - 1) * (m.gamma - 1);
+  if (m.alpha_n > 0) r += 1e-2 * (m.beta_n / m.alpha_n) * (m.beta_n / m.alpha_n);
+  if (m.alpha_r > 0) r += 1e-2 * (m.beta_r / m.alpha_r) * (m.beta_r / m.alpha_r);
   return r;
 }
 
@@ -115,6 +119,10 @@ int tide_pollux_fit(const tide_pollux_profile_t *profiles, int n, unsigned flags
     acc_mean += pr->t_acc / n;
   }
   fit_t f = {.profiles = profiles, .n = n};
+  f.log_acc = tide__malloc((size_t)n * 2 * sizeof *f.log_acc);
+  if (f.log_acc == NULL) return TIDE_ENOMEM;
+  f.log_opt = f.log_acc + n;
+  for (int i = 0; i < n; i++) f.log_acc[i] = log(profiles[i].t_acc), f.log_opt[i] = log(profiles[i].t_opt);
   double lower[P_COUNT], upper[P_COUNT], start[P_COUNT] = {0.1, 0.01, 0.1, 0.01, 0.1, 0.01, 1.0};
   int pinned[P_COUNT] = {0};
   for (int i = 0; i < P_COUNT; i++) lower[i] = 1e-8, upper[i] = 1e3;
@@ -145,25 +153,25 @@ int tide_pollux_fit(const tide_pollux_profile_t *profiles, int n, unsigned flags
     rc = 0;
   } else if (!(flags & TIDE_POLLUX_FIT_RESTARTS)) {
     int r = fit_from(&f, lb, ub, x, &value);
-    if (r == TIDE_ENOMEM) return r;
-    if (r < 0) TIDE_DEBUG("pollux: throughput fit failed (NLopt %d)", r);
+    if (r == TIDE_ENOMEM) rc = r;
+    else if (r < 0) TIDE_DEBUG("pollux: throughput fit failed (NLopt %d)", r);
     else memcpy(best_x, x, sizeof x), rc = 0;
   } else {
     /* Over log(x), from several starts (the terms span decades, and one
      * local search from one start can stall far from the optimum): the
      * first start scaled by decades, gamma from 1 to 8. */
-    static const double scales[8] = {1, 0.1, 10, 1, 0.1, 10, 0.01, 1}, gammas[8] = {1, 1, 1, 2, 2, 4, 4, 8};
+    static const double scales[4] = {1, 0.1, 1, 10}, gammas[4] = {1, 1, 3, 8};
     double llb[P_COUNT], lub[P_COUNT];
     for (int i = 0; i < f.nfree; i++) llb[i] = log(lb[i]), lub[i] = log(ub[i]);
     f.logspace = 1;
-    for (int t = 0; t < 8; t++) {
+    for (int t = 0; t < 4 && rc != TIDE_ENOMEM; t++) {
       double xt[P_COUNT];
       for (int i = 0; i < f.nfree; i++) {
         xt[i] = log(f.free_at[i] == P_GAMMA ? gammas[t] : x[i] * scales[t]);
         xt[i] = fmin(fmax(xt[i], llb[i]), lub[i]);
       }
       int r = fit_from(&f, llb, lub, xt, &value);
-      if (r == TIDE_ENOMEM) return r;
+      if (r == TIDE_ENOMEM) rc = r;
       if (r < 0 && r != NLOPT_ROUNDOFF_LIMITED) continue;
       if (value < best) {
         best = value, rc = 0;
@@ -171,6 +179,7 @@ int tide_pollux_fit(const tide_pollux_profile_t *profiles, int n, unsigned flags
       }
     }
   }
+  tide__free(f.log_acc);
   if (rc != 0) return rc;
   /* NLopt may end a hair outside a bound (gamma 1 - 1e-16). */
   for (int i = 0; i < f.nfree; i++) f.full[f.free_at[i]] = fmin(fmax(best_x[i], lb[i]), ub[i]);

@@ -199,7 +199,8 @@ static void observe(const sim_t *s, job_t *j, double step, double sync) {
   j->profiles[j->nprofiles++] = (tide_pollux_profile_t){j->nodes, j->slots, j->atomic, t_acc, step};
   if (j->slots > j->max_seen) j->max_seen = j->slots;
   tide_pollux_model_t m;
-  if (tide_pollux_fit(j->profiles, j->nprofiles, TIDE_POLLUX_FIT_OVERLAP | TIDE_POLLUX_FIT_EXPLORE, &m) == 0) {
+  if (tide_pollux_fit(j->profiles, j->nprofiles,
+                      TIDE_POLLUX_FIT_OVERLAP | TIDE_POLLUX_FIT_EXPLORE | TIDE_POLLUX_FIT_RESTARTS, &m) == 0) {
     j->model = m;
     j->fitted = 1;
   }
