@@ -331,8 +331,14 @@ static void place(const round_t *r, const int *sizes, int avoid, int *state, int
     }
     int min = r->jobs[j].min_slots > 0 ? r->jobs[j].min_slots : 1;
     if (got < min) {
+      /* The nodes left to multi-node jobs are full: the most this job
+       * gets on one node, where a single-node job may share. */
       memset(row, 0, (size_t)N * sizeof *row);
-      continue;
+      int at = 0;
+      for (int n = 1; n < N; n++)
+        if (r->s->slots[n] - used[n] > r->s->slots[at] - used[at]) at = n;
+      if (r->s->slots[at] - used[at] < min) continue;
+      row[at] = r->s->slots[at] - used[at];
     }
     int nodes, slots;
     row_shape(row, N, &nodes, &slots);
