@@ -275,7 +275,7 @@ static void place(const round_t *r, const int *sizes, int avoid, int *state, int
   int N = r->nodes, J = r->njobs;
   memset(state, 0, (size_t)J * N * sizeof *state);
   memset(used, 0, (size_t)2 * N * sizeof *used);
-  int *idx = r->order; /* reused as scratch below, restored after */
+  const int *idx = r->order;
   int *todo = tide__malloc((size_t)(J > 0 ? J : 1) * sizeof *todo);
   if (todo == NULL) return;
   int ntodo = 0;
@@ -491,8 +491,7 @@ static int genetic(const round_t *r, int *next) {
       repair(r, child->state, used);
       child->fitness = fitness(r, child->state);
     }
-    /* (P + P) selection, stable: sort an index by fitness via qsort on
-     * copies of the headers (states stay where they are). */
+    /* (P + P) selection: the headers are sorted, the states stay put. */
     qsort(pop, (size_t)2 * P, sizeof *pop, by_fitness);
   }
   qsort(pop, (size_t)P, sizeof *pop, by_fitness);
@@ -539,18 +538,19 @@ static void fifo(const round_t *r, int *sizes, int *idx) {
   }
 }
 
-static struct lane *lane_of(tide_sched_t *s, uint64_t id) {
+/* The index of job id's lane, made in queue 0 if new; -1 without memory. */
+static int lane_of(tide_sched_t *s, uint64_t id) {
   for (int i = 0; i < s->nlanes; i++)
-    if (s->lanes[i].id == id) return &s->lanes[i];
+    if (s->lanes[i].id == id) return i;
   if (s->nlanes == s->lanes_cap) {
     int cap = s->lanes_cap ? 2 * s->lanes_cap : 64;
     struct lane *l = tide__realloc(s->lanes, (size_t)cap * sizeof *l);
-    if (l == NULL) return NULL;
+    if (l == NULL) return -1;
     s->lanes = l;
     s->lanes_cap = cap;
   }
   s->lanes[s->nlanes] = (struct lane){.id = id, .queue = 0, .order = s->next_order++};
-  return &s->lanes[s->nlanes++];
+  return s->nlanes++;
 }
 
 /* Tiresias: queue 0 until a job has attained the threshold (slot-seconds
@@ -560,25 +560,29 @@ static struct lane *lane_of(tide_sched_t *s, uint64_t id) {
  * (preempted if they ran). */
 static int tiresias(const round_t *r, int *sizes, int *idx) {
   tide_sched_t *s = r->s;
-  struct lane **of = tide__malloc((size_t)(r->njobs > 0 ? r->njobs : 1) * sizeof *of);
-  if (of == NULL) return TIDE_ENOMEM;
+  int *at = tide__malloc((size_t)(r->njobs > 0 ? r->njobs : 1) * sizeof *at);
+  if (at == NULL) return TIDE_ENOMEM;
   for (int j = 0; j < r->njobs; j++) {
-    of[j] = lane_of(s, r->jobs[j].id);
-    if (of[j] == NULL) {
-      tide__free(of);
+    at[j] = lane_of(s, r->jobs[j].id);
+    if (at[j] < 0) {
+      tide__free(at);
       return TIDE_ENOMEM;
     }
   }
-  /* lane_of may have moved the array: look the lanes up again. */
+  struct lane **of = (struct lane **)tide__malloc((size_t)(r->njobs > 0 ? r->njobs : 1) * sizeof *of);
+  if (of == NULL) {
+    tide__free(at);
+    return TIDE_ENOMEM;
+  }
   for (int j = 0; j < r->njobs; j++) {
-    struct lane *l = lane_of(s, r->jobs[j].id);
-    of[j] = l;
+    struct lane *l = of[j] = &s->lanes[at[j]];
     if (l->queue == 0 && r->jobs[j].attained >= s->opts.tiresias_threshold) {
       l->queue = 1;
       l->order = s->next_order++;
     }
     idx[j] = j;
   }
+  tide__free(at);
   for (int i = 1; i < r->njobs; i++) {
     int v = idx[i], k = i;
     while (k > 0 && (of[idx[k - 1]]->queue > of[v]->queue ||
