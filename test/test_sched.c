@@ -9,6 +9,7 @@
 #include <math.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "harness.h"
@@ -296,6 +297,25 @@ static void test_sim(void) {
                TIDE_EIO);
     }
     tide_sim_result_free(r);
+  }
+  /* the command: a run with its summary and plots, then bad arguments */
+  const char *tools = getenv("TIDE_TOOLS_DIR");
+  if (tools != NULL) {
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd,
+             "'%s/tide' sim --quiet --cluster 2x4 --policy pollux,fifo --traces '%s' --out '%s/out' '%s' >/dev/null",
+             tools, dir, dir, path);
+    CHECK(system(cmd) == 0);
+    snprintf(cmd, sizeof cmd, "%s/out/summary.json", dir);
+    CHECK(access(cmd, R_OK) == 0);
+    snprintf(cmd, sizeof cmd, "'%s/tide' sim --cluster 2y4 '%s' 2>/dev/null", tools, path);
+    int rc = system(cmd);
+    CHECK(WIFEXITED(rc) && WEXITSTATUS(rc) == 2);
+    snprintf(cmd, sizeof cmd, "'%s/tide' sim --quiet --traces '%s' --out '%s/out' '%s/none.csv' >/dev/null 2>&1",
+             tools, dir, dir, dir);
+    rc = system(cmd);
+    CHECK(WIFEXITED(rc) && WEXITSTATUS(rc) == 1);
+    printf("  tide sim: ok\n");
   }
   /* bad input: a missing workload, a malformed line, an unknown
    * application, a missing traces directory, a bad option */
