@@ -744,6 +744,58 @@ typedef struct {
 double tide_pollux_throughput(const tide_pollux_model_t *model, int nodes, int replicas, double atomic,
                               int accum);
 
+/* A job's batch limits for Pollux's optimiser: the base batch M0 the
+ * efficiency is relative to, the largest global batch, the micro-batch
+ * bounds per worker, and the most passes per step (1: no accumulation). */
+typedef struct {
+  double base_batch, max_batch, min_atomic, max_atomic;
+  int max_passes;
+} tide_pollux_limits_t;
+
+/* A batch shape and its modelled goodput (samples/s x efficiency). */
+typedef struct {
+  double goodput, batch, atomic;
+  int accum; /* extra passes: the step is accum + 1 passes */
+} tide_pollux_choice_t;
+
+/* The shape of global batch `batch` on `replicas` workers (local =
+ * ceil(batch / replicas) split into the fewest passes of at most
+ * max_atomic, no more than max_passes) and its goodput at noise scale phi,
+ * in *out. TIDE_EINVAL for a NULL pointer, a model or limits out of range.
+ * Pure; any thread. */
+int tide_pollux_goodput(const tide_pollux_model_t *model, const tide_pollux_limits_t *limits, int nodes,
+                        int replicas, double phi, double batch, tide_pollux_choice_t *out);
+/* The best of 50 global batches spaced geometrically over
+ * [max(base_batch, min_atomic * replicas), max_batch] (the first best on a
+ * tie), as the Pollux agent and the cluster scheduler's speedup function
+ * choose it. Errors as tide_pollux_goodput. Pure; any thread. */
+int tide_pollux_optimize(const tide_pollux_model_t *model, const tide_pollux_limits_t *limits, int nodes,
+                         int replicas, double phi, tide_pollux_choice_t *out);
+
+/* One profile the throughput model is fitted to: mean seconds of one
+ * forward/backward pass (t_acc) and of the last pass with the exchange
+ * (t_opt) seen at `atomic` samples per worker on `replicas` workers over
+ * `nodes` hosts. */
+typedef struct {
+  int nodes, replicas;
+  double atomic, t_acc, t_opt;
+} tide_pollux_profile_t;
+/* Fit flags: gamma free in [1, 10] (the exchange overlaps the backward
+ * pass) instead of 1; after the fit, a network never measured is made no
+ * faster than the one that was (alpha_n >= 1.1 alpha_r, beta_n >= 1.1
+ * beta_r without multi-host profiles), so a scheduler explores it
+ * optimistically but not for free; restart the local search from several
+ * starting points and keep the best. */
+enum { TIDE_POLLUX_FIT_OVERLAP = 1, TIDE_POLLUX_FIT_EXPLORE = 2, TIDE_POLLUX_FIT_RESTARTS = 4 };
+/* Fits the model to n >= 1 profiles (RMSLE of t_acc and t_opt plus the
+ * spec's regularisers, NLopt BOBYQA); terms the profiles cannot identify
+ * are pinned as AdaptDL does (one micro-batch size: alpha_c at half the
+ * mean t_acc; no multi-host profile: alpha_n, beta_n; no single-host
+ * multi-worker profile: alpha_r, beta_r; one worker count: the slopes).
+ * *model is written only on success. TIDE_EINVAL for bad profiles,
+ * TIDE_ENOMEM, or TIDE_ESTATE when the solver fails. Pure; any thread. */
+int tide_pollux_fit(const tide_pollux_profile_t *profiles, int n, unsigned flags, tide_pollux_model_t *model);
+
 /* ---- the training step ---------------------------------------------------- */
 
 /* A trainer owns one data-parallel training step over a caller-owned flat
@@ -1199,6 +1251,160 @@ typedef struct {
 } tide_loader_stats_t;
 
 int tide_loader_stats(const tide_loader_t *loader, tide_loader_stats_t *out);
+
+/* ---- cluster scheduling (docs/scheduling.md) ------------------------------ */
+
+/* What a job's Pollux agent reports to the scheduler: its fitted
+ * throughput model (fitted 0: none yet), its gradient noise statistics
+ * (|G|^2 and the variance at the base batch, so the noise scale is
+ * phi = base_batch * grad_var / grad_sqr), its batch limits, and the
+ * largest number of workers it has been measured on. */
+typedef struct {
+  tide_pollux_model_t model;
+  int fitted;
+  double grad_sqr, grad_var;
+  tide_pollux_limits_t limits;
+  int max_replicas_seen;
+} tide_sched_hints_t;
+
+/* A job's speedup function: speedup(nodes, slots) = the best goodput on
+ * that allocation (tide_pollux_optimize) / the best goodput on one slot;
+ * `slots` linear (speedup = slots) while the job has no model; never more
+ * than at twice the largest allocation measured (slots beyond it count as
+ * that many; at least 1). Values are memoised. One thread at a time per
+ * object. */
+typedef struct tide_speedup tide_speedup_t;
+/* Copies *hints. TIDE_EINVAL names a bad field; TIDE_ENOMEM. */
+int tide_speedup_create(const tide_sched_hints_t *hints, tide_speedup_t **out);
+/* 0 for slots < 1 or nodes out of [1, slots]; otherwise > 0. */
+double tide_speedup_eval(tide_speedup_t *sp, int nodes, int slots);
+/* The most slots worth giving the job: twice the largest measured (>= 1). */
+int tide_speedup_max_slots(const tide_speedup_t *sp);
+void tide_speedup_destroy(tide_speedup_t *sp);
+/* tide_speedup_eval as a callback for tide_sched_job_t.speedup. */
+double tide_speedup_cb(void *sp, int nodes, int slots);
+
+typedef enum {
+  TIDE_SCHED_POLLUX,   /* maximise the power mean of speedups: genetic search */
+  TIDE_SCHED_GREEDY,   /* the genetic search's greedy seed on its own */
+  TIDE_SCHED_FIFO,     /* each job's requested size, in submission order */
+  TIDE_SCHED_TIRESIAS, /* requested sizes, 2D least-attained-service queues */
+  TIDE_SCHED_OPTIMUS   /* marginal time saved per slot, from each job's speedup */
+} tide_sched_policy_t;
+
+/* One job as the allocator sees it; the caller owns it and keeps `id`
+ * stable across rounds (the allocator remembers jobs by it). */
+typedef struct {
+  uint64_t id;
+  double submit_time;      /* s, on the caller's clock (now is the same clock) */
+  int min_slots, max_slots; /* max_slots 0: no limit but the speedup's */
+  int requested;            /* FIFO and Tiresias: the fixed size asked for */
+  double attained;          /* slot-seconds run so far (Tiresias, priority) */
+  double resize_cost;       /* s a change of its allocation costs it */
+  int resizes;              /* changes of its allocation so far */
+  double remaining;         /* Optimus: s left to run on one slot */
+  /* speedup(arg, nodes, slots) (Pollux, greedy, Optimus); NULL: linear. */
+  double (*speedup)(void *arg, int nodes, int slots);
+  void *speedup_arg;
+} tide_sched_job_t;
+
+typedef struct {
+  tide_sched_policy_t policy;
+  double p;                 /* power-mean exponent (fairness), default -1 */
+  int allow_interference;   /* 0 (default): one multi-node job per node at most */
+  uint64_t seed;            /* the search is deterministic for a seed */
+  int population, generations; /* 0: 100 and 100, fewer for large inputs */
+  double tiresias_threshold;   /* slot-seconds of the first queue, default 16 h x 1 slot */
+} tide_sched_options_t;
+
+void tide_sched_options_init(tide_sched_options_t *opts);
+
+/* The allocator over a pool of nodes; keeps state between rounds (the
+ * Tiresias queues). One thread at a time. */
+typedef struct tide_sched tide_sched_t;
+/* nodes >= 1, slots[i] >= 1 per node (copied). TIDE_EINVAL names a bad
+ * argument. */
+int tide_sched_create(const tide_sched_options_t *opts, int nodes, const int *slots, tide_sched_t **out);
+void tide_sched_destroy(tide_sched_t *s);
+/* One allocation round at time `now`: jobs[0..njobs) with their current
+ * allocation current[j * nodes + n] (slots of job j on node n; NULL: none
+ * running) give next[j * nodes + n], which respects node capacity, each
+ * job's min/max and (unless allowed) one multi-node job per node. A job may
+ * get 0 slots (queued). TIDE_EINVAL names a bad job or current allocation;
+ * TIDE_ENOMEM. */
+int tide_sched_allocate(tide_sched_t *s, double now, const tide_sched_job_t *jobs, int njobs, const int *current,
+                        int *next);
+/* The Pollux objective of allocation alloc (as tide_sched_allocate's
+ * next): the power mean of the jobs' speedups with the reallocation
+ * penalty, higher is better. NAN for bad arguments. */
+double tide_sched_fitness(tide_sched_t *s, double now, const tide_sched_job_t *jobs, int njobs, const int *current,
+                          const int *alloc);
+/* "pollux", "greedy", "fifo", "tiresias", "optimus" and back; parse:
+ * TIDE_EINVAL for an unknown name. */
+const char *tide_sched_policy_name(tide_sched_policy_t policy);
+int tide_sched_policy_parse(const char *name, tide_sched_policy_t *out);
+
+/* The trace-driven cluster simulator (docs/scheduling.md): the jobs of a
+ * workload CSV (name,time,application,num_replicas,batch_size) run on
+ * `nodes` x `slots` slots; each job's throughput is interpolated from
+ * TRACES/APP/placements.csv and scalability.csv and its progress per step
+ * from the statistical efficiency of its batch (validation-B.csv); it is
+ * complete after the progress of its last epoch. Under Pollux each job's
+ * agent fits its model to what it has run on so far and picks its batch. */
+typedef struct {
+  tide_sched_options_t sched;
+  int nodes, slots;         /* default 16 x 4 */
+  double interval;          /* s between allocation rounds, default 60 */
+  double resize_cost;       /* s each change of a job's allocation costs, default 30 */
+  double interference;      /* slowdown in [0, 1) of a multi-node job sharing a node with another */
+  double arrival_scale;     /* submission times multiplied by it, default 1 */
+  int copies;               /* each job submitted this many times, default 1 */
+  double max_time;          /* give up after this much simulated time, default 30 days */
+  /* Called after each round with the fraction of jobs complete; NULL: none. */
+  void (*progress)(void *arg, double done, double now);
+  void *progress_arg;
+} tide_sim_options_t;
+
+void tide_sim_options_init(tide_sim_options_t *opts);
+
+/* One simulated job's outcome (times in s from the workload's start). */
+typedef struct {
+  char name[64], application[32];
+  double submit, start, finish; /* start, finish < 0: never started, not complete */
+  int resizes;                  /* allocation changes after its start */
+  double batch;                 /* last global batch */
+} tide_sim_job_t;
+
+typedef struct tide_sim_result tide_sim_result_t;
+
+/* Runs one workload under opts->sched.policy. TIDE_ENOENT with a message
+ * naming a missing file; TIDE_EINVAL naming file:line of a malformed line,
+ * an unknown application or a bad option; TIDE_ENOMEM. *out owned by the
+ * caller (tide_sim_result_free). Any thread; runs are independent. */
+int tide_sim_run(const tide_sim_options_t *opts, const char *traces_dir, const char *workload_csv,
+                 tide_sim_result_t **out);
+void tide_sim_result_free(tide_sim_result_t *r);
+/* The jobs in workload order (borrowed from r); returns their number. */
+int tide_sim_result_jobs(const tide_sim_result_t *r, const tide_sim_job_t **jobs);
+/* The mean JCT of the complete jobs (NAN if none), and how many are not. */
+double tide_sim_result_avg_jct(const tide_sim_result_t *r, int *incomplete);
+/* The last completion time. */
+double tide_sim_result_makespan(const tide_sim_result_t *r);
+/* Mean and longest seconds (wall clock) one allocation round took. */
+void tide_sim_result_round_time(const tide_sim_result_t *r, double *mean_s, double *max_s);
+/* Writes runs[0..n) to path as JSON: per run its policy, workload, each
+ * job's submit, start, finish and JCT, the average JCT, makespan, round
+ * times and the allocation timeline ([time, [[job, node, slots]...]] per
+ * round); then the mean over runs of the average JCT per policy.
+ * TIDE_EIO names a file it cannot write. */
+int tide_sim_write_summary(const tide_sim_result_t *const *runs, int n, const char *path);
+/* Writes plots of runs[0..n) into dir: data files, a gnuplot script
+ * plots.gp and, when gnuplot is on PATH, jct-cdf.png (one curve per
+ * policy over all its runs), slots.png (slots in use over time, first run
+ * of each policy) and allocation-POLICY.png (each job's slots over time,
+ * first run of each policy). *plotted: 1 when gnuplot drew them.
+ * TIDE_EIO names a file it cannot write. */
+int tide_sim_plot(const tide_sim_result_t *const *runs, int n, const char *dir, int *plotted);
 
 #ifdef __cplusplus
 }

@@ -59,6 +59,9 @@ static const char usage_text[] =
     "                           ask a running elastic job (tiderun --elastic --rdzv HOST:PORT)\n"
     "                           for N workers (0: withdraw the request), or print its state;\n"
     "                           TIDE_JOB_TOKEN must be the job's\n"
+    "  sim [options] WORKLOAD.csv...\n"
+    "                           simulate a cluster scheduler over a workload of the Pollux\n"
+    "                           traces (see tide help sim; docs/scheduling.md)\n"
     "  help [COMMAND]           print this help, or a command's\n"
     "\n"
     "tide " TIDE_VERSION_STRING "\n";
@@ -1012,11 +1015,205 @@ static int cmd_ctl(int argc, char **argv) {
   return rc != 0;
 }
 
+static const char sim_usage_text[] =
+    "usage: tide sim [options] WORKLOAD.csv [WORKLOAD.csv...]\n"
+    "\n"
+    "Replays each workload (name,time,application,num_replicas,batch_size) on a simulated\n"
+    "cluster under each policy, with throughput and statistical efficiency from the Pollux\n"
+    "paper's traces, and writes OUT/summary.json and plots (docs/scheduling.md).\n"
+    "\n"
+    "  --policy P[,P...]    pollux (default), greedy, fifo, tiresias, optimus\n"
+    "  --cluster NxS        N nodes of S slots (default 16x4)\n"
+    "  --interval S         seconds between allocation rounds (default 60)\n"
+    "  --resize-cost S      seconds each change of a job's allocation costs it (default 30)\n"
+    "  --traces DIR         the traces (default ../shared/data/pollux-osdi21/traces)\n"
+    "  --out DIR            where summary.json and the plots go (default sim-out)\n"
+    "  --p P                the power mean's exponent, <= 1 (default -1)\n"
+    "  --interference F     slowdown in [0, 1) of multi-node jobs sharing a node (default 0)\n"
+    "  --no-avoid           let multi-node jobs share nodes (Pollux's avoidance off)\n"
+    "  --seed N             the allocator's seed (default 1)\n"
+    "  --arrival-scale F    multiply submission times by F (default 1)\n"
+    "  --copies K           submit each job K times (default 1)\n"
+    "  --population N, --generations N   the genetic search's (default: 100, 100)\n"
+    "  --quiet              no progress bar\n";
+
+static void sim_usage_error(const char *fmt, const char *arg) {
+  fprintf(stderr, "tide sim: ");
+  fprintf(stderr, fmt, arg);
+  fprintf(stderr, " (see tide help sim)\n");
+  exit(EXIT_USAGE);
+}
+
+static int parse_double(const char *text, double *out) {
+  char *end;
+  errno = 0;
+  double v = strtod(text, &end);
+  if (errno || end == text || *end != '\0' || !isfinite(v)) return -1;
+  *out = v;
+  return 0;
+}
+
+typedef struct {
+  const char *policy, *workload;
+  int last;
+} sim_bar_t;
+
+static void sim_progress(void *arg, double done, double now) {
+  sim_bar_t *b = arg;
+  int pct = (int)(done * 100);
+  if (pct == b->last && (long)now % 3600 != 0) return;
+  b->last = pct;
+  char bar[31];
+  for (int i = 0; i < 30; i++) bar[i] = i < pct * 30 / 100 ? '#' : '.';
+  bar[30] = 0;
+  const char *name = strrchr(b->workload, '/');
+  fprintf(stderr, "\r%-8s %-16.16s [%s] %3d%%  t=%.0fs ", b->policy, name ? name + 1 : b->workload, bar, pct, now);
+}
+
+static int cmd_sim(int argc, char **argv) {
+  tide_sim_options_t o;
+  tide_sim_options_init(&o);
+  const char *policies = "pollux", *traces = NULL, *out = "sim-out";
+  const char **workloads = calloc((size_t)argc + 1, sizeof *workloads);
+  int nworkloads = 0, quiet = 0;
+  if (workloads == NULL) return 1;
+  for (int i = 0; i < argc; i++) {
+    const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+    if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+      fputs(sim_usage_text, stdout);
+      free(workloads);
+      return 0;
+    }
+    if (strcmp(a, "--no-avoid") == 0) {
+      o.sched.allow_interference = 1;
+      continue;
+    }
+    if (strcmp(a, "--quiet") == 0) {
+      quiet = 1;
+      continue;
+    }
+    if (a[0] != '-' || a[1] == 0) {
+      workloads[nworkloads++] = a;
+      continue;
+    }
+    if (v == NULL) sim_usage_error("%s needs a value", a);
+    i++;
+    double d;
+    int k;
+    if (strcmp(a, "--policy") == 0) policies = v;
+    else if (strcmp(a, "--traces") == 0) traces = v;
+    else if (strcmp(a, "--out") == 0) out = v;
+    else if (strcmp(a, "--cluster") == 0) {
+      char *x;
+      long n = strtol(v, &x, 10), per = *x == 'x' ? strtol(x + 1, &x, 10) : 0;
+      if (*x != 0 || n < 1 || per < 1 || n > 1 << 16 || per > 1 << 10)
+        sim_usage_error("--cluster: '%s' is not NODESxSLOTS (e.g. 16x4)", v);
+      o.nodes = (int)n, o.slots = (int)per;
+    } else if (strcmp(a, "--interval") == 0) {
+      if (parse_double(v, &d) || !(d > 0)) sim_usage_error("--interval: '%s' is not a number of seconds > 0", v);
+      o.interval = d;
+    } else if (strcmp(a, "--resize-cost") == 0) {
+      if (parse_double(v, &d) || !(d >= 0)) sim_usage_error("--resize-cost: '%s' is not a number of seconds >= 0", v);
+      o.resize_cost = d;
+    } else if (strcmp(a, "--p") == 0) {
+      if (parse_double(v, &d) || !(d <= 1)) sim_usage_error("--p: '%s' is not a number <= 1", v);
+      o.sched.p = d;
+    } else if (strcmp(a, "--interference") == 0) {
+      if (parse_double(v, &d) || !(d >= 0 && d < 1)) sim_usage_error("--interference: '%s' is not in [0, 1)", v);
+      o.interference = d;
+    } else if (strcmp(a, "--arrival-scale") == 0) {
+      if (parse_double(v, &d) || !(d > 0)) sim_usage_error("--arrival-scale: '%s' is not a number > 0", v);
+      o.arrival_scale = d;
+    } else if (strcmp(a, "--seed") == 0) {
+      if (parse_int(v, 0, &k)) sim_usage_error("--seed: '%s' is not an integer >= 0", v);
+      o.sched.seed = (uint64_t)k;
+    } else if (strcmp(a, "--copies") == 0) {
+      if (parse_int(v, 1, &k)) sim_usage_error("--copies: '%s' is not an integer >= 1", v);
+      o.copies = k;
+    } else if (strcmp(a, "--population") == 0) {
+      if (parse_int(v, 2, &k)) sim_usage_error("--population: '%s' is not an integer >= 2", v);
+      o.sched.population = k;
+    } else if (strcmp(a, "--generations") == 0) {
+      if (parse_int(v, 1, &k)) sim_usage_error("--generations: '%s' is not an integer >= 1", v);
+      o.sched.generations = k;
+    } else {
+      sim_usage_error("unknown option '%s'", a);
+    }
+  }
+  if (nworkloads == 0) sim_usage_error("no workload given%s", "");
+  if (traces == NULL) traces = "../shared/data/pollux-osdi21/traces";
+  if (mkdir(out, 0777) != 0 && errno != EEXIST) {
+    fprintf(stderr, "tide sim: --out: cannot create %s: %s\n", out, strerror(errno));
+    free(workloads);
+    return 1;
+  }
+  /* the policies, comma-separated */
+  tide_sched_policy_t list[8];
+  int npolicies = 0;
+  char copy[256];
+  snprintf(copy, sizeof copy, "%s", policies);
+  for (char *save = NULL, *p = strtok_r(copy, ",", &save); p != NULL; p = strtok_r(NULL, ",", &save)) {
+    if (npolicies == 8 || tide_sched_policy_parse(p, &list[npolicies]) != 0)
+      sim_usage_error("--policy: '%s' is not a list of pollux, greedy, fifo, tiresias, optimus", policies);
+    npolicies++;
+  }
+  int n = npolicies * nworkloads, done = 0, rc = 0;
+  tide_sim_result_t **runs = calloc((size_t)n, sizeof *runs);
+  if (runs == NULL) return 1;
+  printf("%-9s %-40s %10s %10s %5s %10s %10s\n", "policy", "workload", "avg_jct_s", "makespan_s", "left",
+         "round_ms", "round_max");
+  for (int p = 0; p < npolicies && rc == 0; p++) {
+    for (int w = 0; w < nworkloads && rc == 0; w++) {
+      sim_bar_t bar = {tide_sched_policy_name(list[p]), workloads[w], -1};
+      o.sched.policy = list[p];
+      o.progress = quiet ? NULL : sim_progress;
+      o.progress_arg = &bar;
+      rc = tide_sim_run(&o, traces, workloads[w], &runs[done]);
+      if (!quiet) fputs("\r\033[K", stderr);
+      if (rc != 0) {
+        fprintf(stderr, "tide sim: %s under %s: %s\n", workloads[w], bar.policy, tide_strerror(rc));
+        break;
+      }
+      int left;
+      double avg = tide_sim_result_avg_jct(runs[done], &left), mean, max;
+      tide_sim_result_round_time(runs[done], &mean, &max);
+      printf("%-9s %-40s %10.0f %10.0f %5d %10.2f %10.2f\n", bar.policy, workloads[w], avg,
+             tide_sim_result_makespan(runs[done]), left, mean * 1e3, max * 1e3);
+      fflush(stdout);
+      done++;
+    }
+  }
+  if (done > 0) {
+    for (int p = 0; p < npolicies; p++) {
+      double sum = 0;
+      int count = 0;
+      for (int i = 0; i < done; i++)
+        if (i / nworkloads == p) sum += tide_sim_result_avg_jct(runs[i], NULL), count++;
+      if (count > 0)
+        printf("mean over %d workloads: %s %.0f s\n", count, tide_sched_policy_name(list[p]), sum / count);
+    }
+    char path[4096];
+    snprintf(path, sizeof path, "%s/summary.json", out);
+    int wrc = tide_sim_write_summary((const tide_sim_result_t *const *)runs, done, path);
+    int plotted = 0;
+    if (wrc == 0) wrc = tide_sim_plot((const tide_sim_result_t *const *)runs, done, out, &plotted);
+    if (wrc != 0) fprintf(stderr, "tide sim: writing %s: %s\n", out, tide_strerror(wrc));
+    else printf("wrote %s%s\n", path, plotted ? " and plots" : " (no gnuplot: no plots)");
+    if (rc == 0) rc = wrc;
+  }
+  for (int i = 0; i < done; i++) tide_sim_result_free(runs[i]);
+  free(runs);
+  free(workloads);
+  return rc == 0 ? 0 : 1;
+}
+
 int main(int argc, char **argv) {
   if (argc < 2 || strcmp(argv[1], "help") == 0 || strcmp(argv[1], "--help") == 0 ||
       strcmp(argv[1], "-h") == 0) {
     if (argc >= 3 && strcmp(argv[1], "help") == 0 && strcmp(argv[2], "bench") == 0)
       fputs(bench_usage_text, stdout);
+    else if (argc >= 3 && strcmp(argv[1], "help") == 0 && strcmp(argv[2], "sim") == 0)
+      fputs(sim_usage_text, stdout);
     else if (argc >= 3 && strcmp(argv[1], "help") == 0 && strcmp(argv[2], "info") == 0)
       fputs("usage: tide info [--params] [--markdown]\n", stdout);
     else fputs(usage_text, argc < 2 ? stderr : stdout);
@@ -1028,6 +1225,7 @@ int main(int argc, char **argv) {
   if (strcmp(argv[1], "report") == 0) return cmd_report(argc - 2, argv + 2);
   if (strcmp(argv[1], "data") == 0) return cmd_data(argc - 2, argv + 2);
   if (strcmp(argv[1], "ctl") == 0) return cmd_ctl(argc - 2, argv + 2);
+  if (strcmp(argv[1], "sim") == 0) return cmd_sim(argc - 2, argv + 2);
   fprintf(stderr, "tide: unknown command '%s' (see tide help)\n", argv[1]);
   return EXIT_USAGE;
 }
