@@ -107,7 +107,7 @@ static void test_decode(void) {
   fill(77, px);
   CHECK_OK(tide__png_encode(px, H, W, 1, &png, &len));
   int h, w, c;
-  CHECK_OK(tide__image_probe(png, len, &h, &w, &c));
+  CHECK_OK(tide__image_probe(png, len, &h, &w, &c, NULL, 0));
   CHECK(h == H && w == W && c == 1);
   CHECK_OK(tide__image_decode(png, len, H, W, 1, out, why, sizeof why));
   CHECK(memcmp(out, px, sizeof px) == 0);
@@ -676,17 +676,33 @@ int main(void) {
   CHECK(harness_run(&two, run_loader, &skip) == 0);
 
   fprintf(stderr, "-- a corrupt sample inside a shard: named, or skipped and counted\n");
-  tide__source_t *shards;
-  CHECK_OK(tide__source_open(sdir, NULL, NULL, &shards));
-  const tide__item_t *victim = &shards->items[5];
-  char shard_path[600];
-  snprintf(shard_path, sizeof shard_path, "%s/%s", sdir, shards->shards[victim->shard].path);
-  {
+  /* In a child, as above: opening a sharded directory reads the TIDE_* table
+   * (its index's bound). It damages sample 5 and says which shard holds it. */
+  char shard_path[600], victim_file[600];
+  unsigned long long shard_size = 0;
+  snprintf(victim_file, sizeof victim_file, "%s/victim", root);
+  if ((pid = fork()) == 0) {
+    tide__source_t *shards;
+    CHECK_OK(tide__source_open(sdir, NULL, NULL, &shards));
+    const tide__item_t *victim = &shards->items[5];
+    snprintf(shard_path, sizeof shard_path, "%s/%s", sdir, shards->shards[victim->shard].path);
     FILE *f = fopen(shard_path, "r+b");
     CHECK(f != NULL);
     CHECK(fseek(f, (long)victim->offset, SEEK_SET) == 0);
     for (uint64_t b = 0; b < victim->size; b++) fputc('X', f);
     CHECK(fclose(f) == 0);
+    f = fopen(victim_file, "w");
+    CHECK(f != NULL);
+    fprintf(f, "%llu %s\n", (unsigned long long)shards->shards[victim->shard].size, shard_path);
+    CHECK(fclose(f) == 0);
+    tide__source_close(shards);
+    _exit(0);
+  }
+  CHECK(waitpid(pid, &status, 0) == pid && WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  {
+    FILE *f = fopen(victim_file, "r");
+    CHECK(f != NULL && fscanf(f, "%llu %599s", &shard_size, shard_path) == 2);
+    fclose(f);
   }
   run_t sfail = {sdir, NULL, 2, 16, TIDE_BAD_SAMPLE_FAIL, TIDE_EINVAL, NULL, NULL, 0};
   CHECK(harness_run(&two, run_loader, &sfail) == 0);
@@ -694,10 +710,9 @@ int main(void) {
   CHECK(harness_run(&two, run_loader, &sskip) == 0);
 
   fprintf(stderr, "-- a truncated shard: a clear error naming it\n");
-  CHECK(truncate(shard_path, (off_t)(shards->shards[victim->shard].size - 10)) == 0);
+  CHECK(truncate(shard_path, (off_t)(shard_size - 10)) == 0);
   run_t struncated = {sdir, NULL, 1, 16, TIDE_BAD_SAMPLE_FAIL, TIDE_EIO, NULL, NULL, 0};
   CHECK(harness_run(&one, run_loader, &struncated) == 0);
-  tide__source_close(shards);
 
   fprintf(stderr, "-- bad arguments\n");
   tide_loader_config_t cfg;

@@ -137,7 +137,14 @@ int tide__array_bytes(const char *fn, const char *arg, size_t count, size_t size
   XX(DATA_RETRIES, INT, "5", 0, 100,                                                     \
      "attempts after the first at reading a data object over HTTP, with doubling back-off") \
   XX(DATA_TIMEOUT_MS, INT, "30000", 100, 2147483647,                                     \
-     "deadline in ms of one HTTP request of the data loader (connect and transfer)")     \
+     "deadline in ms of one read of the data loader: an HTTP request (connect and "        \
+     "transfer) or a local file")                                                          \
+  XX(DATA_INDEX_MAX_BYTES, INT, "268435456", 1024, 4611686018427387904LL,               \
+     "most bytes read of a data source's index.txt (and of an object the index gives no "  \
+     "size); a server that sends more is refused (an object is read up to its indexed size)") \
+  XX(DATA_MAX_IMAGE_PIXELS, INT, "16777216", 1, 4611686018427387904LL,                   \
+     "most pixels (height x width) an image's header may claim; a larger one is refused " \
+     "before decoding (a decompression bomb)")                                            \
   XX(DATA_THREADS, INT, "0", 0, 64,                                                      \
      "read and decode threads of each rank's data loader (0: 2)")                        \
   XX(ELASTIC, INT, "0", 0, 1,                                                            \

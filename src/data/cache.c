@@ -189,13 +189,22 @@ static void key_path(const tide__cache_t *c, const char *key, char *out, size_t 
   for (int i = 0; i < 20 && (size_t)n + 3 < cap; i++) n += snprintf(out + n, cap - (size_t)n, "%02x", sha[i]);
 }
 
+/* An entry is a regular file the cache wrote: a symlink is not followed
+ * (O_NOFOLLOW), a FIFO cannot block the open (O_NONBLOCK), and anything
+ * but a regular file is NOT_REGULAR (then removed and refetched). */
+enum { NOT_REGULAR = 1 };
 static int read_file(const char *path, uint8_t **data, size_t *len) {
-  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+  if (fd < 0 && errno == ELOOP) return NOT_REGULAR;
   if (fd < 0) return errno == ENOENT ? TIDE_ENOENT : TIDE_EIO;
   struct stat st;
   if (fstat(fd, &st) != 0) {
     close(fd);
     return TIDE_EIO;
+  }
+  if (!S_ISREG(st.st_mode)) {
+    close(fd);
+    return NOT_REGULAR;
   }
   size_t n = (size_t)st.st_size, got = 0;
   uint8_t *buf = tide__malloc(n ? n : 1);
@@ -222,6 +231,15 @@ int tide__cache_get(tide__cache_t *c, const char *key, uint8_t **data, size_t *l
   size_t n;
   int rc = read_file(path, &buf, &n);
   if (rc == TIDE_ENOENT) {
+    atomic_fetch_add(&c->misses, 1);
+    return TIDE_ENOENT;
+  }
+  if (rc == NOT_REGULAR) {
+    TIDE_WARN("data cache: the entry %s for %s is not a regular file (a symlink, FIFO or device: the cache never "
+              "writes one); removed, fetching the object again",
+              path, key);
+    unlink(path);
+    atomic_fetch_add(&c->bad, 1);
     atomic_fetch_add(&c->misses, 1);
     return TIDE_ENOENT;
   }

@@ -138,12 +138,16 @@ int tide__source_write_shards(tide__source_t *src, const char *out_dir, uint64_t
 
 /* ---- decoding (decode.c) --------------------------------------------------- */
 
-/* The size of an encoded PNG or JPEG image (reads the header only). */
-int tide__image_probe(const uint8_t *data, size_t len, int *height, int *width, int *channels);
+/* The size of an encoded PNG or JPEG image (reads the header only).
+ * TIDE_EINVAL, with the reason in why (cap bytes; why may be NULL), for a
+ * damaged header or one that claims more than TIDE_DATA_MAX_IMAGE_PIXELS. */
+int tide__image_probe(const uint8_t *data, size_t len, int *height, int *width, int *channels, char *why,
+                      size_t cap);
 /* Decodes a PNG or JPEG image to out (height x width x channels, uint8,
  * channels 1 or 3), resized by nearest neighbour when its size differs.
- * TIDE_EINVAL for a corrupt or truncated image, with the decoder's message
- * in why (cap bytes). */
+ * TIDE_EINVAL for a corrupt or truncated image, or one whose header claims
+ * more than TIDE_DATA_MAX_IMAGE_PIXELS pixels (refused before decoding),
+ * with the decoder's message in why (cap bytes). */
 int tide__image_decode(const uint8_t *data, size_t len, int height, int width, int channels, uint8_t *out,
                        char *why, size_t cap);
 /* Encodes height x width x channels pixels as PNG into *data (malloc'd). */

@@ -15,6 +15,19 @@
 static int is_png(const uint8_t *d, size_t n) { return n >= 8 && png_sig_cmp(d, 0, 8) == 0; }
 static int is_jpeg(const uint8_t *d, size_t n) { return n >= 3 && d[0] == 0xff && d[1] == 0xd8 && d[2] == 0xff; }
 
+/* A header that claims more than TIDE_DATA_MAX_IMAGE_PIXELS is refused
+ * before a byte is decoded: a small file can claim 20000 x 20000 pixels
+ * (a decompression bomb), and decoding it would cost that much memory. */
+static int too_many_pixels(const char *format, uint64_t h, uint64_t w, char *why, size_t cap) {
+  uint64_t max = (uint64_t)tide__param_int(TIDE__PARAM_DATA_MAX_IMAGE_PIXELS);
+  if (h * w <= max) return 0;
+  snprintf(why, cap,
+           "%s: its header claims %llux%llu = %llu pixels, more than TIDE_DATA_MAX_IMAGE_PIXELS=%llu; refused "
+           "before decoding (a decompression bomb, or raise the bound)",
+           format, (unsigned long long)h, (unsigned long long)w, (unsigned long long)(h * w), (unsigned long long)max);
+  return 1;
+}
+
 /* ---- JPEG ------------------------------------------------------------------ */
 
 typedef struct {
@@ -57,6 +70,10 @@ static int jpeg_read(const uint8_t *data, size_t len, int channels, uint8_t **ou
   *h = (int)cinfo.image_height;
   *w = (int)cinfo.image_width;
   *c = cinfo.num_components == 1 ? 1 : 3;
+  if (too_many_pixels("JPEG", cinfo.image_height, cinfo.image_width, why, cap)) {
+    jpeg_destroy_decompress(&cinfo);
+    return TIDE_EINVAL;
+  }
   if (out == NULL) {
     jpeg_destroy_decompress(&cinfo);
     return 0;
@@ -91,6 +108,10 @@ static int png_read(const uint8_t *data, size_t len, int channels, uint8_t **out
   *h = (int)img.height;
   *w = (int)img.width;
   *c = (img.format & PNG_FORMAT_FLAG_COLOR) ? 3 : 1;
+  if (too_many_pixels("PNG", img.height, img.width, why, cap)) {
+    png_image_free(&img);
+    return TIDE_EINVAL;
+  }
   if (out == NULL) {
     png_image_free(&img);
     return 0;
@@ -124,10 +145,12 @@ static int read_any(const uint8_t *data, size_t len, int channels, uint8_t **out
   return TIDE_EINVAL;
 }
 
-int tide__image_probe(const uint8_t *data, size_t len, int *height, int *width, int *channels) {
-  char why[200];
+int tide__image_probe(const uint8_t *data, size_t len, int *height, int *width, int *channels, char *why,
+                      size_t cap) {
+  char scratch[8];
   int h, w, c;
-  TIDE_CHECK(read_any(data, len, 3, NULL, &h, &w, &c, why, sizeof why));
+  if (why == NULL) why = scratch, cap = sizeof scratch;
+  TIDE_CHECK(read_any(data, len, 3, NULL, &h, &w, &c, why, cap));
   *height = h;
   *width = w;
   *channels = c;

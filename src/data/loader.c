@@ -659,6 +659,62 @@ static void pick_cache(const tide_loader_t *l, tide__source_kind_t kind, char *d
     tide__cache_default_dir(dir, cap);
 }
 
+static uint64_t fnv(uint64_t h, const void *p, size_t n) {
+  const uint8_t *b = p;
+  for (size_t k = 0; k < n; k++) h = (h ^ b[k]) * 1099511628211ULL;
+  return h;
+}
+
+/* FNV-1a over the listing every rank read: classes, shards, and each
+ * sample's name, size, label, shard and offset. */
+static uint64_t listing_checksum(const tide__source_t *s) {
+  uint64_t h = 1469598103934665603ULL, n[4] = {s->count, s->nclasses, s->nshards, 0};
+  h = fnv(h, n, sizeof n);
+  for (size_t k = 0; k < s->nclasses; k++) h = fnv(h, s->classes[k], strlen(s->classes[k]) + 1);
+  for (size_t k = 0; k < s->nshards; k++) {
+    h = fnv(h, s->shards[k].path, strlen(s->shards[k].path) + 1);
+    h = fnv(h, &s->shards[k].size, sizeof s->shards[k].size);
+  }
+  h = fnv(h, s->shape, sizeof s->shape);
+  for (size_t i = 0; i < s->count; i++) {
+    const tide__item_t *it = &s->items[i];
+    uint64_t f[4] = {it->size, (uint64_t)(int64_t)it->label, (uint64_t)it->shard, it->offset};
+    if (it->path != NULL) h = fnv(h, it->path, strlen(it->path) + 1);
+    h = fnv(h, f, sizeof f);
+  }
+  return h;
+}
+
+/* Every rank must have read the same listing before the store is sized
+ * from it: an index republished (or a server that alternates) while the
+ * job starts would otherwise give ranks different data sets, or a store
+ * sized for fewer samples than a peer indexes into. A disagreement fails
+ * every rank with TIDE_EMISMATCH; rank 0 names the ranks that differ. */
+static int agree_listing(tide_loader_t *l) {
+  int64_t *all = tide__calloc(2 * (size_t)l->size, sizeof *all);
+  if (all == NULL) return TIDE_ENOMEM;
+  int64_t mine[2] = {(int64_t)listing_checksum(l->src), (int64_t)l->src->count};
+  int rc = tide_allgather(l->comm, mine, all, 2, TIDE_I64);
+  int differ = 0, first = -1;
+  for (int r = 0; rc == 0 && r < l->size; r++)
+    if (all[2 * r] != all[0] || all[2 * r + 1] != all[1]) {
+      differ++;
+      if (first < 0) first = r;
+    }
+  if (rc == 0 && differ > 0) {
+    if (l->rank == 0)
+      TIDE_ERROR("tide_loader_open: the ranks read different listings of %s: rank 0 has %lld samples (checksum "
+                 "%016llx), rank %d has %lld (%016llx), %d of %d ranks differ from rank 0. The index or directory "
+                 "changed while the job started (republished, or servers that disagree), or the hosts see "
+                 "different files: make the source the same for every rank and start the job again",
+                 l->source_spec, (long long)all[1], (unsigned long long)all[0], first, (long long)all[2 * first + 1],
+                 (unsigned long long)all[2 * first], differ, l->size);
+    rc = TIDE_EMISMATCH;
+  }
+  tide__free(all);
+  return rc;
+}
+
 /* Rank 0 reads the first image's shape; everyone takes it. */
 static int agree_shape(tide_loader_t *l) {
   int32_t shape[4] = {l->config.height, l->config.width, l->config.channels, 0};
@@ -683,11 +739,12 @@ static int agree_shape(tide_loader_t *l) {
     int h = 0, w = 0, c = 0;
     int rc = l->src->kind == TIDE__SOURCE_HTTP ? tide__fetcher_create(&f) : 0;
     if (rc == 0) rc = tide__source_read(l->src, 0, l->cache, f, &data, &len);
-    if (rc == 0) rc = tide__image_probe(data, len, &h, &w, &c);
+    char why[300] = "";
+    if (rc == 0) rc = tide__image_probe(data, len, &h, &w, &c, why, sizeof why);
     if (rc < 0 && data != NULL)
-      TIDE_ERROR("tide_loader_open: the first image, %s/%s, is not a readable PNG or JPEG (give config.height, "
+      TIDE_ERROR("tide_loader_open: the first image, %s/%s, is not a readable PNG or JPEG: %s (give config.height, "
                  "width and channels to skip the probe)",
-                 l->src->root, l->src->items[0].path);
+                 l->src->root, l->src->items[0].path, why);
     tide__free(data);
     tide__fetcher_destroy(f);
     if (rc < 0) shape[3] = rc;
@@ -794,6 +851,7 @@ int tide_loader_open(tide_comm_t *comm, const tide_loader_config_t *config, tide
   int any = src_rc;
   if (rc == 0) rc = tide_allreduce(l->comm, &src_rc, &any, 1, TIDE_I32, TIDE_MIN);
   if (rc == 0) rc = any;
+  if (rc == 0) rc = agree_listing(l);
   if (rc == 0) l->n = l->src->count;
   if (rc == 0) rc = agree_shape(l);
   if (rc == 0) rc = store_create(l);

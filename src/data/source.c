@@ -6,6 +6,7 @@
 #include <curl/curl.h>
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -35,7 +36,14 @@ typedef struct {
   uint8_t *data;
   size_t len, cap;
   int failed;
+  uint64_t max;       /* the most bytes the body may have */
+  int too_long;       /* the server sent (or announced) more than max */
+  CURL *curl;         /* for the status: an error page is not kept */
+  uint64_t discarded; /* bytes of an error page */
 } buffer_t;
+
+/* An error page (a 404's HTML) is read and dropped, up to this much. */
+#define ERROR_BODY_MAX 65536
 
 static int append(buffer_t *b, const void *p, size_t n) {
   if (b->len + n > b->cap) {
@@ -53,6 +61,16 @@ static int append(buffer_t *b, const void *p, size_t n) {
 
 static size_t on_body(char *p, size_t size, size_t n, void *arg) {
   buffer_t *b = arg;
+  long status = 0;
+  if (b->curl != NULL) curl_easy_getinfo(b->curl, CURLINFO_RESPONSE_CODE, &status);
+  if (status >= 300) {
+    b->discarded += size * n;
+    return b->discarded > ERROR_BODY_MAX ? 0 : size * n;
+  }
+  if (size * n > b->max - b->len) {
+    b->too_long = 1;
+    return 0;
+  }
   if (append(b, p, size * n) != 0) {
     b->failed = 1;
     return 0;
@@ -102,9 +120,12 @@ void tide__fetcher_destroy(tide__fetcher_t *f) {
 
 /* GETs url into *data with retries: 404 (and other 4xx) fail at once,
  * anything else (refused, reset, timed out, 5xx) is retried
- * TIDE_DATA_RETRIES times, waiting 100 ms, 200 ms, ... (at most 5 s). */
-static int http_get(tide__source_t *src, tide__fetcher_t *f, const char *url, uint8_t **data, size_t *len,
-                    char *etag, const char *if_none_match) {
+ * TIDE_DATA_RETRIES times, waiting 100 ms, 200 ms, ... (at most 5 s).
+ * At most max bytes of body are read: a larger Content-Length, or a body
+ * (chunked or not) that goes past max, is TIDE_EIO at once, not retried;
+ * bound says where max comes from, for the message. */
+static int http_get(tide__source_t *src, tide__fetcher_t *f, const char *url, uint64_t max, const char *bound,
+                    uint8_t **data, size_t *len, char *etag, const char *if_none_match) {
   int retries = (int)tide__param_int(TIDE__PARAM_DATA_RETRIES);
   long timeout_ms = (long)tide__param_int(TIDE__PARAM_DATA_TIMEOUT_MS);
   char errbuf[CURL_ERROR_SIZE];
@@ -118,8 +139,10 @@ static int http_get(tide__source_t *src, tide__fetcher_t *f, const char *url, ui
       if (src != NULL) atomic_fetch_add(&src->retries, 1);
     }
     buffer_t b = {0};
-    char tag[256] = "";
     CURL *c = f->curl;
+    b.max = max;
+    b.curl = c;
+    char tag[256] = "";
     curl_easy_reset(c);
     curl_easy_setopt(c, CURLOPT_URL, url);
     curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_body);
@@ -131,6 +154,7 @@ static int http_get(tide__source_t *src, tide__fetcher_t *f, const char *url, ui
     curl_easy_setopt(c, CURLOPT_CONNECTTIMEOUT_MS, timeout_ms);
     curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
     curl_easy_setopt(c, CURLOPT_FOLLOWLOCATION, 1L);
+    curl_easy_setopt(c, CURLOPT_MAXFILESIZE_LARGE, (curl_off_t)(max < INT64_MAX ? max : INT64_MAX));
     struct curl_slist *headers = NULL;
     if (if_none_match != NULL && if_none_match[0] != '\0') {
       char h[300];
@@ -143,6 +167,16 @@ static int http_get(tide__source_t *src, tide__fetcher_t *f, const char *url, ui
     long status = 0;
     curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &status);
     curl_slist_free_all(headers);
+    int cut = b.too_long || b.discarded > ERROR_BODY_MAX || cc == CURLE_FILESIZE_EXCEEDED;
+    if (cut && status >= 300) {
+      cc = CURLE_OK; /* an error page cut short: its status is the answer */
+    } else if (cut) {
+      tide__free(b.data);
+      TIDE_ERROR("data source: %s sent (or announced) more than %llu bytes, %s; refused after reading at most "
+                 "that much",
+                 url, (unsigned long long)max, bound);
+      return TIDE_EIO;
+    }
     if (cc == CURLE_OK && status == 304) {
       tide__free(b.data);
       if (src != NULL) atomic_fetch_add(&src->source_requests, 1);
@@ -443,7 +477,10 @@ static int open_http(tide__source_t *s, tide__cache_t *cache) {
       cached_tag[nl - cached] = '\0';
     }
   }
-  int rc = http_get(s, f, url, &data, &len, tag, cached_tag[0] ? cached_tag : NULL);
+  int rc = http_get(s, f, url, (uint64_t)tide__param_int(TIDE__PARAM_DATA_INDEX_MAX_BYTES),
+                    "the bound on an index (TIDE_DATA_INDEX_MAX_BYTES): check that the URL serves a tide index, "
+                    "or raise the bound if the index really is that large",
+                    &data, &len, tag, cached_tag[0] ? cached_tag : NULL);
   tide__fetcher_destroy(f);
   if (rc == 1) { /* not modified: the cached index */
     size_t head = strlen(cached_tag) + 1;
@@ -580,7 +617,7 @@ tide__source_kind_t tide__source_kind(const char *spec) {
   return TIDE__SOURCE_DIR;
 }
 
-static int read_local(const char *path, uint8_t **data, size_t *len);
+static int read_local(const char *path, uint64_t max, uint8_t **data, size_t *len);
 
 /* A directory whose index.txt is a sharded one (version 2) is read through
  * it; *used says whether it was. */
@@ -595,7 +632,7 @@ static int open_dir_index(tide__source_t *s, int *used) {
   if (n != strlen(INDEX_V2) || memcmp(head, INDEX_V2, n) != 0) return 0;
   uint8_t *data;
   size_t len;
-  TIDE_CHECK(read_local(path, &data, &len));
+  TIDE_CHECK(read_local(path, (uint64_t)tide__param_int(TIDE__PARAM_DATA_INDEX_MAX_BYTES), &data, &len));
   char *text = tide__realloc(data, len + 1);
   if (text == NULL) {
     tide__free(data);
@@ -650,31 +687,73 @@ int tide__source_open(const char *spec, const char *split, tide__cache_t *cache,
 
 int tide__source_open_listing(const char *dir, tide__source_t **out) { return source_open(dir, NULL, NULL, 1, out); }
 
-static int read_local(const char *path, uint8_t **data, size_t *len) {
-  FILE *f = fopen(path, "rb");
-  if (f == NULL) {
+/* Reads the regular file path whole, at most max bytes. Anything else (a
+ * FIFO, a device such as /dev/zero behind a symlink, a socket) is refused
+ * before a byte is read: opened non-blocking, so a FIFO cannot hang the
+ * open, and checked with fstat. The read has TIDE_DATA_TIMEOUT_MS, as an
+ * HTTP request has (a stuck network file system fails between chunks). */
+static int read_local(const char *path, uint64_t max, uint8_t **data, size_t *len) {
+  int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) {
     int e = errno;
     TIDE_ERROR("data source: cannot open %s: %s", path, strerror(e));
     return e == ENOENT ? TIDE_ENOENT : TIDE_EIO;
   }
-  buffer_t b = {0};
-  uint8_t chunk[65536];
-  size_t n;
-  while ((n = fread(chunk, 1, sizeof chunk, f)) > 0)
-    if (append(&b, chunk, n) != 0) {
-      fclose(f);
-      tide__free(b.data);
-      return TIDE_ENOMEM;
-    }
-  int err = ferror(f);
-  fclose(f);
-  if (err) {
-    tide__free(b.data);
-    TIDE_ERROR("data source: read error on %s", path);
+  struct stat st;
+  if (fstat(fd, &st) != 0) {
+    TIDE_ERROR("data source: cannot stat %s: %s", path, strerror(errno));
+    close(fd);
     return TIDE_EIO;
   }
-  *data = b.data != NULL ? b.data : tide__malloc(1);
-  *len = b.len;
+  if (!S_ISREG(st.st_mode)) {
+    const char *what = S_ISFIFO(st.st_mode)                          ? "a FIFO"
+                       : S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode) ? "a device"
+                       : S_ISSOCK(st.st_mode)                       ? "a socket"
+                       : S_ISDIR(st.st_mode)                        ? "a directory"
+                                                                    : "something else";
+    TIDE_ERROR("data source: %s is %s, not a regular file (a symlink is followed); refused: a data set holds "
+               "only regular files, so remove it or replace it with the image",
+               path, what);
+    close(fd);
+    return TIDE_EINVAL;
+  }
+  if ((uint64_t)st.st_size > max) {
+    TIDE_ERROR("data source: %s is %lld bytes, more than TIDE_DATA_INDEX_MAX_BYTES=%llu (the bound on an index, "
+               "and on a file the index gives no size); refused: raise the bound if the file really is that large",
+               path, (long long)st.st_size, (unsigned long long)max);
+    close(fd);
+    return TIDE_EINVAL;
+  }
+  int64_t timeout_ms = tide__param_int(TIDE__PARAM_DATA_TIMEOUT_MS);
+  int64_t deadline = tide__now_ns() + timeout_ms * 1000000;
+  size_t n = (size_t)st.st_size, got = 0;
+  uint8_t *buf = tide__malloc(n ? n : 1);
+  int rc = buf == NULL ? TIDE_ENOMEM : 0;
+  while (rc == 0 && got < n) {
+    ssize_t r = read(fd, buf + got, n - got < 65536 ? n - got : 65536);
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) {
+      TIDE_ERROR("data source: read error on %s: %s", path, strerror(errno));
+      rc = TIDE_EIO;
+    } else if (r == 0) {
+      TIDE_ERROR("data source: %s shrank from %zu to %zu bytes while it was read; refused", path, n, got);
+      rc = TIDE_EIO;
+    } else {
+      got += (size_t)r;
+      if (got < n && tide__now_ns() > deadline) {
+        TIDE_ERROR("data source: reading %s took more than TIDE_DATA_TIMEOUT_MS=%lld ms (%zu of %zu bytes)", path,
+                   (long long)timeout_ms, got, n);
+        rc = TIDE_ETIMEDOUT;
+      }
+    }
+  }
+  close(fd);
+  if (rc < 0) {
+    tide__free(buf);
+    return rc;
+  }
+  *data = buf;
+  *len = n;
   return 0;
 }
 
@@ -701,13 +780,23 @@ static int read_object(tide__source_t *s, const char *rel, uint64_t size, int sh
   }
   int rc;
   if (s->kind == TIDE__SOURCE_DIR) {
-    rc = read_local(where, data, len);
+    /* the file's own size sizes the buffer; a size other than the index's is refused below */
+    rc = read_local(where, (uint64_t)tide__param_int(TIDE__PARAM_DATA_INDEX_MAX_BYTES), data, len);
     if (rc == 0) {
       atomic_fetch_add(&s->source_bytes, *len);
       atomic_fetch_add(&s->source_requests, 1);
     }
   } else {
-    rc = http_get(s, f, where, data, len, NULL, NULL);
+    if (size != 0)
+      rc = http_get(s, f, where, size, shard ? "the size the index gives this shard: write the shards and their "
+                                               "index again (tide data export|index --shard-bytes)"
+                                             : "the size the index gives it: the object changed after the index "
+                                               "was written; write the index again (tide data index DIR)",
+                    data, len, NULL, NULL);
+    else
+      rc = http_get(s, f, where, (uint64_t)tide__param_int(TIDE__PARAM_DATA_INDEX_MAX_BYTES),
+                    "the bound on an object the index gives no size (TIDE_DATA_INDEX_MAX_BYTES)", data, len, NULL,
+                    NULL);
   }
   if (rc == 0 && size != 0 && *len != size) {
     if (shard)
@@ -859,7 +948,7 @@ int tide__shard_writer_add(tide__shard_writer_t *w, int32_t label, const char *n
   }
   if (w->set.count == 0) {
     int h, wd, c;
-    if (tide__image_probe(data, len, &h, &wd, &c) == 0 && (c == 1 || c == 3)) {
+    if (tide__image_probe(data, len, &h, &wd, &c, NULL, 0) == 0 && (c == 1 || c == 3)) {
       w->set.shape[0] = h, w->set.shape[1] = wd, w->set.shape[2] = c;
     }
   }

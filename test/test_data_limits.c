@@ -1,0 +1,487 @@
+/* The data pipeline's bounds (docs/data.md, "What is bounded"): an HTTP
+ * body is read up to the size the index gives (or TIDE_DATA_INDEX_MAX_BYTES
+ * for index.txt), whatever the server sends (a huge Content-Length, an
+ * endless chunked body, an endless index); an image whose header claims
+ * more than TIDE_DATA_MAX_IMAGE_PIXELS is refused before decoding (PNG and
+ * JPEG, first image and later); ranks that read different listings fail
+ * together with TIDE_EMISMATCH; a FIFO or a symlink to /dev/zero in an
+ * ImageFolder, and a FIFO or symlink among the cache's objects, are refused
+ * without hanging. The HTTP server runs in this process on 127.0.0.1 and
+ * bounds what it sends (64 MiB, 20 s per connection). */
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include <jpeglib.h>
+
+#include "core/core.h"
+#include "data/data.h"
+#include "harness.h"
+
+#define H 6
+#define W 8
+#define N 12
+#define BOMB 5000 /* 5000 x 5000 = 25 M pixels, over the default 16 M */
+#define SERVER_MAX (64u << 20)
+
+static char root[256];
+
+static void write_file(const char *path, const void *data, size_t len) {
+  FILE *f = fopen(path, "wb");
+  CHECK(f != NULL);
+  CHECK(fwrite(data, 1, len, f) == len);
+  CHECK(fclose(f) == 0);
+}
+
+static void sh(const char *fmt, const char *a, const char *b) {
+  char cmd[2000];
+  snprintf(cmd, sizeof cmd, fmt, a, b);
+  CHECK(system(cmd) == 0);
+}
+
+/* N small PNGs in two classes, and index.txt (version 1). */
+static void make_folder(const char *dir) {
+  char path[600];
+  mkdir(dir, 0777);
+  for (int k = 0; k < 2; k++) {
+    snprintf(path, sizeof path, "%s/c%d", dir, k);
+    mkdir(path, 0777);
+  }
+  for (int id = 0; id < N; id++) {
+    uint8_t px[H * W], *png;
+    size_t len;
+    for (int p = 0; p < H * W; p++) px[p] = (uint8_t)(id * 7 + p);
+    CHECK_OK(tide__png_encode(px, H, W, 1, &png, &len));
+    snprintf(path, sizeof path, "%s/c%d/%04d.png", dir, id % 2, id);
+    write_file(path, png, len);
+    tide__free(png);
+  }
+  tide__source_t *src;
+  CHECK_OK(tide__source_open(dir, NULL, NULL, &src));
+  snprintf(path, sizeof path, "%s/index.txt", dir);
+  FILE *f = fopen(path, "w");
+  CHECK(f != NULL);
+  CHECK_OK(tide__source_write_index(src, f));
+  CHECK(fclose(f) == 0);
+  tide__source_close(src);
+}
+
+static void put_be32(uint8_t *p, uint32_t v) {
+  p[0] = (uint8_t)(v >> 24), p[1] = (uint8_t)(v >> 16), p[2] = (uint8_t)(v >> 8), p[3] = (uint8_t)v;
+}
+
+/* A valid gray PNG of side x side zeros: about 25 KB for 25 M pixels. */
+static size_t png_bomb(int side, uint8_t **out) {
+  size_t raw_len = (size_t)side * ((size_t)side + 1);
+  uint8_t *raw = calloc(1, raw_len); /* filter byte 0 and zeros, each row */
+  uLongf zlen = compressBound((uLong)raw_len);
+  uint8_t *z = malloc(zlen);
+  CHECK(raw != NULL && z != NULL && compress2(z, &zlen, raw, (uLong)raw_len, 9) == Z_OK);
+  free(raw);
+  size_t len = 8 + 25 + 12 + zlen + 12;
+  uint8_t *p = malloc(len), *q = p;
+  static const uint8_t sig[8] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1a, '\n'};
+  memcpy(q, sig, 8);
+  q += 8;
+  put_be32(q, 13);
+  memcpy(q + 4, "IHDR", 4);
+  put_be32(q + 8, (uint32_t)side);
+  put_be32(q + 12, (uint32_t)side);
+  q[16] = 8, q[17] = 0, q[18] = 0, q[19] = 0, q[20] = 0; /* 8-bit gray */
+  put_be32(q + 21, (uint32_t)crc32(0, q + 4, 17));
+  q += 25;
+  put_be32(q, (uint32_t)zlen);
+  memcpy(q + 4, "IDAT", 4);
+  memcpy(q + 8, z, zlen);
+  put_be32(q + 8 + zlen, (uint32_t)crc32(0, q + 4, (uInt)(4 + zlen)));
+  q += 12 + zlen;
+  put_be32(q, 0);
+  memcpy(q + 4, "IEND", 4);
+  put_be32(q + 8, (uint32_t)crc32(0, q + 4, 4));
+  free(z);
+  *out = p;
+  return len;
+}
+
+/* A valid gray JPEG of side x side (encoded a row at a time). */
+static size_t jpeg_bomb(int side, uint8_t **out) {
+  struct jpeg_compress_struct c;
+  struct jpeg_error_mgr err;
+  c.err = jpeg_std_error(&err);
+  jpeg_create_compress(&c);
+  unsigned long len = 0;
+  *out = NULL;
+  jpeg_mem_dest(&c, out, &len);
+  c.image_width = (JDIMENSION)side;
+  c.image_height = (JDIMENSION)side;
+  c.input_components = 1;
+  c.in_color_space = JCS_GRAYSCALE;
+  jpeg_set_defaults(&c);
+  jpeg_start_compress(&c, TRUE);
+  uint8_t *row = calloc(1, (size_t)side);
+  while (c.next_scanline < c.image_height) {
+    JSAMPROW r = row;
+    jpeg_write_scanlines(&c, &r, 1);
+  }
+  jpeg_finish_compress(&c);
+  jpeg_destroy_compress(&c);
+  free(row);
+  return len;
+}
+
+/* ---- an HTTP server that can send too much ---------------------------------- */
+
+enum { SERVE_FILE, SERVE_HUGE_LENGTH, SERVE_ENDLESS_CHUNKED, SERVE_ENDLESS_INDEX, SERVE_404_PAGE };
+static int http_port, http_listen;
+static _Atomic int http_mode; /* for the objects (and index.txt when ENDLESS_INDEX) */
+static _Atomic long http_sent; /* body bytes of the last misbehaving answer */
+static char http_root[512];
+
+static int send_all(int fd, const void *p, size_t n) {
+  return send(fd, p, n, MSG_NOSIGNAL) == (ssize_t)n ? 0 : -1;
+}
+
+static void *http_conn(void *arg) {
+  int fd = (int)(intptr_t)arg;
+  struct timeval tv = {20, 0};
+  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  char req[2048];
+  size_t got = 0;
+  while (got < sizeof req - 1) {
+    ssize_t r = recv(fd, req + got, sizeof req - 1 - got, 0);
+    if (r <= 0) break;
+    got += (size_t)r;
+    req[got] = '\0';
+    if (strstr(req, "\r\n\r\n") != NULL) break;
+  }
+  req[got] = '\0';
+  char path[1024] = "", file[1600];
+  sscanf(req, "GET %1000s", path);
+  int is_index = strstr(path, "index.txt") != NULL;
+  int mode = atomic_load(&http_mode);
+  if (is_index && mode != SERVE_ENDLESS_INDEX) mode = SERVE_FILE;
+  if (!is_index && mode == SERVE_ENDLESS_INDEX) mode = SERVE_FILE;
+  if (mode == SERVE_404_PAGE) { /* an error page larger than the object: its status is the answer */
+    static char page[4096];
+    memset(page, 'x', sizeof page);
+    char head[256];
+    int hl = snprintf(head, sizeof head, "HTTP/1.1 404 Not Found\r\nContent-Length: %zu\r\nConnection: close\r\n\r\n",
+                      sizeof page);
+    send_all(fd, head, (size_t)hl);
+    send_all(fd, page, sizeof page);
+    close(fd);
+    return NULL;
+  }
+  if (mode == SERVE_FILE) {
+    snprintf(file, sizeof file, "%s%s", http_root, path);
+    FILE *f = strstr(path, "..") == NULL ? fopen(file, "rb") : NULL;
+    char *body = malloc(1 << 20);
+    size_t n = f != NULL ? fread(body, 1, 1 << 20, f) : 0;
+    if (f != NULL) fclose(f);
+    char head[256];
+    int hl = snprintf(head, sizeof head, "HTTP/1.1 %s\r\nContent-Length: %zu\r\nConnection: close\r\n\r\n",
+                      f != NULL ? "200 OK" : "404 Not Found", n);
+    send_all(fd, head, (size_t)hl);
+    send_all(fd, body, n);
+    free(body);
+    close(fd);
+    return NULL;
+  }
+  const char *head = mode == SERVE_HUGE_LENGTH
+                         ? "HTTP/1.1 200 OK\r\nContent-Length: 10000000000\r\nConnection: close\r\n\r\n"
+                     : mode == SERVE_ENDLESS_CHUNKED
+                         ? "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
+                         : "HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n"; /* the index: until closed */
+  send_all(fd, head, strlen(head));
+  static char block[65536];
+  memset(block, '#', sizeof block);
+  for (size_t k = 0; k < sizeof block; k += 64) block[k + 63] = '\n';
+  long sent = 0;
+  if (mode == SERVE_ENDLESS_INDEX) {
+    const char *first = "tide-imagefolder 1\nclass 0 c0\n";
+    send_all(fd, first, strlen(first));
+  }
+  while (sent < (long)SERVER_MAX) {
+    char chunk_head[32];
+    if (mode == SERVE_ENDLESS_CHUNKED) {
+      int cl = snprintf(chunk_head, sizeof chunk_head, "%zx\r\n", sizeof block);
+      if (send_all(fd, chunk_head, (size_t)cl) != 0) break;
+    }
+    if (send_all(fd, block, sizeof block) != 0) break;
+    if (mode == SERVE_ENDLESS_CHUNKED && send_all(fd, "\r\n", 2) != 0) break;
+    sent += (long)sizeof block;
+  }
+  atomic_store(&http_sent, sent);
+  close(fd);
+  return NULL;
+}
+
+static void *http_main(void *arg) {
+  (void)arg;
+  for (;;) {
+    int fd = accept(http_listen, NULL, NULL);
+    if (fd < 0) continue;
+    pthread_t t;
+    pthread_create(&t, NULL, http_conn, (void *)(intptr_t)fd);
+    pthread_detach(t);
+  }
+  return NULL;
+}
+
+/* ---- the loader --------------------------------------------------------------- */
+
+typedef struct {
+  const char *source[2]; /* per rank (rank 1 takes source[0] when source[1] is NULL) */
+  int height;            /* config.height = width (0: from the first image) */
+  int expect_open, expect_next;
+} run_t;
+
+static int run_loader(int rank, int size, void *arg) {
+  const run_t *r = arg;
+  (void)size;
+  if (getenv("TIDE_SANITIZED") == NULL) {
+    /* before the fix a rank read /dev/zero until the kernel killed it: here
+     * it runs out of address space instead */
+    struct rlimit lim = {1ull << 30, 1ull << 30};
+    setrlimit(RLIMIT_AS, &lim);
+  }
+  tide_comm_t *comm;
+  CHECK_OK(tide_comm_init(&comm));
+  tide_loader_config_t cfg;
+  tide_loader_config_default(&cfg);
+  cfg.source = rank == 1 && r->source[1] != NULL ? r->source[1] : r->source[0];
+  cfg.batch = 4;
+  cfg.prefetch = 1;
+  cfg.height = cfg.width = r->height;
+  cfg.channels = r->height > 0 ? 1 : 0;
+  tide_loader_t *l;
+  int rc = tide_loader_open(comm, &cfg, &l);
+  if (r->expect_open != 0) {
+    CHECK_RC(rc, r->expect_open);
+    tide_comm_destroy(comm);
+    return 0;
+  }
+  CHECK_OK(rc);
+  int failed = 0;
+  for (int s = 0; s < 2 * N && !failed; s++) {
+    tide_loader_batch_t b;
+    rc = tide_loader_next(l, &b);
+    if (rc != 0) {
+      CHECK_RC(rc, r->expect_next);
+      failed = 1;
+    }
+  }
+  CHECK(failed == (r->expect_next != 0));
+  tide_loader_close(l);
+  tide_comm_destroy(comm);
+  return 0;
+}
+
+/* Runs the loader with stderr into a file; the log must hold want. */
+static void run_logged(const harness_opts_t *o, const run_t *r, const char *want) {
+  char log[400];
+  snprintf(log, sizeof log, "%s/log", root);
+  fflush(stderr);
+  int saved = dup(2), fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  CHECK(saved >= 0 && fd >= 0);
+  dup2(fd, 2);
+  close(fd);
+  int64_t t0 = tide__now_ns();
+  int rc = harness_run(o, run_loader, (void *)r);
+  double s = (double)(tide__now_ns() - t0) * 1e-9;
+  fflush(stderr);
+  dup2(saved, 2);
+  close(saved);
+  FILE *f = fopen(log, "r");
+  CHECK(f != NULL);
+  static char text[1 << 16];
+  size_t n = fread(text, 1, sizeof text - 1, f);
+  text[n] = '\0';
+  fclose(f);
+  fprintf(stderr, "%s  (%.1f s)\n", text, s);
+  CHECK(rc == 0);
+  if (want != NULL && strstr(text, want) == NULL) {
+    fprintf(stderr, "test_data_limits: the log does not say \"%s\"\n", want);
+    exit(1);
+  }
+}
+
+/* A FIFO or a symlink among the cache's objects: refused (no hang on the
+ * FIFO, no read through the symlink), removed, counted, reported absent. */
+static void test_cache_objects(void) {
+  char dir[400], cmd[1600];
+  snprintf(dir, sizeof dir, "%s/cache", root);
+  tide__cache_t *c;
+  CHECK_OK(tide__cache_open(dir, 0, &c));
+  uint8_t *data;
+  size_t len;
+  CHECK_OK(tide__cache_put(c, "fifo", "payload", 7));
+  snprintf(cmd, sizeof cmd, "f=$(ls %s/objects/*) && rm $f && mkfifo $f", dir);
+  CHECK(system(cmd) == 0);
+  alarm(20); /* before the fix the open blocked forever */
+  CHECK_RC(tide__cache_get(c, "fifo", &data, &len), TIDE_ENOENT);
+  snprintf(cmd, sizeof cmd, "[ -z \"$(ls %s/objects/)\" ]", dir);
+  CHECK(system(cmd) == 0);
+  CHECK_OK(tide__cache_put(c, "link", "payload", 7));
+  snprintf(cmd, sizeof cmd, "f=$(ls %s/objects/*) && mv $f %s/elsewhere && ln -s %s/elsewhere $f", dir, root, root);
+  CHECK(system(cmd) == 0);
+  CHECK_RC(tide__cache_get(c, "link", &data, &len), TIDE_ENOENT);
+  alarm(0);
+  tide__cache_counts_t k;
+  tide__cache_counts(c, &k);
+  CHECK(k.bad == 2 && k.hits == 0);
+  tide__cache_close(c);
+  fprintf(stderr, "cache: a FIFO and a symlink among the objects refused, removed, counted\n");
+}
+
+static void test_decode_bombs(const uint8_t *png, size_t png_len, const uint8_t *jpg, size_t jpg_len) {
+  uint8_t out[H * W];
+  char why[400];
+  int h, w, c;
+  CHECK_RC(tide__image_decode(png, png_len, H, W, 1, out, why, sizeof why), TIDE_EINVAL);
+  CHECK(strstr(why, "TIDE_DATA_MAX_IMAGE_PIXELS") != NULL && strstr(why, "5000x5000") != NULL);
+  CHECK_RC(tide__image_probe(png, png_len, &h, &w, &c, why, sizeof why), TIDE_EINVAL);
+  CHECK_RC(tide__image_decode(jpg, jpg_len, H, W, 1, out, why, sizeof why), TIDE_EINVAL);
+  CHECK(strstr(why, "JPEG") != NULL && strstr(why, "TIDE_DATA_MAX_IMAGE_PIXELS") != NULL);
+  fprintf(stderr, "decode: %dx%d PNG (%zu bytes) and JPEG (%zu bytes) refused before decoding\n", BOMB, BOMB, png_len,
+          jpg_len);
+}
+
+/* A section named on the command line runs alone (to see each fail on its own). */
+static const char *only;
+static int section(const char *name) { return only == NULL || strcmp(only, name) == 0; }
+
+int main(int argc, char **argv) {
+  only = argc > 1 ? argv[1] : NULL;
+  snprintf(root, sizeof root, "/tmp/tide-test-data-limits-%d", (int)getpid());
+  mkdir(root, 0777);
+  setenv("TIDE_DATA_CACHE", "none", 1);
+  setenv("TIDE_DATA_RETRIES", "0", 1);
+  char dir[400], fewer[400], renamed[400], bomb_first[400], bomb_later[400], odd[400], fifo_first[400], url[300],
+      path[600];
+  snprintf(dir, sizeof dir, "%s/folder", root);
+  snprintf(fewer, sizeof fewer, "%s/fewer", root);
+  snprintf(renamed, sizeof renamed, "%s/renamed", root);
+  snprintf(bomb_first, sizeof bomb_first, "%s/bomb-first", root);
+  snprintf(bomb_later, sizeof bomb_later, "%s/bomb-later", root);
+  snprintf(odd, sizeof odd, "%s/odd", root);
+  snprintf(fifo_first, sizeof fifo_first, "%s/fifo-first", root);
+  /* In a child: this process must not read the TIDE_* table before the
+   * harness sets the job's variables (it is read once per process). */
+  pid_t pid = fork();
+  if (pid == 0) {
+    make_folder(dir);
+    uint8_t *png, *jpg;
+    size_t png_len = png_bomb(BOMB, &png), jpg_len = jpeg_bomb(BOMB, &jpg);
+    if (section("bombs")) test_decode_bombs(png, png_len, jpg, jpg_len);
+    if (section("cache")) test_cache_objects();
+    /* the bombs as the first image (it sizes the store), and as later ones */
+    sh("cp -r %s %s", dir, bomb_first);
+    snprintf(path, sizeof path, "%s/c0/0000.png", bomb_first);
+    write_file(path, png, png_len);
+    sh("cp -r %s %s", dir, bomb_later);
+    snprintf(path, sizeof path, "%s/c1/0005.jpg", bomb_later);
+    write_file(path, jpg, jpg_len);
+    free(png);
+    free(jpg);
+    _exit(0);
+  }
+  int status;
+  CHECK(waitpid(pid, &status, 0) == pid && WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  harness_opts_t one = {1, NULL, 0, 60, NULL}, two = {2, NULL, 0, 60, NULL};
+
+  if (section("bombs")) {
+    fprintf(stderr, "-- a decompression bomb as the first image, and as a later one\n");
+    run_t first = {{bomb_first, NULL}, 0, TIDE_EINVAL, 0};
+    run_logged(&one, &first, "TIDE_DATA_MAX_IMAGE_PIXELS");
+    run_t later = {{bomb_later, NULL}, 0, 0, TIDE_EINVAL};
+    run_logged(&one, &later, "0005.jpg is corrupt or truncated: JPEG: its header claims 5000x5000");
+
+  }
+  if (section("listing")) {
+    fprintf(stderr, "-- ranks that read different listings fail together\n");
+    sh("cp -r %s %s", dir, fewer);
+    sh("rm %s/c1/0011.png%s", fewer, "");
+    run_t count = {{dir, fewer}, 0, TIDE_EMISMATCH, 0};
+    run_logged(&two, &count, "the ranks read different listings");
+    sh("cp -r %s %s", dir, renamed);
+    sh("mv %s/c1/0011.png %s/c1/0011b.png", renamed, renamed);
+    run_t names = {{dir, renamed}, 0, TIDE_EMISMATCH, 0};
+    run_logged(&two, &names, "the ranks read different listings");
+    run_t same = {{dir, NULL}, 0, 0, 0};
+    run_logged(&two, &same, NULL);
+
+  }
+  if (section("local")) {
+    fprintf(stderr, "-- a symlink to /dev/zero and a FIFO in an ImageFolder: refused, no hang\n");
+    sh("cp -r %s %s", dir, odd);
+    sh("rm %s/c0/0000.png && ln -s /dev/zero %s/c0/0000.png", odd, odd);
+    run_t zero_first = {{odd, NULL}, 0, TIDE_EINVAL, 0};
+    run_logged(&one, &zero_first, "0000.png is a device, not a regular file");
+    sh("rm %s/c0/0000.png%s", odd, "");
+    sh("cp %s/c0/0000.png %s/c0/", dir, odd);
+    sh("rm %s/c1/0003.png && ln -s /dev/zero %s/c1/0003.png", odd, odd);
+    sh("rm %s/c0/0006.png && mkfifo %s/c0/0006.png", odd, odd);
+    run_t odd_later = {{odd, NULL}, 0, 0, TIDE_EIO};
+    run_logged(&one, &odd_later, ", not a regular file");
+    sh("cp -r %s %s", dir, fifo_first);
+    sh("rm %s/c0/0000.png && mkfifo %s/c0/0000.png", fifo_first, fifo_first);
+    harness_opts_t one_short = {1, NULL, 0, 30, NULL}; /* before the fix: hung until this ran out */
+    run_t fifo = {{fifo_first, NULL}, 0, TIDE_EINVAL, 0};
+    run_logged(&one_short, &fifo, "0000.png is a FIFO");
+
+  }
+  if (section("http")) {
+    fprintf(stderr, "-- HTTP: a server that sends more than the index says is cut off\n");
+    snprintf(http_root, sizeof http_root, "%s", root);
+    CHECK_OK(tide__tcp_listen("127.0.0.1", 0, &http_listen, &http_port));
+    pthread_t t;
+    CHECK(pthread_create(&t, NULL, http_main, NULL) == 0);
+    snprintf(url, sizeof url, "http://127.0.0.1:%d/folder", http_port);
+    setenv("TIDE_DATA_TIMEOUT_MS", "20000", 1);
+    setenv("TIDE_DATA_INDEX_MAX_BYTES", "1048576", 1);
+    run_t http = {{url, NULL}, 0, 0, 0};
+    run_logged(&one, &http, NULL); /* it serves the folder as it is */
+    /* config.height: no probe, so the first object is read by the loader's threads */
+    run_t object = {{url, NULL}, H, 0, TIDE_EIO};
+    atomic_store(&http_mode, SERVE_HUGE_LENGTH);
+    atomic_store(&http_sent, 0);
+    run_logged(&one, &object, "more than");
+    usleep(200000); /* the server thread notices the close */
+    long huge = atomic_load(&http_sent);
+    atomic_store(&http_mode, SERVE_ENDLESS_CHUNKED);
+    atomic_store(&http_sent, 0);
+    run_logged(&one, &object, "the size the index gives it");
+    usleep(200000);
+    long chunked = atomic_load(&http_sent);
+    atomic_store(&http_mode, SERVE_ENDLESS_INDEX);
+    atomic_store(&http_sent, 0);
+    run_t index = {{url, NULL}, 0, TIDE_EIO, 0};
+    run_logged(&one, &index, "TIDE_DATA_INDEX_MAX_BYTES");
+    usleep(200000); /* the server thread notices the close */
+    long endless = atomic_load(&http_sent);
+    fprintf(stderr, "  the server got to send %ld (10 GB Content-Length), %ld (chunked) and %ld (index) bytes of its "
+            "%u before the loader hung up\n", huge, chunked, endless, SERVER_MAX);
+    /* what the socket buffers hold, not the whole 64 MiB the server offers */
+    CHECK(huge < (long)SERVER_MAX / 2 && chunked < (long)SERVER_MAX / 2 && endless < (long)SERVER_MAX / 2);
+    atomic_store(&http_mode, SERVE_404_PAGE);
+    run_logged(&one, &object, "answered HTTP 404");
+    atomic_store(&http_mode, SERVE_FILE);
+  }
+
+  sh("rm -rf %s%s", root, "");
+  fprintf(stderr, "test_data_limits: ok\n");
+  return 0;
+}
