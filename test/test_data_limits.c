@@ -253,8 +253,9 @@ static int run_loader(int rank, int size, void *arg) {
   (void)size;
   if (getenv("TIDE_SANITIZED") == NULL) {
     /* before the fix a rank read /dev/zero until the kernel killed it: here
-     * it runs out of address space instead */
-    struct rlimit lim = {1ull << 30, 1ull << 30};
+     * it runs out of address space instead (4 GiB: malloc's per-thread
+     * arenas reserve 64 MiB each, more threads on larger machines) */
+    struct rlimit lim = {4ull << 30, 4ull << 30};
     setrlimit(RLIMIT_AS, &lim);
   }
   tide_comm_t *comm;
