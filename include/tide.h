@@ -1406,6 +1406,117 @@ int tide_sim_write_summary(const tide_sim_result_t *const *runs, int n, const ch
  * TIDE_EIO names a file it cannot write. */
 int tide_sim_plot(const tide_sim_result_t *const *runs, int n, const char *dir, int *plotted);
 
+/* ---- burst-parallel planning (DeepPool; docs/burst-parallel.md) ----------- */
+
+/* A per-layer profile: for each layer of a model its inputs (the graph),
+ * parameter bytes, activation bytes per sample, and its forward and backward
+ * time on one worker at each profiled per-worker batch. Read from tide's
+ * profile format or DeepPool's A100 files (tide_profile_read), written by
+ * `tide profile` (nn_profile in tide_nn measures tide's own models).
+ * Threads: one thread builds a profile; once built, any number may read
+ * it. */
+typedef struct tide_profile tide_profile_t;
+
+enum { TIDE_PROFILE_MAX_INPUTS = 8 };
+
+typedef struct {
+  char name[96];        /* e.g. "conv2d{...}[3,224,224]" or "dense:128" */
+  int ninputs;          /* 1..TIDE_PROFILE_MAX_INPUTS */
+  int inputs[TIDE_PROFILE_MAX_INPUTS]; /* earlier layers' indices; -1: the model's input */
+  double param_bytes;   /* bytes of parameters (and so of their gradient) */
+  double act_bytes;     /* bytes of this layer's output per sample */
+} tide_profile_layer_t;
+
+/* An empty profile for `model` (a name, <= 63 chars). */
+int tide_profile_create(const char *model, tide_profile_t **out);
+void tide_profile_destroy(tide_profile_t *p);
+/* Appends a layer (its inputs must be earlier layers or -1); *index gets
+ * its index (may be NULL). TIDE_EINVAL naming the bad field. */
+int tide_profile_add_layer(tide_profile_t *p, const tide_profile_layer_t *layer, int *index);
+/* Sets layer's forward and backward seconds at per-worker batch (>= 1);
+ * a batch seen first here is added to the profile's batches. */
+int tide_profile_set_time(tide_profile_t *p, int layer, int batch, double fwd_s, double bwd_s);
+const char *tide_profile_model(const tide_profile_t *p);
+int tide_profile_layer_count(const tide_profile_t *p);
+/* Borrowed from p; NULL outside [0, count). */
+const tide_profile_layer_t *tide_profile_layer(const tide_profile_t *p, int layer);
+/* The profiled batches, ascending (borrowed); returns their number. */
+int tide_profile_batches(const tide_profile_t *p, const int **batches);
+/* Forward + backward seconds of layer at per-worker batch b >= 1:
+ * profiled value, linear between profiled batches, the smallest batch's
+ * time below it, and linear in b (t(bmax) b / bmax) above the largest.
+ * NAN when the layer has no time at some profiled batch. */
+double tide_profile_time(const tide_profile_t *p, int layer, int batch);
+/* Reads a profile: tide's format (first line "tide-profile 1") or a
+ * DeepPool profile file (blocks of "#config ..." / "sum:" lines; `section`
+ * names a "#NAME" section such as "RESNET152", NULL: the first). TIDE_ENOENT
+ * naming a missing file, TIDE_EINVAL naming file:line of a malformed line.
+ * *out owned by the caller. */
+int tide_profile_read(const char *path, const char *section, tide_profile_t **out);
+/* Writes p in tide's format. TIDE_EIO names a file it cannot write. */
+int tide_profile_write(const tide_profile_t *p, const char *path);
+
+typedef struct {
+  int workers;            /* W, a power of two >= 1 */
+  int global_batch;       /* B >= 1 */
+  double amplification;   /* limit on every layer, >= 1; default 2.0 */
+  double bandwidth;       /* bytes/s per worker link; default 2.66e11 (DeepPool's A100 constant) */
+  double latency;         /* s per message; default 40e-6 */
+  int data_parallel;      /* 1: every layer at width W (the baseline); default 0 */
+} tide_plan_options_t;
+
+void tide_plan_options_init(tide_plan_options_t *opts);
+
+/* One layer of a plan and its predicted costs (s). */
+typedef struct {
+  int width;            /* workers it runs on, a power of two <= W */
+  double compute;       /* forward + backward at per-worker batch ceil(B / width) */
+  double sync;          /* all-reduce of its gradient among its width workers */
+  double transfer;      /* moving its inputs (forward) and their gradients (backward) */
+  double amplification; /* width (compute + sync) / compute at width 1 */
+} tide_plan_layer_t;
+
+typedef struct tide_plan tide_plan_t;
+
+/* Chooses each layer's width to minimise the predicted iteration time with
+ * every layer's amplification <= opts->amplification (ties: less
+ * worker-time): a dynamic program over layers x widths; a branch block (one
+ * layer forking into chains that one layer joins) is planned as the sum of
+ * its chains given the fork's and the join's widths. Graphs with nested
+ * branches give TIDE_EINVAL naming the layer, as does a bad
+ * option (W not a power of two, ...). *out owned by the caller. */
+int tide_plan_create(const tide_profile_t *p, const tide_plan_options_t *opts, tide_plan_t **out);
+/* The costs of given widths (one per layer) under the same model: for
+ * checking a plan file or a search. TIDE_EINVAL names a width that is not a
+ * power of two in [1, W]. Ignores the amplification limit (see
+ * tide_plan_feasible). */
+int tide_plan_evaluate(const tide_profile_t *p, const tide_plan_options_t *opts, const int *widths,
+                       tide_plan_t **out);
+void tide_plan_destroy(tide_plan_t *plan);
+/* Layers (borrowed; count = the profile's layer count). */
+int tide_plan_layers(const tide_plan_t *plan, const tide_plan_layer_t **layers);
+/* Predicted iteration time and worker-time (s x workers: each layer's
+ * width x (compute + sync), each transfer x the larger width). */
+double tide_plan_iteration_time(const tide_plan_t *plan);
+double tide_plan_worker_time(const tide_plan_t *plan);
+/* 1 when every layer's amplification is <= limit (1e-9 relative slack). */
+int tide_plan_feasible(const tide_plan_t *plan, double limit);
+/* Writes the plan as JSON (model, options, per-layer width and costs,
+ * totals). TIDE_EIO names a file it cannot write. */
+int tide_plan_write(const tide_plan_t *plan, const tide_profile_t *p, const char *path);
+/* Reads the widths of a plan file written by tide_plan_write for profile p
+ * into widths[count of p's layers]. TIDE_EINVAL naming file and field: a
+ * plan for another model or layer count, a width not a power of two or
+ * above workers. */
+int tide_plan_read_widths(const char *path, const tide_profile_t *p, int workers, int *widths);
+/* Writes PREFIX-widths.dat (per layer: width and costs), PREFIX-sweep.dat
+ * (iteration time and worker-time of plans for limits 1 to 64 under
+ * opts, and data parallelism's), PREFIX.gp and, when gnuplot is on PATH,
+ * PREFIX-widths.png and PREFIX-sweep.png (*plotted = 1). TIDE_EIO names a
+ * file it cannot write. */
+int tide_plan_plot(const tide_plan_t *plan, const tide_profile_t *p, const tide_plan_options_t *opts,
+                   const char *prefix, int *plotted);
+
 #ifdef __cplusplus
 }
 #endif

@@ -23,6 +23,9 @@
 #include "core/core.h"
 #include "core/half.h"
 #include "data/data.h"
+#ifdef TIDE_WITH_NN
+#include "nn/nn.h"
+#endif
 #include "tide.h"
 
 #define EXIT_USAGE 2
@@ -62,6 +65,12 @@ static const char usage_text[] =
     "  sim [options] WORKLOAD.csv...\n"
     "                           simulate a cluster scheduler over a workload of the Pollux\n"
     "                           traces (see tide help sim; docs/scheduling.md)\n"
+    "  profile --model mlp|cnn [--batches 1,2,4,...] --out FILE\n"
+    "                           measure each layer of tide's nn engine (forward, backward)\n"
+    "                           at each per-worker batch (see tide help profile)\n"
+    "  plan --profile FILE --workers W --global-batch B [options] --out plan.json\n"
+    "                           burst-parallel plan: a width per layer (see tide help plan;\n"
+    "                           docs/burst-parallel.md)\n"
     "  help [COMMAND]           print this help, or a command's\n"
     "\n"
     "tide " TIDE_VERSION_STRING "\n";
@@ -1207,6 +1216,215 @@ static int cmd_sim(int argc, char **argv) {
   return rc == 0 ? 0 : 1;
 }
 
+/* ---- profile and plan (docs/burst-parallel.md) ------------------------------------ */
+
+static const char profile_usage_text[] =
+    "usage: tide profile --model mlp|cnn|LAYERS [--batches LIST] [--reps N] [--warmup N]\n"
+    "                    [--threads N] --out FILE\n"
+    "\n"
+    "Times each layer of tide's nn engine, forward and backward, at each per-worker batch\n"
+    "on this machine: --warmup untimed passes (default 3), then --reps timed ones\n"
+    "(default 9), the median of each; --threads OpenBLAS threads (default 1, one worker\n"
+    "per core). Writes tide's profile format (docs/burst-parallel.md) to FILE.\n"
+    "  --batches LIST   comma-separated per-worker batches (default 1,2,4,...,256)\n";
+
+static const char plan_usage_text[] =
+    "usage: tide plan --profile FILE [--section NAME] --workers W --global-batch B\n"
+    "                 [--amplification A] [--bandwidth BYTES_PER_S] [--latency S]\n"
+    "                 [--out plan.json] [--no-plot] [--quiet]\n"
+    "\n"
+    "Chooses each layer's width (a power of two <= W) from a per-layer profile (tide's,\n"
+    "or a DeepPool A100 profile file: --section RESNET152 picks a section) so that the\n"
+    "predicted iteration time at global batch B is least while no layer's amplification\n"
+    "(worker-time at its width over worker-time on one worker) exceeds A (default 2.0).\n"
+    "Prints a per-layer table and the plan against plain data parallelism; writes the\n"
+    "plan (default plan.json) and, beside it, PREFIX-widths.dat, PREFIX-sweep.dat,\n"
+    "PREFIX.gp and (gnuplot on PATH) PREFIX-widths.png, PREFIX-sweep.png.\n"
+    "  --bandwidth      bytes/s per worker link (default 2.66e11, DeepPool's A100 figure)\n"
+    "  --latency        seconds per message (default 40e-6)\n"
+    "  --check PLAN     evaluate the widths of an existing plan file instead of planning\n";
+
+static int plan_usage_error(const char *fmt, const char *arg) {
+  fprintf(stderr, "tide plan: ");
+  fprintf(stderr, fmt, arg);
+  fprintf(stderr, "\n(see tide help plan)\n");
+  return EXIT_USAGE;
+}
+
+static int cmd_profile(int argc, char **argv) {
+  const char *model = NULL, *out = NULL, *batch_list = "1,2,4,8,16,32,64,128,256";
+  int reps = 9, warmup = 3, threads = 1;
+  for (int i = 0; i < argc; i++) {
+    const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+    if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+      fputs(profile_usage_text, stdout);
+      return 0;
+    }
+    if (v == NULL) {
+      fprintf(stderr, "tide profile: %s needs a value (see tide help profile)\n", a);
+      return EXIT_USAGE;
+    }
+    i++;
+    int bad = 0;
+    if (strcmp(a, "--model") == 0) model = v;
+    else if (strcmp(a, "--out") == 0) out = v;
+    else if (strcmp(a, "--batches") == 0) batch_list = v;
+    else if (strcmp(a, "--reps") == 0) bad = parse_int(v, 1, &reps);
+    else if (strcmp(a, "--warmup") == 0) bad = parse_int(v, 0, &warmup);
+    else if (strcmp(a, "--threads") == 0) bad = parse_int(v, 1, &threads);
+    else {
+      fprintf(stderr, "tide profile: unknown option '%s' (see tide help profile)\n", a);
+      return EXIT_USAGE;
+    }
+    if (bad) {
+      fprintf(stderr, "tide profile: %s: '%s' is not a valid count\n", a, v);
+      return EXIT_USAGE;
+    }
+  }
+  if (model == NULL || out == NULL) {
+    fprintf(stderr, "tide profile: %s is required (see tide help profile)\n", model == NULL ? "--model" : "--out");
+    return EXIT_USAGE;
+  }
+  int batches[32], nb = 0;
+  for (const char *q = batch_list; *q;) {
+    char *end;
+    long b = strtol(q, &end, 10);
+    if (end == q || b < 1 || b > 65536 || nb == 32 || (*end != ',' && *end != '\0')) {
+      fprintf(stderr, "tide profile: --batches: '%s' is not a list of up to 32 batches in [1, 65536]\n", batch_list);
+      return EXIT_USAGE;
+    }
+    batches[nb++] = (int)b;
+    q = *end == ',' ? end + 1 : end;
+  }
+  tide_profile_t *p = NULL;
+#ifdef TIDE_WITH_NN
+  nn_set_threads(threads);
+  int rc = nn_profile(model, batches, nb, warmup, reps, &p);
+#else
+  int rc = TIDE_ENOSYS; /* built without src/nn */
+#endif
+  if (rc == 0) rc = tide_profile_write(p, out);
+  if (rc == 0) {
+    printf("%-28s %6s %12s %12s %12s\n", "layer", "batch", "fwd+bwd_ms", "params_B", "act_B/sample");
+    for (int i = 0; i < tide_profile_layer_count(p); i++) {
+      const tide_profile_layer_t *l = tide_profile_layer(p, i);
+      printf("%-28s %6d %12.4f %12.0f %12.0f\n", l->name, batches[nb - 1],
+             tide_profile_time(p, i, batches[nb - 1]) * 1e3, l->param_bytes, l->act_bytes);
+    }
+    printf("wrote %s (%d layers x %d batches, median of %d)\n", out, tide_profile_layer_count(p), nb, reps);
+  } else {
+    fprintf(stderr, "tide profile: %s\n", tide_strerror(rc));
+  }
+  tide_profile_destroy(p);
+  return rc == 0 ? 0 : 1;
+}
+
+static int cmd_plan(int argc, char **argv) {
+  tide_plan_options_t o;
+  tide_plan_options_init(&o);
+  o.workers = 0, o.global_batch = 0;
+  const char *profile = NULL, *section = NULL, *out = "plan.json", *check = NULL;
+  int plot = 1, quiet = 0;
+  for (int i = 0; i < argc; i++) {
+    const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+    if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+      fputs(plan_usage_text, stdout);
+      return 0;
+    }
+    if (strcmp(a, "--no-plot") == 0) {
+      plot = 0;
+      continue;
+    }
+    if (strcmp(a, "--quiet") == 0) {
+      quiet = 1;
+      continue;
+    }
+    if (v == NULL) return plan_usage_error("%s needs a value", a);
+    i++;
+    if (strcmp(a, "--profile") == 0) profile = v;
+    else if (strcmp(a, "--section") == 0) section = v;
+    else if (strcmp(a, "--out") == 0) out = v;
+    else if (strcmp(a, "--check") == 0) check = v;
+    else if (strcmp(a, "--workers") == 0) {
+      if (parse_int(v, 1, &o.workers) || (o.workers & (o.workers - 1)) != 0)
+        return plan_usage_error("--workers: '%s' is not a power of two >= 1", v);
+    } else if (strcmp(a, "--global-batch") == 0) {
+      if (parse_int(v, 1, &o.global_batch)) return plan_usage_error("--global-batch: '%s' is not an integer >= 1", v);
+    } else if (strcmp(a, "--amplification") == 0) {
+      if (parse_double(v, &o.amplification) || !(o.amplification >= 1))
+        return plan_usage_error("--amplification: '%s' is not a number >= 1", v);
+    } else if (strcmp(a, "--bandwidth") == 0) {
+      if (parse_double(v, &o.bandwidth) || !(o.bandwidth > 0))
+        return plan_usage_error("--bandwidth: '%s' is not a number of bytes/s > 0", v);
+    } else if (strcmp(a, "--latency") == 0) {
+      if (parse_double(v, &o.latency) || !(o.latency >= 0))
+        return plan_usage_error("--latency: '%s' is not a number of seconds >= 0", v);
+    } else {
+      return plan_usage_error("unknown option '%s'", a);
+    }
+  }
+  if (profile == NULL) return plan_usage_error("%s is required", "--profile");
+  if (o.workers == 0) return plan_usage_error("%s is required", "--workers");
+  if (o.global_batch == 0) return plan_usage_error("%s is required", "--global-batch");
+  tide_profile_t *p = NULL;
+  tide_plan_t *plan = NULL, *dp = NULL;
+  int *widths = NULL;
+  int rc = tide_profile_read(profile, section, &p);
+  if (rc == 0 && check != NULL) {
+    widths = malloc((size_t)tide_profile_layer_count(p) * sizeof *widths);
+    rc = widths == NULL ? TIDE_ENOMEM : tide_plan_read_widths(check, p, o.workers, widths);
+    if (rc == 0) rc = tide_plan_evaluate(p, &o, widths, &plan);
+  } else if (rc == 0) {
+    int64_t t0 = tide__now_ns();
+    rc = tide_plan_create(p, &o, &plan);
+    if (rc == 0 && !quiet) printf("planned %d layers in %.6f s\n", tide_profile_layer_count(p),
+                                  (double)(tide__now_ns() - t0) * 1e-9);
+  }
+  tide_plan_options_t od = o;
+  od.data_parallel = 1;
+  if (rc == 0) rc = tide_plan_create(p, &od, &dp);
+  if (rc != 0) {
+    fprintf(stderr, "tide plan: %s\n", tide_strerror(rc));
+    goto out;
+  }
+  const tide_plan_layer_t *L;
+  int n = tide_plan_layers(plan, &L);
+  if (!quiet) {
+    printf("%4s %-44s %6s %11s %11s %11s %8s\n", "#", "layer", "width", "compute_ms", "sync_ms", "transfer_ms", "amp");
+    for (int i = 0; i < n; i++)
+      printf("%4d %-44.44s %6d %11.4f %11.4f %11.4f %8.3f\n", i, tide_profile_layer(p, i)->name, L[i].width,
+             L[i].compute * 1e3, L[i].sync * 1e3, L[i].transfer * 1e3, L[i].amplification);
+  }
+  double t = tide_plan_iteration_time(plan), w = tide_plan_worker_time(plan);
+  double td = tide_plan_iteration_time(dp), wd = tide_plan_worker_time(dp);
+  printf("model %s  W %d  B %d  amplification <= %g  feasible %s\n", tide_profile_model(p), o.workers,
+         o.global_batch, o.amplification, tide_plan_feasible(plan, o.amplification) ? "yes" : "NO");
+  printf("iteration time: plan %.4f ms, data parallel %.4f ms (%.3fx)\n", t * 1e3, td * 1e3, td / t);
+  printf("worker-time:    plan %.4f worker-ms, data parallel %.4f worker-ms (%.1f%% less)\n", w * 1e3, wd * 1e3,
+         100.0 * (1.0 - w / wd));
+  if (check == NULL) {
+    rc = tide_plan_write(plan, p, out);
+    if (rc == 0 && plot) {
+      char prefix[4096];
+      size_t len = strlen(out);
+      snprintf(prefix, sizeof prefix, "%.*s", (int)(len > 5 && strcmp(out + len - 5, ".json") == 0 ? len - 5 : len),
+               out);
+      int plotted = 0;
+      rc = tide_plan_plot(plan, p, &o, prefix, &plotted);
+      if (rc == 0 && !quiet) printf("plots: %s-widths%s, %s-sweep%s\n", prefix, plotted ? ".png" : ".dat", prefix,
+                                    plotted ? ".png" : ".dat (no gnuplot)");
+    }
+    if (rc == 0) printf("wrote %s\n", out);
+    else fprintf(stderr, "tide plan: %s\n", tide_strerror(rc));
+  }
+out:
+  free(widths);
+  tide_plan_destroy(plan);
+  tide_plan_destroy(dp);
+  tide_profile_destroy(p);
+  return rc == 0 ? 0 : 1;
+}
+
 int main(int argc, char **argv) {
   if (argc < 2 || strcmp(argv[1], "help") == 0 || strcmp(argv[1], "--help") == 0 ||
       strcmp(argv[1], "-h") == 0) {
@@ -1214,6 +1432,10 @@ int main(int argc, char **argv) {
       fputs(bench_usage_text, stdout);
     else if (argc >= 3 && strcmp(argv[1], "help") == 0 && strcmp(argv[2], "sim") == 0)
       fputs(sim_usage_text, stdout);
+    else if (argc >= 3 && strcmp(argv[1], "help") == 0 && strcmp(argv[2], "plan") == 0)
+      fputs(plan_usage_text, stdout);
+    else if (argc >= 3 && strcmp(argv[1], "help") == 0 && strcmp(argv[2], "profile") == 0)
+      fputs(profile_usage_text, stdout);
     else if (argc >= 3 && strcmp(argv[1], "help") == 0 && strcmp(argv[2], "info") == 0)
       fputs("usage: tide info [--params] [--markdown]\n", stdout);
     else fputs(usage_text, argc < 2 ? stderr : stdout);
@@ -1226,6 +1448,8 @@ int main(int argc, char **argv) {
   if (strcmp(argv[1], "data") == 0) return cmd_data(argc - 2, argv + 2);
   if (strcmp(argv[1], "ctl") == 0) return cmd_ctl(argc - 2, argv + 2);
   if (strcmp(argv[1], "sim") == 0) return cmd_sim(argc - 2, argv + 2);
+  if (strcmp(argv[1], "profile") == 0) return cmd_profile(argc - 2, argv + 2);
+  if (strcmp(argv[1], "plan") == 0) return cmd_plan(argc - 2, argv + 2);
   fprintf(stderr, "tide: unknown command '%s' (see tide help)\n", argv[1]);
   return EXIT_USAGE;
 }

@@ -48,6 +48,7 @@ struct nn_model {
   void *arena;
   nn_kfac_cb kfac_fn; /* NULL: no K-FAC hook */
   void *kfac_ctx;
+  int64_t *timing; /* nn_profile: ns per layer, forward [0, n) and backward [n, 2n); NULL: off */
 };
 
 static const struct {
@@ -363,6 +364,7 @@ static const float *forward(nn_model_t *m, const float *x, int batch) {
     layer_t *l = &m->layers[i];
     const float *wt = m->params + l->w_off, *bias = m->params + l->b_off;
     l->in = in;
+    int64_t t0 = m->timing != NULL ? tide__now_ns() : 0;
     switch (l->kind) {
       case LAYER_CONV:
         /* A ReLU the pool after it applies is left to the pool. */
@@ -381,6 +383,7 @@ static const float *forward(nn_model_t *m, const float *x, int batch) {
     }
     l->out = l->y != NULL ? l->y : in;
     in = l->out;
+    if (m->timing != NULL) m->timing[i] = tide__now_ns() - t0;
   }
   return in;
 }
@@ -425,6 +428,7 @@ static int backward(nn_model_t *m, int batch) {
     float *gw = m->grads + l->w_off, *gb = m->grads + l->b_off;
     float *dx = i > m->first_param ? (dout == m->dbuf[0] ? m->dbuf[1] : m->dbuf[0]) : NULL;
     size_t outs = layer_out_size(l) * (size_t)batch;
+    int64_t t0 = m->timing != NULL ? tide__now_ns() : 0;
     switch (l->kind) {
       case LAYER_CONV:
         if (l->relu && !l->relu_by_pool) nn__relu_backward(l->y, dout, outs);
@@ -447,6 +451,7 @@ static int backward(nn_model_t *m, int batch) {
         break;
     }
     dout = dx;
+    if (m->timing != NULL) m->timing[m->nlayers + i] = tide__now_ns() - t0;
   }
   return 0;
 }
@@ -553,4 +558,94 @@ const char *nn_blas_info(void) {
 #else
   return "reference (no BLAS found at build time)";
 #endif
+}
+
+/* ---- per-layer profile (docs/burst-parallel.md) ------------------------------------------ */
+
+static int cmp_i64(const void *a, const void *b) {
+  int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+  return (x > y) - (x < y);
+}
+
+static const char *const kind_names[] = {"conv", "pool", "flatten", "dense"};
+
+int nn_profile(const char *arch, const int *batches, int nbatches, int warmup, int reps, tide_profile_t **out) {
+  if (arch == NULL || batches == NULL || out == NULL || nbatches < 1 || warmup < 0 || reps < 1) {
+    TIDE_ERROR("nn_profile: %s", arch == NULL ? "arch must not be NULL" : batches == NULL ? "batches must not be NULL"
+                                 : out == NULL ? "out must not be NULL" : nbatches < 1 ? "nbatches must be >= 1"
+                                 : warmup < 0 ? "warmup must be >= 0" : "reps must be >= 1");
+    return TIDE_EINVAL;
+  }
+  int max_batch = 0;
+  for (int b = 0; b < nbatches; b++) {
+    if (batches[b] < 1 || batches[b] > 65536) {
+      TIDE_ERROR("nn_profile: batches[%d] = %d must be in [1, 65536]", b, batches[b]);
+      return TIDE_EINVAL;
+    }
+    if (batches[b] > max_batch) max_batch = batches[b];
+  }
+  nn_model_t *m = NULL;
+  tide_profile_t *p = NULL;
+  float *x = NULL;
+  int32_t *labels = NULL;
+  int64_t *samples = NULL;
+  int rc;
+  TIDE_CHECK_GOTO(nn_model_create(arch, max_batch, 1, &m), rc, out);
+  int n = m->nlayers;
+  x = tide__malloc((size_t)max_batch * NN_IMAGE_SIZE * sizeof *x);
+  labels = tide__malloc((size_t)max_batch * sizeof *labels);
+  samples = tide__malloc((size_t)reps * 2 * n * sizeof *samples);
+  m->timing = tide__calloc((size_t)2 * n, sizeof *m->timing);
+  if (x == NULL || labels == NULL || samples == NULL || m->timing == NULL) {
+    rc = TIDE_ENOMEM;
+    goto out;
+  }
+  rng_t r;
+  uint64_t seed = 7;
+  for (int k = 0; k < 4; k++) r.s[k] = splitmix64(&seed);
+  for (size_t i = 0; i < (size_t)max_batch * NN_IMAGE_SIZE; i++) x[i] = rng_uniform(&r, 1.0f);
+  for (int i = 0; i < max_batch; i++) labels[i] = (int32_t)(rng_next(&r) % NN_CLASSES);
+  TIDE_CHECK_GOTO(tide_profile_create(arch, &p), rc, out);
+  for (int i = 0; i < n; i++) {
+    const layer_t *l = &m->layers[i];
+    tide_profile_layer_t pl = {.ninputs = 1, .inputs = {i - 1}};
+    snprintf(pl.name, sizeof pl.name, "%s%d:%dx%dx%d->%dx%dx%d", kind_names[l->kind], i, l->c, l->h, l->w, l->oc,
+             l->oh, l->ow);
+    pl.act_bytes = 4.0 * (double)layer_out_size(l);
+    if (l->kind == LAYER_CONV || l->kind == LAYER_DENSE)
+      pl.param_bytes = 4.0 * (double)((l->kind == LAYER_CONV ? (size_t)l->oc * l->c * l->conv.k * l->conv.k
+                                                              : (size_t)l->oc * l->c) + (size_t)l->oc);
+    TIDE_CHECK_GOTO(tide_profile_add_layer(p, &pl, NULL), rc, out);
+  }
+  for (int b = 0; b < nbatches; b++) {
+    for (int it = 0; it < warmup + reps; it++) {
+      const float *logits = forward(m, x, batches[b]);
+      nn__softmax_xent(logits, labels, batches[b], NN_CLASSES, m->dbuf[0], NULL);
+      TIDE_CHECK_GOTO(backward(m, batches[b]), rc, out);
+      if (it >= warmup)
+        for (int k = 0; k < 2 * n; k++) samples[(size_t)k * reps + (it - warmup)] = m->timing[k];
+    }
+    for (int i = 0; i < n; i++) {
+      int64_t *fw = samples + (size_t)i * reps, *bw = samples + (size_t)(n + i) * reps;
+      qsort(fw, (size_t)reps, sizeof *fw, cmp_i64);
+      qsort(bw, (size_t)reps, sizeof *bw, cmp_i64);
+      /* layers below the first with parameters run no backward pass */
+      double f = (double)fw[reps / 2] * 1e-9, g = i >= m->first_param ? (double)bw[reps / 2] * 1e-9 : 0.0;
+      TIDE_CHECK_GOTO(tide_profile_set_time(p, i, batches[b], f, g), rc, out);
+    }
+  }
+  *out = p;
+  p = NULL;
+  rc = 0;
+out:
+  if (m != NULL) {
+    tide__free(m->timing);
+    m->timing = NULL;
+  }
+  nn_model_destroy(m);
+  tide_profile_destroy(p);
+  tide__free(x);
+  tide__free(labels);
+  tide__free(samples);
+  return rc;
 }

@@ -118,6 +118,19 @@ void nn_set_threads(int n);
  * time)"; static storage. */
 const char *nn_blas_info(void);
 
+/* ---- per-layer profile (docs/burst-parallel.md) ------------------------------ */
+
+/* Measures each layer of a model of arch (as nn_model_create) on this
+ * machine, on the calling thread and OpenBLAS's threads (nn_set_threads): at
+ * each per-worker batch of batches[0..nbatches), `warmup` untimed passes,
+ * then `reps` forward+backward passes timed layer by layer; each layer's
+ * forward and backward time is the median over the reps (a fused ReLU
+ * counts with its conv or dense layer, the loss with none). The profile
+ * (libtide's, tide.h) gets one layer per conv, pool, flatten and dense
+ * layer in a chain, with parameter and activation bytes (floats). *out owned
+ * by the caller (tide_profile_destroy). TIDE_EINVAL names a bad argument. */
+int nn_profile(const char *arch, const int *batches, int nbatches, int warmup, int reps, tide_profile_t **out);
+
 /* ---- Fashion-MNIST -------------------------------------------------------- */
 
 typedef struct nn_dataset nn_dataset_t;
