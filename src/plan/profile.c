@@ -290,16 +290,32 @@ typedef struct {
   double params;
 } dp_layer_t;
 
-static long json_int(const char *json, const char *key, long dflt) {
+/* The value of "key" in a flat JSON object: a number, true/false, or a pair
+ * [a,b] (second gets b; a scalar gives b = a). */
+static long json_pair(const char *json, const char *key, long dflt, long *second) {
   char pat[48];
   snprintf(pat, sizeof pat, "\"%s\":", key);
   const char *at = strstr(json, pat);
-  if (at == NULL) return dflt;
-  at += strlen(pat);
-  if (strncmp(at, "true", 4) == 0) return 1;
-  if (strncmp(at, "false", 5) == 0) return 0;
-  return strtol(at, NULL, 10);
+  long v = dflt, w;
+  if (at != NULL) {
+    at += strlen(pat);
+    if (strncmp(at, "true", 4) == 0) v = 1;
+    else if (strncmp(at, "false", 5) == 0) v = 0;
+    else if (*at == '[') {
+      char *end;
+      v = strtol(at + 1, &end, 10);
+      w = *end == ',' ? strtol(end + 1, NULL, 10) : v;
+      if (second != NULL) *second = w;
+      return v;
+    } else {
+      v = strtol(at, NULL, 10);
+    }
+  }
+  if (second != NULL) *second = v;
+  return v;
 }
+
+static long json_int(const char *json, const char *key, long dflt) { return json_pair(json, key, dflt, NULL); }
 
 static int same_shape(const int *a, int na, const int *b, int nb) {
   return na == nb && memcmp(a, b, (size_t)na * sizeof *a) == 0;
@@ -343,18 +359,21 @@ static int parse_dp_line(const char *s, dp_layer_t *l, int *batch, double *avg_m
   memcpy(l->oshape, l->shape, sizeof l->shape);
   l->odims = l->dims;
   l->params = 0;
-  long k = json_int(json, "kernel_size", 0), stride = json_int(json, "stride", k), pad = json_int(json, "padding", 0);
+  long kw, sw, pw;
+  long k = json_pair(json, "kernel_size", 0, &kw), stride = json_pair(json, "stride", k, &sw);
+  long pad = json_pair(json, "padding", 0, &pw);
+  if (strstr(json, "\"stride\"") == NULL) sw = kw;
   if (strcmp(type, "conv2d") == 0 || strstr(type, "Pool2d") != NULL) {
-    if (l->dims == 3 && k > 0 && stride > 0 && strncmp(type, "ad", 2) != 0) {
+    if (l->dims == 3 && k > 0 && kw > 0 && stride > 0 && sw > 0 && strncmp(type, "ad", 2) != 0) {
       l->oshape[1] = (int)((l->shape[1] + 2 * pad - k) / stride + 1);
-      l->oshape[2] = (int)((l->shape[2] + 2 * pad - k) / stride + 1);
+      l->oshape[2] = (int)((l->shape[2] + 2 * pw - kw) / sw + 1);
     } else if (strncmp(type, "ad", 2) == 0 && l->dims == 3) {
       l->oshape[1] = l->oshape[2] = 1; /* adaptive average pool to 1x1 */
     }
     if (strcmp(type, "conv2d") == 0) {
       long cin = json_int(json, "in_channels", 0), cout = json_int(json, "out_channels", 0);
       if (cout > 0) l->oshape[0] = (int)cout;
-      l->params = 4.0 * (double)cin * (double)cout * (double)(k * k);
+      l->params = 4.0 * (double)cin * (double)cout * (double)(k * kw);
     }
   } else if (strcmp(type, "linear") == 0) {
     long in = json_int(json, "in_features", 0), o = json_int(json, "out_features", 0);
@@ -382,12 +401,20 @@ static int parse_dp_line(const char *s, dp_layer_t *l, int *batch, double *avg_m
 }
 
 /* Inputs from shapes: a layer whose input is not its predecessor's output
- * branches from the nearest earlier layer with that output; a later layer
- * joins the open branches when its input is their common shape (residual
- * add) or their concatenation along channels (Inception). Anything else
- * reads as a chain. Returns 0, or -1 when the inference gave up. */
+ * branches from the nearest earlier layer with that output (a fork); a later
+ * layer joins the open branches when they are a chain and a one-layer
+ * shortcut with its input's shape (residual add of a downsample), or when
+ * its input is their concatenation along channels (Inception). A block
+ * that does not close that way (nested branches) and a layer whose input
+ * matches nothing are read as a chain; the rest keeps its branches. Returns
+ * the number of blocks read as chains. */
+static int chain_from(tide_profile_layer_t *out, int from, int to) {
+  for (int k = from; k <= to; k++) out[k].ninputs = 1, out[k].inputs[0] = k - 1;
+  return 1;
+}
+
 static int infer_graph(const dp_layer_t *dl, int n, tide_profile_layer_t *out) {
-  int fork = -2, ends[TIDE_PROFILE_MAX_INPUTS], nends = 0;
+  int fork = -2, ends[TIDE_PROFILE_MAX_INPUTS], nends = 0, chained = 0, after = 0; /* blocks do not overlap */
   for (int i = 0; i < n; i++) {
     tide_profile_layer_t *l = &out[i];
     l->ninputs = 1;
@@ -397,39 +424,43 @@ static int infer_graph(const dp_layer_t *dl, int n, tide_profile_layer_t *out) {
     int follows = same_shape(me->shape, me->dims, prev->oshape, prev->odims);
     if (fork != -2) {
       const dp_layer_t *f = &dl[fork];
-      int add = follows, channels = prev->oshape[0];
-      for (int e = 0; e < nends; e++) {
-        add = add && same_shape(dl[ends[e]].oshape, dl[ends[e]].odims, me->shape, me->dims);
-        channels += dl[ends[e]].oshape[0];
-      }
+      /* an add only closes a one-layer shortcut (a downsample) beside one
+       * chain: with longer branches equal shapes are ambiguous */
+      int add = follows && nends == 1 && out[i - 1].inputs[0] == fork &&
+                same_shape(dl[ends[0]].oshape, dl[ends[0]].odims, me->shape, me->dims);
+      int channels = prev->oshape[0];
+      for (int e = 0; e < nends; e++) channels += dl[ends[e]].oshape[0];
       int concat = me->dims == 3 && prev->odims == 3 && me->shape[0] == channels &&
                    me->shape[1] == prev->oshape[1] && me->shape[2] == prev->oshape[2];
       if (add || concat) {
         for (int e = 0; e < nends; e++) l->inputs[e] = ends[e];
         l->inputs[nends] = i - 1;
         l->ninputs = nends + 1;
-        fork = -2, nends = 0;
+        fork = -2, nends = 0, after = i;
         continue;
       }
-      if (!follows && i - 1 != fork && same_shape(me->shape, me->dims, f->oshape, f->odims)) {
-        if (nends + 1 >= TIDE_PROFILE_MAX_INPUTS) return -1;
+      if (!follows && i - 1 != fork && same_shape(me->shape, me->dims, f->oshape, f->odims) &&
+          nends + 1 < TIDE_PROFILE_MAX_INPUTS) {
         ends[nends++] = i - 1;
         l->inputs[0] = fork;
         continue;
       }
       if (follows) continue;
-      return -1;
+      chained += chain_from(out, fork + 1, i);
+      fork = -2, nends = 0, after = i;
+      continue;
     }
     if (follows) continue;
     int j = i - 2;
-    while (j >= 0 && !same_shape(me->shape, me->dims, dl[j].oshape, dl[j].odims)) j--;
-    if (j < 0) return -1;
+    while (j >= after && !same_shape(me->shape, me->dims, dl[j].oshape, dl[j].odims)) j--;
+    if (j < after) continue; /* matches nothing: read as following its predecessor */
     fork = j;
     ends[0] = i - 1;
     nends = 1;
     l->inputs[0] = j;
   }
-  return fork == -2 ? 0 : -1;
+  if (fork != -2) chained += chain_from(out, fork + 1, n - 1);
+  return chained;
 }
 
 static int read_deeppool(FILE *f, const char *path, const char *section, const char *model, tide_profile_t **out) {
@@ -537,10 +568,13 @@ static int read_deeppool(FILE *f, const char *path, const char *section, const c
     rc = TIDE_ENOMEM;
     goto out;
   }
-  if (infer_graph(layers, nfirst, graph) != 0 || tide__plan_graph_check(graph, nfirst, NULL) != 0) {
+  int chained = infer_graph(layers, nfirst, graph);
+  if (tide__plan_graph_check(graph, nfirst, NULL) != 0) {
     TIDE_WARN("tide_profile_read: %s: the layers' shapes do not form branches the planner handles; read as a chain",
               path);
     for (int i = 0; i < nfirst; i++) graph[i].ninputs = 1, graph[i].inputs[0] = i - 1;
+  } else if (chained > 0) {
+    TIDE_INFO("tide_profile_read: %s: %d branch block(s) (nested or not closing) read as chains", path, chained);
   }
   TIDE_CHECK_GOTO(tide_profile_create(model, &p), rc, out);
   for (int i = 0; i < nfirst; i++) {
