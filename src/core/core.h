@@ -199,6 +199,12 @@ int tide__ms_left(int64_t deadline_ns);
 /* Fills buf with n bytes from the kernel's random source. */
 int tide__random_bytes(void *buf, size_t n);
 
+/* ---- plots (src/core/plot.c) ------------------------------------------------------ */
+
+/* Runs gnuplot on script (a file name in dir, whose relative paths resolve
+ * there). 1: drawn; 0: no gnuplot on PATH; TIDE_EIO: it failed (logged). */
+int tide__gnuplot(const char *dir, const char *script);
+
 /* ---- HMAC-SHA256 --------------------------------------------------------------- */
 
 void tide__sha256(const void *data, size_t len, uint8_t out[32]);

@@ -10,19 +10,6 @@
 #include "core/core.h"
 #include "plan/plan.h"
 
-static int on_path(const char *prog) {
-  const char *path = getenv("PATH");
-  char buf[4096];
-  while (path != NULL && *path) {
-    const char *colon = strchr(path, ':');
-    size_t len = colon ? (size_t)(colon - path) : strlen(path);
-    snprintf(buf, sizeof buf, "%.*s/%s", (int)len, path, prog);
-    if (access(buf, X_OK) == 0) return 1;
-    path = colon ? colon + 1 : NULL;
-  }
-  return 0;
-}
-
 static FILE *open_in(const char *prefix, const char *suffix, char *path, size_t len) {
   snprintf(path, len, "%s%s", prefix, suffix);
   FILE *f = fopen(path, "w");
@@ -94,15 +81,9 @@ int tide_plan_plot(const tide_plan_t *plan, const tide_profile_t *p, const tide_
           "'' using 1:($5*1e3) axes x1y2 with lines dt 3 title 'DP: worker-time'\n",
           base, base);
   if (fclose(f) != 0) return TIDE_EIO;
-  if (on_path("gnuplot")) {
-    char dir[4096], cmd[8192];
-    snprintf(dir, sizeof dir, "%.*s", base == prefix ? 1 : (int)(base - prefix), base == prefix ? "." : prefix);
-    snprintf(cmd, sizeof cmd, "cd '%s' && gnuplot '%s.gp'", dir, base);
-    if (strchr(prefix, '\'') == NULL && system(cmd) == 0) {
-      if (plotted != NULL) *plotted = 1;
-    } else {
-      TIDE_WARN("tide_plan_plot: gnuplot failed on %s", path);
-    }
-  }
+  char dir[4096], script[4096];
+  snprintf(dir, sizeof dir, "%.*s", base == prefix ? 1 : (int)(base - prefix), base == prefix ? "." : prefix);
+  snprintf(script, sizeof script, "%s.gp", base);
+  if (tide__gnuplot(dir, script) > 0 && plotted != NULL) *plotted = 1;
   return 0;
 }

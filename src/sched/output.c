@@ -119,19 +119,6 @@ static int cmp_double(const void *a, const void *b) {
   return x < y ? -1 : x > y;
 }
 
-static int on_path(const char *prog) {
-  const char *path = getenv("PATH");
-  char buf[4096];
-  while (path != NULL && *path) {
-    const char *colon = strchr(path, ':');
-    size_t len = colon ? (size_t)(colon - path) : strlen(path);
-    snprintf(buf, sizeof buf, "%.*s/%s", (int)len, path, prog);
-    if (access(buf, X_OK) == 0) return 1;
-    path = colon ? colon + 1 : NULL;
-  }
-  return 0;
-}
-
 int tide_sim_plot(const tide_sim_result_t *const *runs, int n, const char *dir, int *plotted) {
   if (runs == NULL || n < 1 || dir == NULL) return TIDE_EINVAL;
   char path[4096];
@@ -231,14 +218,6 @@ int tide_sim_plot(const tide_sim_result_t *const *runs, int n, const char *dir, 
   }
   if (fclose(gp) != 0 && rc == 0) rc = TIDE_EIO;
   if (rc != 0) return rc;
-  if (on_path("gnuplot")) {
-    char cmd[8192];
-    snprintf(cmd, sizeof cmd, "cd '%s' && gnuplot plots.gp", dir);
-    if (strchr(dir, '\'') == NULL && system(cmd) == 0) {
-      if (plotted) *plotted = 1;
-    } else {
-      TIDE_WARN("sim: gnuplot failed on %s/plots.gp", dir);
-    }
-  }
+  if (tide__gnuplot(dir, "plots.gp") > 0 && plotted != NULL) *plotted = 1;
   return 0;
 }
