@@ -142,7 +142,7 @@ static size_t jpeg_bomb(int side, uint8_t **out) {
 
 /* ---- an HTTP server that can send too much ---------------------------------- */
 
-enum { SERVE_FILE, SERVE_HUGE_LENGTH, SERVE_ENDLESS_CHUNKED, SERVE_ENDLESS_INDEX, SERVE_404_PAGE };
+enum { SERVE_FILE, SERVE_HUGE_LENGTH, SERVE_ENDLESS_CHUNKED, SERVE_ENDLESS_INDEX, SERVE_404_PAGE, SERVE_SILENT };
 static int http_port, http_listen;
 static _Atomic int http_mode; /* for the objects (and index.txt when ENDLESS_INDEX) */
 static _Atomic long http_sent; /* body bytes of the last misbehaving answer */
@@ -173,6 +173,13 @@ static void *http_conn(void *arg) {
   int mode = atomic_load(&http_mode);
   if (is_index && mode != SERVE_ENDLESS_INDEX) mode = SERVE_FILE;
   if (!is_index && mode == SERVE_ENDLESS_INDEX) mode = SERVE_FILE;
+  if (mode == SERVE_SILENT) { /* a head, then nothing for 5 s */
+    const char *head = "HTTP/1.1 200 OK\r\nContent-Length: 10\r\nConnection: close\r\n\r\n";
+    send_all(fd, head, strlen(head));
+    sleep(5);
+    close(fd);
+    return NULL;
+  }
   if (mode == SERVE_404_PAGE) { /* an error page larger than the object: its status is the answer */
     static char page[4096];
     memset(page, 'x', sizeof page);
@@ -269,6 +276,8 @@ static int run_loader(int rank, int size, void *arg) {
   cfg.channels = r->height > 0 ? 1 : 0;
   tide_loader_t *l;
   int rc = tide_loader_open(comm, &cfg, &l);
+  if (rc != 0) /* what a program shows its user */
+    fprintf(stderr, "rank %d: tide_loader_open: %s\n", rank, tide_strerror(rc));
   if (r->expect_open != 0) {
     CHECK_RC(rc, r->expect_open);
     tide_comm_destroy(comm);
@@ -280,6 +289,7 @@ static int run_loader(int rank, int size, void *arg) {
     tide_loader_batch_t b;
     rc = tide_loader_next(l, &b);
     if (rc != 0) {
+      fprintf(stderr, "rank %d: tide_loader_next: %s\n", rank, tide_strerror(rc));
       CHECK_RC(rc, r->expect_next);
       failed = 1;
     }
@@ -290,8 +300,9 @@ static int run_loader(int rank, int size, void *arg) {
   return 0;
 }
 
-/* Runs the loader with stderr into a file; the log must hold want. */
-static void run_logged(const harness_opts_t *o, const run_t *r, const char *want) {
+/* Runs the loader with stderr into a file; the log must hold want, and not
+ * unwanted (when not NULL). */
+static void run_logged_without(const harness_opts_t *o, const run_t *r, const char *want, const char *unwanted) {
   char log[400];
   snprintf(log, sizeof log, "%s/log", root);
   fflush(stderr);
@@ -317,6 +328,14 @@ static void run_logged(const harness_opts_t *o, const run_t *r, const char *want
     fprintf(stderr, "test_data_limits: the log does not say \"%s\"\n", want);
     exit(1);
   }
+  if (unwanted != NULL && strstr(text, unwanted) != NULL) {
+    fprintf(stderr, "test_data_limits: the log says \"%s\"\n", unwanted);
+    exit(1);
+  }
+}
+
+static void run_logged(const harness_opts_t *o, const run_t *r, const char *want) {
+  run_logged_without(o, r, want, NULL);
 }
 
 /* A FIFO or a symlink among the cache's objects: refused (no hang on the
@@ -479,6 +498,12 @@ int main(int argc, char **argv) {
     CHECK(huge < (long)SERVER_MAX / 2 && chunked < (long)SERVER_MAX / 2 && endless < (long)SERVER_MAX / 2);
     atomic_store(&http_mode, SERVE_404_PAGE);
     run_logged(&one, &object, "answered HTTP 404");
+    fprintf(stderr, "-- HTTP: a server that goes silent: the timeout named is TIDE_DATA_TIMEOUT_MS\n");
+    atomic_store(&http_mode, SERVE_SILENT);
+    setenv("TIDE_DATA_TIMEOUT_MS", "1000", 1);
+    run_t silent = {{url, NULL}, 0, TIDE_ETIMEDOUT, 0};
+    run_logged_without(&one, &silent, "TIDE_DATA_TIMEOUT_MS", "waiting for a peer");
+    setenv("TIDE_DATA_TIMEOUT_MS", "20000", 1);
     atomic_store(&http_mode, SERVE_FILE);
   }
 

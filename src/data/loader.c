@@ -1017,7 +1017,8 @@ static int advance(tide_loader_t *l, double *waited) {
   *waited = (double)(tide__now_ns() - t0) * 1e-9;
   l->wait_s += *waited;
   if (rc == TIDE_ETIMEDOUT)
-    TIDE_ERROR("data: no batch after %lld ms: the prefetch thread is stuck reading the source",
+    TIDE_ERROR("data: no batch after %lld ms (TIDE_DATA_TIMEOUT_MS x (TIDE_DATA_RETRIES + 2) + 60 s): the "
+               "prefetch thread is stuck reading the source",
                (long long)l->wait_deadline_ms);
   else if (rc < 0)
     TIDE_ERROR("data: the prefetch thread stopped: %s", l->thread_rc < 0 ? tide_strerror(l->thread_rc)
