@@ -6,7 +6,9 @@
  * JPEG, first image and later); ranks that read different listings fail
  * together with TIDE_EMISMATCH; a FIFO or a symlink to /dev/zero in an
  * ImageFolder, and a FIFO or symlink among the cache's objects, are refused
- * without hanging. The HTTP server runs in this process on 127.0.0.1 and
+ * without hanging; a silent server's TIDE_ETIMEDOUT names
+ * TIDE_DATA_TIMEOUT_MS; no /dev/shm/tide-data-* name survives a store that
+ * cannot be sized, or a rank that died making one. The HTTP server runs in this process on 127.0.0.1 and
  * bounds what it sends (64 MiB, 20 s per connection). */
 #include <errno.h>
 #include <fcntl.h>
@@ -253,6 +255,7 @@ typedef struct {
   const char *source[2]; /* per rank (rank 1 takes source[0] when source[1] is NULL) */
   int height;            /* config.height = width (0: from the first image) */
   int expect_open, expect_next;
+  long fsize_limit; /* RLIMIT_FSIZE (0: none): the store's posix_fallocate fails past it */
 } run_t;
 
 static int run_loader(int rank, int size, void *arg) {
@@ -265,6 +268,15 @@ static int run_loader(int rank, int size, void *arg) {
     struct rlimit lim = {4ull << 30, 4ull << 30};
     setrlimit(RLIMIT_AS, &lim);
   }
+  if (r->fsize_limit > 0) {
+    struct rlimit lim = {(rlim_t)r->fsize_limit, (rlim_t)r->fsize_limit};
+    signal(SIGXFSZ, SIG_IGN);
+    setrlimit(RLIMIT_FSIZE, &lim);
+  }
+  char pid_file[400];
+  snprintf(pid_file, sizeof pid_file, "%s/pid-%d", root, rank);
+  FILE *pf = fopen(pid_file, "w");
+  CHECK(pf != NULL && fprintf(pf, "%d\n", (int)getpid()) > 0 && fclose(pf) == 0);
   tide_comm_t *comm;
   CHECK_OK(tide_comm_init(&comm));
   tide_loader_config_t cfg;
@@ -424,9 +436,9 @@ int main(int argc, char **argv) {
 
   if (section("bombs")) {
     fprintf(stderr, "-- a decompression bomb as the first image, and as a later one\n");
-    run_t first = {{bomb_first, NULL}, 0, TIDE_EINVAL, 0};
+    run_t first = {{bomb_first, NULL}, 0, TIDE_EINVAL, 0, 0};
     run_logged(&one, &first, "TIDE_DATA_MAX_IMAGE_PIXELS");
-    run_t later = {{bomb_later, NULL}, 0, 0, TIDE_EINVAL};
+    run_t later = {{bomb_later, NULL}, 0, 0, TIDE_EINVAL, 0};
     run_logged(&one, &later, "0005.jpg is corrupt or truncated: JPEG: its header claims 5000x5000");
 
   }
@@ -434,13 +446,13 @@ int main(int argc, char **argv) {
     fprintf(stderr, "-- ranks that read different listings fail together\n");
     sh("cp -r %s %s", dir, fewer);
     sh("rm %s/c1/0011.png%s", fewer, "");
-    run_t count = {{dir, fewer}, 0, TIDE_EMISMATCH, 0};
+    run_t count = {{dir, fewer}, 0, TIDE_EMISMATCH, 0, 0};
     run_logged(&two, &count, "the ranks read different listings");
     sh("cp -r %s %s", dir, renamed);
     sh("mv %s/c1/0011.png %s/c1/0011b.png", renamed, renamed);
-    run_t names = {{dir, renamed}, 0, TIDE_EMISMATCH, 0};
+    run_t names = {{dir, renamed}, 0, TIDE_EMISMATCH, 0, 0};
     run_logged(&two, &names, "the ranks read different listings");
-    run_t same = {{dir, NULL}, 0, 0, 0};
+    run_t same = {{dir, NULL}, 0, 0, 0, 0};
     run_logged(&two, &same, NULL);
 
   }
@@ -448,18 +460,18 @@ int main(int argc, char **argv) {
     fprintf(stderr, "-- a symlink to /dev/zero and a FIFO in an ImageFolder: refused, no hang\n");
     sh("cp -r %s %s", dir, odd);
     sh("rm %s/c0/0000.png && ln -s /dev/zero %s/c0/0000.png", odd, odd);
-    run_t zero_first = {{odd, NULL}, 0, TIDE_EINVAL, 0};
+    run_t zero_first = {{odd, NULL}, 0, TIDE_EINVAL, 0, 0};
     run_logged(&one, &zero_first, "0000.png is a device, not a regular file");
     sh("rm %s/c0/0000.png%s", odd, "");
     sh("cp %s/c0/0000.png %s/c0/", dir, odd);
     sh("rm %s/c1/0003.png && ln -s /dev/zero %s/c1/0003.png", odd, odd);
     sh("rm %s/c0/0006.png && mkfifo %s/c0/0006.png", odd, odd);
-    run_t odd_later = {{odd, NULL}, 0, 0, TIDE_EIO};
+    run_t odd_later = {{odd, NULL}, 0, 0, TIDE_EIO, 0};
     run_logged(&one, &odd_later, ", not a regular file");
     sh("cp -r %s %s", dir, fifo_first);
     sh("rm %s/c0/0000.png && mkfifo %s/c0/0000.png", fifo_first, fifo_first);
     harness_opts_t one_short = {1, NULL, 0, 30, NULL}; /* before the fix: hung until this ran out */
-    run_t fifo = {{fifo_first, NULL}, 0, TIDE_EINVAL, 0};
+    run_t fifo = {{fifo_first, NULL}, 0, TIDE_EINVAL, 0, 0};
     run_logged(&one_short, &fifo, "0000.png is a FIFO");
 
   }
@@ -472,10 +484,10 @@ int main(int argc, char **argv) {
     snprintf(url, sizeof url, "http://127.0.0.1:%d/folder", http_port);
     setenv("TIDE_DATA_TIMEOUT_MS", "20000", 1);
     setenv("TIDE_DATA_INDEX_MAX_BYTES", "1048576", 1);
-    run_t http = {{url, NULL}, 0, 0, 0};
+    run_t http = {{url, NULL}, 0, 0, 0, 0};
     run_logged(&one, &http, NULL); /* it serves the folder as it is */
     /* config.height: no probe, so the first object is read by the loader's threads */
-    run_t object = {{url, NULL}, H, 0, TIDE_EIO};
+    run_t object = {{url, NULL}, H, 0, TIDE_EIO, 0};
     atomic_store(&http_mode, SERVE_HUGE_LENGTH);
     atomic_store(&http_sent, 0);
     run_logged(&one, &object, "more than");
@@ -488,7 +500,7 @@ int main(int argc, char **argv) {
     long chunked = atomic_load(&http_sent);
     atomic_store(&http_mode, SERVE_ENDLESS_INDEX);
     atomic_store(&http_sent, 0);
-    run_t index = {{url, NULL}, 0, TIDE_EIO, 0};
+    run_t index = {{url, NULL}, 0, TIDE_EIO, 0, 0};
     run_logged(&one, &index, "TIDE_DATA_INDEX_MAX_BYTES");
     usleep(200000); /* the server thread notices the close */
     long endless = atomic_load(&http_sent);
@@ -501,10 +513,41 @@ int main(int argc, char **argv) {
     fprintf(stderr, "-- HTTP: a server that goes silent: the timeout named is TIDE_DATA_TIMEOUT_MS\n");
     atomic_store(&http_mode, SERVE_SILENT);
     setenv("TIDE_DATA_TIMEOUT_MS", "1000", 1);
-    run_t silent = {{url, NULL}, 0, TIDE_ETIMEDOUT, 0};
+    run_t silent = {{url, NULL}, 0, TIDE_ETIMEDOUT, 0, 0};
     run_logged_without(&one, &silent, "TIDE_DATA_TIMEOUT_MS", "waiting for a peer");
     setenv("TIDE_DATA_TIMEOUT_MS", "20000", 1);
     atomic_store(&http_mode, SERVE_FILE);
+  }
+
+  if (section("shm")) {
+    fprintf(stderr, "-- the sample store's /dev/shm name: removed when the store cannot be made, and reclaimed "
+                    "from a rank that died making it\n");
+    char pid_path[400], cmd[1200];
+    /* 512 x 512 samples: 3 MiB, past a 1 MiB RLIMIT_FSIZE */
+    run_t full = {{dir, NULL}, 512, TIDE_ENOMEM, 0, 1l << 20};
+    run_logged(&one, &full, "cannot make the host's sample store");
+    snprintf(pid_path, sizeof pid_path, "%s/pid-0", root);
+    FILE *f = fopen(pid_path, "r");
+    int rank_pid = 0;
+    CHECK(f != NULL && fscanf(f, "%d", &rank_pid) == 1);
+    fclose(f);
+    snprintf(cmd, sizeof cmd, "! ls /dev/shm/tide-data-%d-* 2>/dev/null", rank_pid);
+    CHECK(system(cmd) == 0);
+    /* a rank killed between shm_open and the unlink leaves this behind; the
+     * name of a live process (this one) stays */
+    pid_t dead = fork();
+    if (dead == 0) _exit(0);
+    CHECK(waitpid(dead, &status, 0) == dead);
+    char stale[200], live[200];
+    snprintf(stale, sizeof stale, "/dev/shm/tide-data-%d-00000000deadbeef", (int)dead);
+    snprintf(live, sizeof live, "/dev/shm/tide-data-%d-00000000000a11fe", (int)getpid());
+    write_file(stale, "x", 1);
+    write_file(live, "x", 1);
+    run_t same = {{dir, NULL}, 0, 0, 0, 0};
+    run_logged(&one, &same, NULL);
+    CHECK(access(stale, F_OK) != 0 && errno == ENOENT);
+    CHECK(access(live, F_OK) == 0);
+    unlink(live);
   }
 
   sh("rm -rf %s%s", root, "");
