@@ -8,7 +8,8 @@
  * ImageFolder, and a FIFO or symlink among the cache's objects, are refused
  * without hanging; a silent server's TIDE_ETIMEDOUT names
  * TIDE_DATA_TIMEOUT_MS; no /dev/shm/tide-data-* name survives a store that
- * cannot be sized, or a rank that died making one. The HTTP server runs in this process on 127.0.0.1 and
+ * cannot be sized, or a rank that died making one; the cache's directory
+ * is 0700 and its own, a full disk is one warning, no temporary file stays. The HTTP server runs in this process on 127.0.0.1 and
  * bounds what it sends (64 MiB, 20 s per connection). */
 #include <errno.h>
 #include <fcntl.h>
@@ -378,6 +379,106 @@ static void test_cache_objects(void) {
   fprintf(stderr, "cache: a FIFO and a symlink among the objects refused, removed, counted\n");
 }
 
+static int mode_of(const char *path) {
+  struct stat st;
+  CHECK(stat(path, &st) == 0);
+  return (int)(st.st_mode & 07777);
+}
+
+/* Counts the lines of path that hold what. */
+static int count_lines(const char *path, const char *what) {
+  FILE *f = fopen(path, "r");
+  CHECK(f != NULL);
+  char line[2000];
+  int n = 0;
+  while (fgets(line, sizeof line, f) != NULL) n += strstr(line, what) != NULL;
+  fclose(f);
+  return n;
+}
+
+/* The cache's directory: created 0700; refused when another user owns it;
+ * a full disk (here RLIMIT_FSIZE) warned once with a count at close; no
+ * temporary file left, a dead writer's swept at open; its lock and
+ * temporary files opened without following a symlink. */
+static void test_cache_dir(void) {
+  char dir[400], path[600], log[400], cmd[1600];
+  snprintf(dir, sizeof dir, "%s/cache-dir/a/b", root);
+  tide__cache_t *c;
+  CHECK_OK(tide__cache_open(dir, 0, &c));
+  CHECK(mode_of(dir) == 0700);
+  snprintf(path, sizeof path, "%s/cache-dir/a", root);
+  CHECK(mode_of(path) == 0700);
+  snprintf(path, sizeof path, "%s/objects", dir);
+  CHECK(mode_of(path) == 0700);
+  tide__cache_close(c);
+
+  /* a writer killed between its open and its rename */
+  pid_t dead = fork();
+  if (dead == 0) _exit(0);
+  int status;
+  CHECK(waitpid(dead, &status, 0) == dead);
+  char stale[600], stale_stats[600], live[600];
+  snprintf(stale, sizeof stale, "%s/tmp/%d-0011223344556677", dir, (int)dead);
+  snprintf(stale_stats, sizeof stale_stats, "%s/tmp/stats-%d", dir, (int)dead);
+  snprintf(live, sizeof live, "%s/tmp/%d-8899aabbccddeeff", dir, (int)getpid());
+  write_file(stale, "x", 1);
+  write_file(stale_stats, "x", 1);
+  write_file(live, "x", 1);
+  CHECK_OK(tide__cache_open(dir, 0, &c));
+  CHECK(access(stale, F_OK) != 0 && access(stale_stats, F_OK) != 0 && access(live, F_OK) == 0);
+  unlink(live);
+
+  /* the lock a symlink: not followed */
+  char planted[400];
+  snprintf(planted, sizeof planted, "%s/planted", root);
+  snprintf(cmd, sizeof cmd, "rm -f %s/lock && ln -s %s %s/lock", dir, planted, dir);
+  CHECK(system(cmd) == 0);
+  CHECK_OK(tide__cache_put(c, "key", "payload", 7));
+  tide__cache_close(c); /* takes the lock to add its counts */
+  CHECK(access(planted, F_OK) != 0);
+  snprintf(cmd, sizeof cmd, "rm -f %s/lock", dir);
+  CHECK(system(cmd) == 0);
+
+  /* a full disk: 50 objects that cannot be written, one warning */
+  snprintf(log, sizeof log, "%s/cache-log", root);
+  pid_t pid = fork();
+  if (pid == 0) {
+    int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    dup2(fd, 2);
+    close(fd);
+    signal(SIGXFSZ, SIG_IGN);
+    struct rlimit lim = {1024, 1024};
+    setrlimit(RLIMIT_FSIZE, &lim);
+    static uint8_t payload[4096];
+    CHECK_OK(tide__cache_open(dir, 0, &c));
+    for (int k = 0; k < 50; k++) {
+      char key[32];
+      snprintf(key, sizeof key, "full-%d", k);
+      CHECK_RC(tide__cache_put(c, key, payload, sizeof payload), TIDE_EIO);
+    }
+    tide__cache_close(c);
+    _exit(0);
+  }
+  CHECK(waitpid(pid, &status, 0) == pid && WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  snprintf(cmd, sizeof cmd, "cat %s >&2", log);
+  system(cmd);
+  CHECK(count_lines(log, "cannot write") == 1);
+  CHECK(count_lines(log, "50 objects could not be written") == 1);
+  snprintf(cmd, sizeof cmd, "[ -z \"$(ls %s/tmp/)\" ]", dir);
+  CHECK(system(cmd) == 0);
+
+  /* another user's directory (the predictable fallback under /tmp) */
+  if (geteuid() == 0) {
+    snprintf(path, sizeof path, "%s/cache-other", root);
+    CHECK(mkdir(path, 0755) == 0 && chown(path, 65534, 65534) == 0);
+    CHECK_RC(tide__cache_open(path, 0, &c), TIDE_EINVAL);
+  } else {
+    fprintf(stderr, "cache: another user's directory not checked (needs root to chown)\n");
+  }
+  fprintf(stderr, "cache: directory 0700, another user's refused, one warning for a full disk, no temporary "
+                  "file left, the lock not followed\n");
+}
+
 static void test_decode_bombs(const uint8_t *png, size_t png_len, const uint8_t *jpg, size_t jpg_len) {
   uint8_t out[H * W];
   char why[400];
@@ -419,6 +520,7 @@ int main(int argc, char **argv) {
     size_t png_len = png_bomb(BOMB, &png), jpg_len = jpeg_bomb(BOMB, &jpg);
     if (section("bombs")) test_decode_bombs(png, png_len, jpg, jpg_len);
     if (section("cache")) test_cache_objects();
+    if (section("cachedir")) test_cache_dir();
     /* the bombs as the first image (it sizes the store), and as later ones */
     sh("cp -r %s %s", dir, bomb_first);
     snprintf(path, sizeof path, "%s/c0/0000.png", bomb_first);
