@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds the libFuzzer harnesses (fuzz/) with clang and runs each for a
 # while. Usage: scripts/fuzz.sh [--seconds N] [--build DIR] [NAME...]
-#   NAME: store_frame, handshake, coll_header (default: all three)
+#   NAME: store_frame, handshake, coll_header, index_parse, image_probe
+#         (default: all five)
 #   --seconds N  how long each harness runs (default 60)
 #   --build DIR  build directory (default build-fuzz); new inputs found are
 #                kept in DIR/corpus/NAME, crashes in DIR/artifacts/
@@ -18,11 +19,11 @@ while [ $# -gt 0 ]; do
   case $1 in
     --seconds) seconds=$2; shift 2 ;;
     --build) build=$2; shift 2 ;;
-    -h|--help) sed -n '2,10p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,11p' "$0"; exit 0 ;;
     *) names+=("$1"); shift ;;
   esac
 done
-[ ${#names[@]} -gt 0 ] || names=(store_frame handshake coll_header)
+[ ${#names[@]} -gt 0 ] || names=(store_frame handshake coll_header index_parse image_probe)
 case $seconds in ''|*[!0-9]*) echo "fuzz.sh: --seconds takes a whole number, not '$seconds'" >&2; exit 2 ;; esac
 
 if ! command -v clang >/dev/null; then

@@ -6,7 +6,10 @@
  * JPEG, first image and later); ranks that read different listings fail
  * together with TIDE_EMISMATCH; a FIFO or a symlink to /dev/zero in an
  * ImageFolder, and a FIFO or symlink among the cache's objects, are refused
- * without hanging. The HTTP server runs in this process on 127.0.0.1 and
+ * without hanging; a silent server's TIDE_ETIMEDOUT names
+ * TIDE_DATA_TIMEOUT_MS; no /dev/shm/tide-data-* name survives a store that
+ * cannot be sized, or a rank that died making one; the cache's directory
+ * is 0700 and its own, a full disk is one warning, no temporary file stays. The HTTP server runs in this process on 127.0.0.1 and
  * bounds what it sends (64 MiB, 20 s per connection). */
 #include <errno.h>
 #include <fcntl.h>
@@ -142,7 +145,7 @@ static size_t jpeg_bomb(int side, uint8_t **out) {
 
 /* ---- an HTTP server that can send too much ---------------------------------- */
 
-enum { SERVE_FILE, SERVE_HUGE_LENGTH, SERVE_ENDLESS_CHUNKED, SERVE_ENDLESS_INDEX, SERVE_404_PAGE };
+enum { SERVE_FILE, SERVE_HUGE_LENGTH, SERVE_ENDLESS_CHUNKED, SERVE_ENDLESS_INDEX, SERVE_404_PAGE, SERVE_SILENT };
 static int http_port, http_listen;
 static _Atomic int http_mode; /* for the objects (and index.txt when ENDLESS_INDEX) */
 static _Atomic long http_sent; /* body bytes of the last misbehaving answer */
@@ -173,6 +176,13 @@ static void *http_conn(void *arg) {
   int mode = atomic_load(&http_mode);
   if (is_index && mode != SERVE_ENDLESS_INDEX) mode = SERVE_FILE;
   if (!is_index && mode == SERVE_ENDLESS_INDEX) mode = SERVE_FILE;
+  if (mode == SERVE_SILENT) { /* a head, then nothing for 5 s */
+    const char *head = "HTTP/1.1 200 OK\r\nContent-Length: 10\r\nConnection: close\r\n\r\n";
+    send_all(fd, head, strlen(head));
+    sleep(5);
+    close(fd);
+    return NULL;
+  }
   if (mode == SERVE_404_PAGE) { /* an error page larger than the object: its status is the answer */
     static char page[4096];
     memset(page, 'x', sizeof page);
@@ -246,6 +256,7 @@ typedef struct {
   const char *source[2]; /* per rank (rank 1 takes source[0] when source[1] is NULL) */
   int height;            /* config.height = width (0: from the first image) */
   int expect_open, expect_next;
+  long fsize_limit; /* RLIMIT_FSIZE (0: none): the store's posix_fallocate fails past it */
 } run_t;
 
 static int run_loader(int rank, int size, void *arg) {
@@ -258,6 +269,15 @@ static int run_loader(int rank, int size, void *arg) {
     struct rlimit lim = {4ull << 30, 4ull << 30};
     setrlimit(RLIMIT_AS, &lim);
   }
+  if (r->fsize_limit > 0) {
+    struct rlimit lim = {(rlim_t)r->fsize_limit, (rlim_t)r->fsize_limit};
+    signal(SIGXFSZ, SIG_IGN);
+    setrlimit(RLIMIT_FSIZE, &lim);
+  }
+  char pid_file[400];
+  snprintf(pid_file, sizeof pid_file, "%s/pid-%d", root, rank);
+  FILE *pf = fopen(pid_file, "w");
+  CHECK(pf != NULL && fprintf(pf, "%d\n", (int)getpid()) > 0 && fclose(pf) == 0);
   tide_comm_t *comm;
   CHECK_OK(tide_comm_init(&comm));
   tide_loader_config_t cfg;
@@ -269,6 +289,8 @@ static int run_loader(int rank, int size, void *arg) {
   cfg.channels = r->height > 0 ? 1 : 0;
   tide_loader_t *l;
   int rc = tide_loader_open(comm, &cfg, &l);
+  if (rc != 0) /* what a program shows its user */
+    fprintf(stderr, "rank %d: tide_loader_open: %s\n", rank, tide_strerror(rc));
   if (r->expect_open != 0) {
     CHECK_RC(rc, r->expect_open);
     tide_comm_destroy(comm);
@@ -280,6 +302,7 @@ static int run_loader(int rank, int size, void *arg) {
     tide_loader_batch_t b;
     rc = tide_loader_next(l, &b);
     if (rc != 0) {
+      fprintf(stderr, "rank %d: tide_loader_next: %s\n", rank, tide_strerror(rc));
       CHECK_RC(rc, r->expect_next);
       failed = 1;
     }
@@ -290,8 +313,9 @@ static int run_loader(int rank, int size, void *arg) {
   return 0;
 }
 
-/* Runs the loader with stderr into a file; the log must hold want. */
-static void run_logged(const harness_opts_t *o, const run_t *r, const char *want) {
+/* Runs the loader with stderr into a file; the log must hold want, and not
+ * unwanted (when not NULL). */
+static void run_logged_without(const harness_opts_t *o, const run_t *r, const char *want, const char *unwanted) {
   char log[400];
   snprintf(log, sizeof log, "%s/log", root);
   fflush(stderr);
@@ -317,6 +341,14 @@ static void run_logged(const harness_opts_t *o, const run_t *r, const char *want
     fprintf(stderr, "test_data_limits: the log does not say \"%s\"\n", want);
     exit(1);
   }
+  if (unwanted != NULL && strstr(text, unwanted) != NULL) {
+    fprintf(stderr, "test_data_limits: the log says \"%s\"\n", unwanted);
+    exit(1);
+  }
+}
+
+static void run_logged(const harness_opts_t *o, const run_t *r, const char *want) {
+  run_logged_without(o, r, want, NULL);
 }
 
 /* A FIFO or a symlink among the cache's objects: refused (no hang on the
@@ -345,6 +377,106 @@ static void test_cache_objects(void) {
   CHECK(k.bad == 2 && k.hits == 0);
   tide__cache_close(c);
   fprintf(stderr, "cache: a FIFO and a symlink among the objects refused, removed, counted\n");
+}
+
+static int mode_of(const char *path) {
+  struct stat st;
+  CHECK(stat(path, &st) == 0);
+  return (int)(st.st_mode & 07777);
+}
+
+/* Counts the lines of path that hold what. */
+static int count_lines(const char *path, const char *what) {
+  FILE *f = fopen(path, "r");
+  CHECK(f != NULL);
+  char line[2000];
+  int n = 0;
+  while (fgets(line, sizeof line, f) != NULL) n += strstr(line, what) != NULL;
+  fclose(f);
+  return n;
+}
+
+/* The cache's directory: created 0700; refused when another user owns it;
+ * a full disk (here RLIMIT_FSIZE) warned once with a count at close; no
+ * temporary file left, a dead writer's swept at open; its lock and
+ * temporary files opened without following a symlink. */
+static void test_cache_dir(void) {
+  char dir[400], path[600], log[400], cmd[1600];
+  snprintf(dir, sizeof dir, "%s/cache-dir/a/b", root);
+  tide__cache_t *c;
+  CHECK_OK(tide__cache_open(dir, 0, &c));
+  CHECK(mode_of(dir) == 0700);
+  snprintf(path, sizeof path, "%s/cache-dir/a", root);
+  CHECK(mode_of(path) == 0700);
+  snprintf(path, sizeof path, "%s/objects", dir);
+  CHECK(mode_of(path) == 0700);
+  tide__cache_close(c);
+
+  /* a writer killed between its open and its rename */
+  pid_t dead = fork();
+  if (dead == 0) _exit(0);
+  int status;
+  CHECK(waitpid(dead, &status, 0) == dead);
+  char stale[600], stale_stats[600], live[600];
+  snprintf(stale, sizeof stale, "%s/tmp/%d-0011223344556677", dir, (int)dead);
+  snprintf(stale_stats, sizeof stale_stats, "%s/tmp/stats-%d", dir, (int)dead);
+  snprintf(live, sizeof live, "%s/tmp/%d-8899aabbccddeeff", dir, (int)getpid());
+  write_file(stale, "x", 1);
+  write_file(stale_stats, "x", 1);
+  write_file(live, "x", 1);
+  CHECK_OK(tide__cache_open(dir, 0, &c));
+  CHECK(access(stale, F_OK) != 0 && access(stale_stats, F_OK) != 0 && access(live, F_OK) == 0);
+  unlink(live);
+
+  /* the lock a symlink: not followed */
+  char planted[400];
+  snprintf(planted, sizeof planted, "%s/planted", root);
+  snprintf(cmd, sizeof cmd, "rm -f %s/lock && ln -s %s %s/lock", dir, planted, dir);
+  CHECK(system(cmd) == 0);
+  CHECK_OK(tide__cache_put(c, "key", "payload", 7));
+  tide__cache_close(c); /* takes the lock to add its counts */
+  CHECK(access(planted, F_OK) != 0);
+  snprintf(cmd, sizeof cmd, "rm -f %s/lock", dir);
+  CHECK(system(cmd) == 0);
+
+  /* a full disk: 50 objects that cannot be written, one warning */
+  snprintf(log, sizeof log, "%s/cache-log", root);
+  pid_t pid = fork();
+  if (pid == 0) {
+    int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    dup2(fd, 2);
+    close(fd);
+    signal(SIGXFSZ, SIG_IGN);
+    struct rlimit lim = {1024, 1024};
+    setrlimit(RLIMIT_FSIZE, &lim);
+    static uint8_t payload[4096];
+    CHECK_OK(tide__cache_open(dir, 0, &c));
+    for (int k = 0; k < 50; k++) {
+      char key[32];
+      snprintf(key, sizeof key, "full-%d", k);
+      CHECK_RC(tide__cache_put(c, key, payload, sizeof payload), TIDE_EIO);
+    }
+    tide__cache_close(c);
+    _exit(0);
+  }
+  CHECK(waitpid(pid, &status, 0) == pid && WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  snprintf(cmd, sizeof cmd, "cat %s >&2", log);
+  system(cmd);
+  CHECK(count_lines(log, "cannot write") == 1);
+  CHECK(count_lines(log, "50 objects could not be written") == 1);
+  snprintf(cmd, sizeof cmd, "[ -z \"$(ls %s/tmp/)\" ]", dir);
+  CHECK(system(cmd) == 0);
+
+  /* another user's directory (the predictable fallback under /tmp) */
+  if (geteuid() == 0) {
+    snprintf(path, sizeof path, "%s/cache-other", root);
+    CHECK(mkdir(path, 0755) == 0 && chown(path, 65534, 65534) == 0);
+    CHECK_RC(tide__cache_open(path, 0, &c), TIDE_EINVAL);
+  } else {
+    fprintf(stderr, "cache: another user's directory not checked (needs root to chown)\n");
+  }
+  fprintf(stderr, "cache: directory 0700, another user's refused, one warning for a full disk, no temporary "
+                  "file left, the lock not followed\n");
 }
 
 static void test_decode_bombs(const uint8_t *png, size_t png_len, const uint8_t *jpg, size_t jpg_len) {
@@ -388,6 +520,7 @@ int main(int argc, char **argv) {
     size_t png_len = png_bomb(BOMB, &png), jpg_len = jpeg_bomb(BOMB, &jpg);
     if (section("bombs")) test_decode_bombs(png, png_len, jpg, jpg_len);
     if (section("cache")) test_cache_objects();
+    if (section("cachedir")) test_cache_dir();
     /* the bombs as the first image (it sizes the store), and as later ones */
     sh("cp -r %s %s", dir, bomb_first);
     snprintf(path, sizeof path, "%s/c0/0000.png", bomb_first);
@@ -405,9 +538,9 @@ int main(int argc, char **argv) {
 
   if (section("bombs")) {
     fprintf(stderr, "-- a decompression bomb as the first image, and as a later one\n");
-    run_t first = {{bomb_first, NULL}, 0, TIDE_EINVAL, 0};
+    run_t first = {{bomb_first, NULL}, 0, TIDE_EINVAL, 0, 0};
     run_logged(&one, &first, "TIDE_DATA_MAX_IMAGE_PIXELS");
-    run_t later = {{bomb_later, NULL}, 0, 0, TIDE_EINVAL};
+    run_t later = {{bomb_later, NULL}, 0, 0, TIDE_EINVAL, 0};
     run_logged(&one, &later, "0005.jpg is corrupt or truncated: JPEG: its header claims 5000x5000");
 
   }
@@ -415,13 +548,13 @@ int main(int argc, char **argv) {
     fprintf(stderr, "-- ranks that read different listings fail together\n");
     sh("cp -r %s %s", dir, fewer);
     sh("rm %s/c1/0011.png%s", fewer, "");
-    run_t count = {{dir, fewer}, 0, TIDE_EMISMATCH, 0};
+    run_t count = {{dir, fewer}, 0, TIDE_EMISMATCH, 0, 0};
     run_logged(&two, &count, "the ranks read different listings");
     sh("cp -r %s %s", dir, renamed);
     sh("mv %s/c1/0011.png %s/c1/0011b.png", renamed, renamed);
-    run_t names = {{dir, renamed}, 0, TIDE_EMISMATCH, 0};
+    run_t names = {{dir, renamed}, 0, TIDE_EMISMATCH, 0, 0};
     run_logged(&two, &names, "the ranks read different listings");
-    run_t same = {{dir, NULL}, 0, 0, 0};
+    run_t same = {{dir, NULL}, 0, 0, 0, 0};
     run_logged(&two, &same, NULL);
 
   }
@@ -429,18 +562,18 @@ int main(int argc, char **argv) {
     fprintf(stderr, "-- a symlink to /dev/zero and a FIFO in an ImageFolder: refused, no hang\n");
     sh("cp -r %s %s", dir, odd);
     sh("rm %s/c0/0000.png && ln -s /dev/zero %s/c0/0000.png", odd, odd);
-    run_t zero_first = {{odd, NULL}, 0, TIDE_EINVAL, 0};
+    run_t zero_first = {{odd, NULL}, 0, TIDE_EINVAL, 0, 0};
     run_logged(&one, &zero_first, "0000.png is a device, not a regular file");
     sh("rm %s/c0/0000.png%s", odd, "");
     sh("cp %s/c0/0000.png %s/c0/", dir, odd);
     sh("rm %s/c1/0003.png && ln -s /dev/zero %s/c1/0003.png", odd, odd);
     sh("rm %s/c0/0006.png && mkfifo %s/c0/0006.png", odd, odd);
-    run_t odd_later = {{odd, NULL}, 0, 0, TIDE_EIO};
+    run_t odd_later = {{odd, NULL}, 0, 0, TIDE_EIO, 0};
     run_logged(&one, &odd_later, ", not a regular file");
     sh("cp -r %s %s", dir, fifo_first);
     sh("rm %s/c0/0000.png && mkfifo %s/c0/0000.png", fifo_first, fifo_first);
     harness_opts_t one_short = {1, NULL, 0, 30, NULL}; /* before the fix: hung until this ran out */
-    run_t fifo = {{fifo_first, NULL}, 0, TIDE_EINVAL, 0};
+    run_t fifo = {{fifo_first, NULL}, 0, TIDE_EINVAL, 0, 0};
     run_logged(&one_short, &fifo, "0000.png is a FIFO");
 
   }
@@ -453,10 +586,10 @@ int main(int argc, char **argv) {
     snprintf(url, sizeof url, "http://127.0.0.1:%d/folder", http_port);
     setenv("TIDE_DATA_TIMEOUT_MS", "20000", 1);
     setenv("TIDE_DATA_INDEX_MAX_BYTES", "1048576", 1);
-    run_t http = {{url, NULL}, 0, 0, 0};
+    run_t http = {{url, NULL}, 0, 0, 0, 0};
     run_logged(&one, &http, NULL); /* it serves the folder as it is */
     /* config.height: no probe, so the first object is read by the loader's threads */
-    run_t object = {{url, NULL}, H, 0, TIDE_EIO};
+    run_t object = {{url, NULL}, H, 0, TIDE_EIO, 0};
     atomic_store(&http_mode, SERVE_HUGE_LENGTH);
     atomic_store(&http_sent, 0);
     run_logged(&one, &object, "more than");
@@ -469,7 +602,7 @@ int main(int argc, char **argv) {
     long chunked = atomic_load(&http_sent);
     atomic_store(&http_mode, SERVE_ENDLESS_INDEX);
     atomic_store(&http_sent, 0);
-    run_t index = {{url, NULL}, 0, TIDE_EIO, 0};
+    run_t index = {{url, NULL}, 0, TIDE_EIO, 0, 0};
     run_logged(&one, &index, "TIDE_DATA_INDEX_MAX_BYTES");
     usleep(200000); /* the server thread notices the close */
     long endless = atomic_load(&http_sent);
@@ -479,7 +612,44 @@ int main(int argc, char **argv) {
     CHECK(huge < (long)SERVER_MAX / 2 && chunked < (long)SERVER_MAX / 2 && endless < (long)SERVER_MAX / 2);
     atomic_store(&http_mode, SERVE_404_PAGE);
     run_logged(&one, &object, "answered HTTP 404");
+    fprintf(stderr, "-- HTTP: a server that goes silent: the timeout named is TIDE_DATA_TIMEOUT_MS\n");
+    atomic_store(&http_mode, SERVE_SILENT);
+    setenv("TIDE_DATA_TIMEOUT_MS", "1000", 1);
+    run_t silent = {{url, NULL}, 0, TIDE_ETIMEDOUT, 0, 0};
+    run_logged_without(&one, &silent, "TIDE_DATA_TIMEOUT_MS", "waiting for a peer");
+    setenv("TIDE_DATA_TIMEOUT_MS", "20000", 1);
     atomic_store(&http_mode, SERVE_FILE);
+  }
+
+  if (section("shm")) {
+    fprintf(stderr, "-- the sample store's /dev/shm name: removed when the store cannot be made, and reclaimed "
+                    "from a rank that died making it\n");
+    char pid_path[400], cmd[1200];
+    /* 512 x 512 samples: 3 MiB, past a 1 MiB RLIMIT_FSIZE */
+    run_t full = {{dir, NULL}, 512, TIDE_ENOMEM, 0, 1l << 20};
+    run_logged(&one, &full, "cannot make the host's sample store");
+    snprintf(pid_path, sizeof pid_path, "%s/pid-0", root);
+    FILE *f = fopen(pid_path, "r");
+    int rank_pid = 0;
+    CHECK(f != NULL && fscanf(f, "%d", &rank_pid) == 1);
+    fclose(f);
+    snprintf(cmd, sizeof cmd, "! ls /dev/shm/tide-data-%d-* 2>/dev/null", rank_pid);
+    CHECK(system(cmd) == 0);
+    /* a rank killed between shm_open and the unlink leaves this behind; the
+     * name of a live process (this one) stays */
+    pid_t dead = fork();
+    if (dead == 0) _exit(0);
+    CHECK(waitpid(dead, &status, 0) == dead);
+    char stale[200], live[200];
+    snprintf(stale, sizeof stale, "/dev/shm/tide-data-%d-00000000deadbeef", (int)dead);
+    snprintf(live, sizeof live, "/dev/shm/tide-data-%d-00000000000a11fe", (int)getpid());
+    write_file(stale, "x", 1);
+    write_file(live, "x", 1);
+    run_t same = {{dir, NULL}, 0, 0, 0, 0};
+    run_logged(&one, &same, NULL);
+    CHECK(access(stale, F_OK) != 0 && errno == ENOENT);
+    CHECK(access(live, F_OK) == 0);
+    unlink(live);
   }
 
   sh("rm -rf %s%s", root, "");

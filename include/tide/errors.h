@@ -9,7 +9,8 @@
   XX(EINVAL, -EINVAL, "invalid argument")                                           \
   XX(ENOMEM, -ENOMEM, "out of memory")                                              \
   XX(EIO, -EIO, "i/o error")                                                        \
-  XX(ETIMEDOUT, -ETIMEDOUT, "timed out waiting for a peer (see TIDE_TIMEOUT_MS)")  \
+  XX(ETIMEDOUT, -ETIMEDOUT,                                                         \
+     "timed out (TIDE_TIMEOUT_MS bounds waits for peers, TIDE_DATA_TIMEOUT_MS reads from a data source)") \
   XX(ENOENT, -ENOENT, "no such key or file")                                        \
   XX(ECONNREFUSED, -ECONNREFUSED, "connection refused")                             \
   XX(ENOSYS, -ENOSYS, "not supported in this build")                                \

@@ -9,6 +9,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -27,6 +28,7 @@ struct tide__cache {
   _Atomic uint64_t hits, misses, bad, evicted, bytes_read, bytes_written;
   _Atomic uint64_t since_scan; /* bytes written since the last eviction scan */
   _Atomic uint64_t total;      /* the directory's bytes at the last scan, plus writes since */
+  _Atomic uint64_t put_failed; /* objects that could not be written (a full disk): warned once, counted */
 };
 
 typedef struct {
@@ -43,10 +45,10 @@ static int mkdir_p(const char *path) {
   for (char *p = buf + 1; *p; p++) {
     if (*p != '/') continue;
     *p = '\0';
-    if (mkdir(buf, 0777) != 0 && errno != EEXIST) return TIDE_EIO;
+    if (mkdir(buf, 0700) != 0 && errno != EEXIST) return TIDE_EIO;
     *p = '/';
   }
-  if (mkdir(buf, 0777) != 0 && errno != EEXIST) return TIDE_EIO;
+  if (mkdir(buf, 0700) != 0 && errno != EEXIST) return TIDE_EIO;
   return 0;
 }
 
@@ -63,7 +65,7 @@ void tide__cache_default_dir(char *out, size_t cap) {
 static int lock_dir(const char *dir, int op) {
   char path[4200];
   snprintf(path, sizeof path, "%s/lock", dir);
-  int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0666);
+  int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
   if (fd < 0) return -1;
   while (flock(fd, op) != 0) {
     if (errno != EINTR) {
@@ -148,6 +150,24 @@ static void evict(tide__cache_t *c) {
   close(fd);
 }
 
+/* Removes DIR/tmp/PID-* and stats-PID files whose writer (PID) is dead: a
+ * writer killed between its open and its rename. */
+static void sweep_tmp(const char *dir) {
+  char path[4200];
+  snprintf(path, sizeof path, "%s/tmp", dir);
+  DIR *d = opendir(path);
+  if (d == NULL) return;
+  struct dirent *de;
+  while ((de = readdir(d)) != NULL) {
+    char *end;
+    const char *p = strncmp(de->d_name, "stats-", 6) == 0 ? de->d_name + 6 : de->d_name;
+    long pid = strtol(p, &end, 10);
+    if (pid <= 0 || (*end != '-' && !(*end == '\0' && p != de->d_name)) || kill((pid_t)pid, 0) == 0 || errno != ESRCH) continue;
+    unlinkat(dirfd(d), de->d_name, 0);
+  }
+  closedir(d);
+}
+
 int tide__cache_open(const char *dir, uint64_t max_bytes, tide__cache_t **out) {
   if (dir == NULL || dir[0] == '\0') {
     TIDE_ERROR("tide__cache_open: no cache directory given");
@@ -164,6 +184,16 @@ int tide__cache_open(const char *dir, uint64_t max_bytes, tide__cache_t **out) {
                dir, strerror(errno));
     return TIDE_EIO;
   }
+  /* the fallback under /tmp has a predictable name: one another user made
+   * first could read or plant entries */
+  struct stat st;
+  if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != geteuid()) {
+    TIDE_ERROR("data cache: %s is not a directory of this user (uid %u; it belongs to uid %u): refused (set "
+               "TIDE_DATA_CACHE or --cache-dir to a directory of your own)",
+               dir, (unsigned)geteuid(), (unsigned)st.st_uid);
+    return TIDE_EINVAL;
+  }
+  sweep_tmp(dir);
   tide__cache_t *c = tide__calloc(1, sizeof *c);
   if (c == NULL || (c->dir = tide__strdup(dir)) == NULL) {
     tide__free(c);
@@ -264,12 +294,21 @@ int tide__cache_get(tide__cache_t *c, const char *key, uint8_t **data, size_t *l
     return TIDE_ENOENT;
   }
   memmove(buf, buf + sizeof h + key_len, (size_t)h.len);
-  utimensat(AT_FDCWD, path, NULL, 0); /* recency for LRU */
+  utimensat(AT_FDCWD, path, NULL, AT_SYMLINK_NOFOLLOW); /* recency for LRU */
   atomic_fetch_add(&c->hits, 1);
   atomic_fetch_add(&c->bytes_read, h.len);
   *data = buf;
   *len = (size_t)h.len;
   return 0;
+}
+
+/* A write that failed: warned the first time only (a full disk fails every
+ * one), counted, and the count given at close. */
+static void put_failed(tide__cache_t *c, const char *path) {
+  if (atomic_fetch_add(&c->put_failed, 1) == 0)
+    TIDE_WARN("data cache: cannot write %s: %s (the object is used uncached; later failures are counted, not "
+              "reported one by one)",
+              path, strerror(errno));
 }
 
 int tide__cache_put(tide__cache_t *c, const char *key, const void *data, size_t len) {
@@ -284,9 +323,9 @@ int tide__cache_put(tide__cache_t *c, const char *key, const void *data, size_t 
   uint64_t nonce;
   tide__random_bytes(&nonce, sizeof nonce);
   snprintf(tmp, sizeof tmp, "%s/tmp/%d-%016llx", c->dir, (int)getpid(), (unsigned long long)nonce);
-  int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+  int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
   if (fd < 0) {
-    TIDE_WARN("data cache: cannot write %s: %s (the object is used uncached)", tmp, strerror(errno));
+    put_failed(c, tmp);
     return TIDE_EIO;
   }
   const struct {
@@ -309,8 +348,10 @@ int tide__cache_put(tide__cache_t *c, const char *key, const void *data, size_t 
   if (close(fd) != 0) rc = TIDE_EIO;
   if (rc == 0 && rename(tmp, final) != 0) rc = TIDE_EIO;
   if (rc != 0) {
-    TIDE_WARN("data cache: cannot write %s: %s (the object is used uncached)", final, strerror(errno));
+    int saved = errno;
     unlink(tmp);
+    errno = saved;
+    put_failed(c, final);
     return rc;
   }
   uint64_t bytes = sizeof h + h.key_len + len;
@@ -332,8 +373,12 @@ static void read_stats(const char *dir, uint64_t v[NCOUNTS]) {
   char path[4200], name[64];
   snprintf(path, sizeof path, "%s/stats", dir);
   memset(v, 0, NCOUNTS * sizeof *v);
-  FILE *f = fopen(path, "r");
-  if (f == NULL) return;
+  int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+  FILE *f = fd >= 0 ? fdopen(fd, "r") : NULL;
+  if (f == NULL) {
+    if (fd >= 0) close(fd);
+    return;
+  }
   unsigned long long x;
   while (fscanf(f, "%63s %llu", name, &x) == 2)
     for (int i = 0; i < NCOUNTS; i++)
@@ -345,6 +390,10 @@ void tide__cache_close(tide__cache_t *c) {
   if (c == NULL) return;
   tide__cache_counts_t k;
   tide__cache_counts(c, &k);
+  uint64_t failed = atomic_load(&c->put_failed);
+  if (failed > 1)
+    TIDE_WARN("data cache: %llu objects could not be written to %s (the first failure was reported above)",
+              (unsigned long long)failed, c->dir);
   uint64_t add[NCOUNTS] = {k.hits, k.misses, k.bad, k.evicted, k.bytes_read, k.bytes_written}, v[NCOUNTS];
   int fd = lock_dir(c->dir, LOCK_EX);
   if (fd >= 0) {
@@ -352,7 +401,9 @@ void tide__cache_close(tide__cache_t *c) {
     char path[4200], tmp[4300];
     snprintf(path, sizeof path, "%s/stats", c->dir);
     snprintf(tmp, sizeof tmp, "%s/tmp/stats-%d", c->dir, (int)getpid());
-    FILE *f = fopen(tmp, "w");
+    int sfd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
+    FILE *f = sfd >= 0 ? fdopen(sfd, "w") : NULL;
+    if (f == NULL && sfd >= 0) close(sfd);
     if (f != NULL) {
       for (int i = 0; i < NCOUNTS; i++) fprintf(f, "%s %llu\n", count_names[i], (unsigned long long)(v[i] + add[i]));
       if (fclose(f) == 0) rename(tmp, path);

@@ -29,14 +29,18 @@
  * decode workers that, with the prefetch thread, read and decode a round's
  * samples in parallel. A bounded queue of `prefetch` rounds sits between
  * the prefetch thread and the caller. */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -166,6 +170,31 @@ static int ownership(tide_loader_t *l) {
   return 0;
 }
 
+/* Removes the sample stores that ranks killed while creating one left in
+ * /dev/shm: a name is /tide-data-PID-NONCE, unlinked by its creator once
+ * the host's ranks have mapped it, so one that is still there and whose
+ * creator (this user's) is dead is garbage. Run by local rank 0 before it
+ * makes its own. */
+static void reclaim_stores(void) {
+  DIR *d = opendir("/dev/shm");
+  if (d == NULL) return;
+  struct dirent *de;
+  while ((de = readdir(d)) != NULL) {
+    if (strncmp(de->d_name, "tide-data-", 10) != 0) continue;
+    char *end;
+    long pid = strtol(de->d_name + 10, &end, 10);
+    struct stat st;
+    if (pid <= 0 || *end != '-' || fstatat(dirfd(d), de->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0 ||
+        st.st_uid != geteuid() || kill((pid_t)pid, 0) == 0 || errno != ESRCH)
+      continue;
+    char name[300];
+    snprintf(name, sizeof name, "/%s", de->d_name);
+    if (shm_unlink(name) == 0)
+      TIDE_INFO("data: removed /dev/shm%s, the sample store of a rank that died while creating it", name);
+  }
+  closedir(d);
+}
+
 static int store_create(tide_loader_t *l) {
   TIDE_CHECK(ownership(l));
   size_t states = ((size_t)l->owned * sizeof(uint32_t) + 63) & ~(size_t)63;
@@ -175,6 +204,7 @@ static int store_create(tide_loader_t *l) {
   char name[64] = "";
   int rc = 0, fd = -1;
   if (l->local_rank == 0) {
+    reclaim_stores();
     uint64_t nonce;
     tide__random_bytes(&nonce, sizeof nonce);
     snprintf(name, sizeof name, "/tide-data-%d-%016llx", (int)getpid(), (unsigned long long)nonce);
@@ -183,6 +213,7 @@ static int store_create(tide_loader_t *l) {
       TIDE_ERROR("tide_loader_open: cannot make the host's sample store (%zu bytes of shared memory in "
                  "/dev/shm): %s",
                  l->shm_bytes, strerror(errno));
+      if (fd >= 0) shm_unlink(name);
       name[0] = '\0';
       rc = TIDE_ENOMEM;
     }
@@ -1017,7 +1048,8 @@ static int advance(tide_loader_t *l, double *waited) {
   *waited = (double)(tide__now_ns() - t0) * 1e-9;
   l->wait_s += *waited;
   if (rc == TIDE_ETIMEDOUT)
-    TIDE_ERROR("data: no batch after %lld ms: the prefetch thread is stuck reading the source",
+    TIDE_ERROR("data: no batch after %lld ms (TIDE_DATA_TIMEOUT_MS x (TIDE_DATA_RETRIES + 2) + 60 s): the "
+               "prefetch thread is stuck reading the source",
                (long long)l->wait_deadline_ms);
   else if (rc < 0)
     TIDE_ERROR("data: the prefetch thread stopped: %s", l->thread_rc < 0 ? tide_strerror(l->thread_rc)
