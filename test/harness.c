@@ -1,6 +1,9 @@
 #include "harness.h"
 
+#include <pthread.h>
 #include <signal.h>
+#include <stdint.h>
+#include <sys/socket.h>
 #include <string.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
@@ -99,6 +102,41 @@ int harness_run(const harness_opts_t *opts, int (*fn)(int, int, void *), void *a
   kill(store_pid, SIGKILL);
   waitpid(store_pid, NULL, 0);
   return failed;
+}
+
+typedef struct {
+  int listen_fd;
+  void *(*conn)(void *);
+} http_server_t;
+
+static void *http_accept_loop(void *arg) {
+  http_server_t *h = arg;
+  for (;;) {
+    int fd = accept(h->listen_fd, NULL, NULL);
+    if (fd < 0) continue;
+    /* a thread per connection: a stalled one must not block the next */
+    pthread_t t;
+    if (pthread_create(&t, NULL, h->conn, (void *)(intptr_t)fd) != 0) {
+      close(fd);
+      continue;
+    }
+    pthread_detach(t);
+  }
+  return NULL;
+}
+
+int harness_http_serve(void *(*conn)(void *fd)) {
+  static http_server_t servers[8];
+  static int used;
+  if (used == 8) abort();
+  http_server_t *h = &servers[used++];
+  int port;
+  if (tide__tcp_listen("127.0.0.1", 0, &h->listen_fd, &port) != 0) abort(); /* its log says why */
+  h->conn = conn;
+  pthread_t t;
+  if (pthread_create(&t, NULL, http_accept_loop, h) != 0) abort();
+  pthread_detach(t);
+  return port;
 }
 
 int harness_free_port(void) {

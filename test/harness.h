@@ -52,6 +52,12 @@ extern int harness_status[64];
  * a port made up from the pid can be an ephemeral port in use). */
 int harness_free_port(void);
 
+/* Serves HTTP for a test on 127.0.0.1, on a port the kernel picks (returned):
+ * a thread accepts and runs conn((void *)(intptr_t)fd) on a detached
+ * thread per connection, which answers and closes fd. Runs until the
+ * process exits. */
+int harness_http_serve(void *(*conn)(void *fd));
+
 /* Starts a store server process; returns its port, writes its pid. */
 int harness_store_start(const char *token, int *pid_out);
 

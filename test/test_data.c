@@ -222,7 +222,7 @@ static void test_cache(void) {
 
 /* ---- a small HTTP server: counts body bytes, can fail or stall -------------- */
 
-static int http_port, http_listen;
+static int http_port;
 static _Atomic long http_bytes, http_requests, http_shard_requests, http_index_bodies;
 static _Atomic int http_fail_next; /* answer this many requests with 503 */
 static _Atomic int http_stall;     /* accept, read, never answer */
@@ -283,25 +283,9 @@ static void *http_conn(void *arg) {
   return NULL;
 }
 
-static void *http_main(void *arg) {
-  (void)arg;
-  for (;;) {
-    int fd = accept(http_listen, NULL, NULL);
-    if (fd < 0) continue;
-    /* one connection at a time is enough for the tests, but a stalled one
-     * must not block the next test's requests */
-    pthread_t t;
-    pthread_create(&t, NULL, http_conn, (void *)(intptr_t)fd);
-    pthread_detach(t);
-  }
-  return NULL;
-}
-
 static void http_start(const char *dir) {
   snprintf(http_root, sizeof http_root, "%s", dir);
-  CHECK_OK(tide__tcp_listen("127.0.0.1", 0, &http_listen, &http_port));
-  pthread_t t;
-  CHECK(pthread_create(&t, NULL, http_main, NULL) == 0);
+  http_port = harness_http_serve(http_conn);
 }
 
 /* ---- the loader ----------------------------------------------------------------- */

@@ -146,7 +146,7 @@ static size_t jpeg_bomb(int side, uint8_t **out) {
 /* ---- an HTTP server that can send too much ---------------------------------- */
 
 enum { SERVE_FILE, SERVE_HUGE_LENGTH, SERVE_ENDLESS_CHUNKED, SERVE_ENDLESS_INDEX, SERVE_404_PAGE, SERVE_SILENT };
-static int http_port, http_listen;
+static int http_port;
 static _Atomic int http_mode; /* for the objects (and index.txt when ENDLESS_INDEX) */
 static _Atomic long http_sent; /* body bytes of the last misbehaving answer */
 static char http_root[512];
@@ -235,18 +235,6 @@ static void *http_conn(void *arg) {
   }
   atomic_store(&http_sent, sent);
   close(fd);
-  return NULL;
-}
-
-static void *http_main(void *arg) {
-  (void)arg;
-  for (;;) {
-    int fd = accept(http_listen, NULL, NULL);
-    if (fd < 0) continue;
-    pthread_t t;
-    pthread_create(&t, NULL, http_conn, (void *)(intptr_t)fd);
-    pthread_detach(t);
-  }
   return NULL;
 }
 
@@ -580,9 +568,7 @@ int main(int argc, char **argv) {
   if (section("http")) {
     fprintf(stderr, "-- HTTP: a server that sends more than the index says is cut off\n");
     snprintf(http_root, sizeof http_root, "%s", root);
-    CHECK_OK(tide__tcp_listen("127.0.0.1", 0, &http_listen, &http_port));
-    pthread_t t;
-    CHECK(pthread_create(&t, NULL, http_main, NULL) == 0);
+    http_port = harness_http_serve(http_conn);
     snprintf(url, sizeof url, "http://127.0.0.1:%d/folder", http_port);
     setenv("TIDE_DATA_TIMEOUT_MS", "20000", 1);
     setenv("TIDE_DATA_INDEX_MAX_BYTES", "1048576", 1);
