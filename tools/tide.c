@@ -126,13 +126,14 @@ static int is_first_rank(void) {
   return !r || !*r || strcmp(r, "0") == 0;
 }
 
-static void __attribute__((format(printf, 1, 2))) usage_error(const char *fmt, ...) {
+/* "tide CMD: <message> (see tide help CMD)" once per job, and exit 2. */
+static void __attribute__((format(printf, 2, 3), noreturn)) usage_error(const char *cmd, const char *fmt, ...) {
   if (is_first_rank()) {
     va_list ap;
     va_start(ap, fmt);
-    fprintf(stderr, "tide bench: ");
+    fprintf(stderr, "tide %s: ", cmd);
     vfprintf(stderr, fmt, ap);
-    fprintf(stderr, " (see tide help bench)\n");
+    fprintf(stderr, " (see tide help %s)\n", cmd);
     va_end(ap);
   }
   exit(EXIT_USAGE);
@@ -179,7 +180,7 @@ static void parse_bench_options(int argc, char **argv, bench_options_t *o) {
     const char *value;
     const char *eq = strchr(arg, '=');
     if (strncmp(arg, "--", 2) != 0 || (eq && (size_t)(eq - arg) >= sizeof name))
-      usage_error("unexpected argument '%s'", arg);
+      usage_error("bench", "unexpected argument '%s'", arg);
     if (eq) {
       memcpy(name, arg, (size_t)(eq - arg));
       name[eq - arg] = '\0';
@@ -192,9 +193,9 @@ static void parse_bench_options(int argc, char **argv, bench_options_t *o) {
                                          "--max-bytes", "--factor", "--iters", "--warmup"};
     int known = 0;
     for (size_t k = 0; k < sizeof valued / sizeof valued[0]; k++) known |= !strcmp(name, valued[k]);
-    if (!known) usage_error("unknown option '%s'", name);
+    if (!known) usage_error("bench", "unknown option '%s'", name);
     if (!value) {
-      if (i + 1 >= argc) usage_error("%s needs a value", name);
+      if (i + 1 >= argc) usage_error("bench", "%s needs a value", name);
       value = argv[++i];
     }
 
@@ -209,44 +210,44 @@ static void parse_bench_options(int argc, char **argv, bench_options_t *o) {
           if (strcmp(tok, op_names[k]) == 0) op = k;
         if (strcmp(tok, "all") == 0) o->ops |= OPS_ALL;
         else if (op < 0)
-          usage_error("--op: unknown collective '%s' (allreduce, reduce_scatter, allgather, "
+          usage_error("bench", "--op: unknown collective '%s' (allreduce, reduce_scatter, allgather, "
                       "broadcast, all or adasum)", tok);
         else o->ops |= 1u << op;
       }
-      if (!o->ops) usage_error("--op: no collective given");
+      if (!o->ops) usage_error("bench", "--op: no collective given");
     } else if (strcmp(name, "--dtype") == 0) {
       int found = -1;
       for (int k = 0; k < TIDE_DTYPE_COUNT; k++)
         if (strcmp(value, tide_dtype_name((tide_dtype_t)k)) == 0) found = k;
-      if (found < 0) usage_error("--dtype: unknown type '%s' (f32, f64, i32, i64, f16 or bf16)", value);
+      if (found < 0) usage_error("bench", "--dtype: unknown type '%s' (f32, f64, i32, i64, f16 or bf16)", value);
       o->dtype = (tide_dtype_t)found;
     } else if (strcmp(name, "--reduce") == 0) {
       int found = -1;
       for (int k = 0; k < TIDE_OP_COUNT; k++)
         if (strcmp(value, tide_op_name((tide_op_t)k)) == 0) found = k;
-      if (found < 0) usage_error("--reduce: unknown reduction '%s' (sum, avg, min or max)", value);
+      if (found < 0) usage_error("bench", "--reduce: unknown reduction '%s' (sum, avg, min or max)", value);
       o->reduce = (tide_op_t)found;
     } else if (strcmp(name, "--min-bytes") == 0 || strcmp(name, "--max-bytes") == 0) {
       size_t v;
       if (parse_bytes(value, &v) < 0 || v == 0)
-        usage_error("%s: '%s' is not a positive size (e.g. 4096, 4K, 256M, 1G)", name, value);
+        usage_error("bench", "%s: '%s' is not a positive size (e.g. 4096, 4K, 256M, 1G)", name, value);
       *(strcmp(name, "--min-bytes") == 0 ? &o->min_bytes : &o->max_bytes) = v;
     } else if (strcmp(name, "--factor") == 0) {
       int v;
-      if (parse_int(value, 2, &v) < 0) usage_error("--factor: '%s' is not an integer >= 2", value);
+      if (parse_int(value, 2, &v) < 0) usage_error("bench", "--factor: '%s' is not an integer >= 2", value);
       o->factor = (size_t)v;
     } else if (strcmp(name, "--iters") == 0) {
       if (parse_int(value, 1, &o->iters) < 0)
-        usage_error("--iters: '%s' is not an integer >= 1", value);
+        usage_error("bench", "--iters: '%s' is not an integer >= 1", value);
     } else if (strcmp(name, "--warmup") == 0) {
       if (parse_int(value, 0, &o->warmup) < 0)
-        usage_error("--warmup: '%s' is not an integer >= 0", value);
+        usage_error("bench", "--warmup: '%s' is not an integer >= 0", value);
     }
   }
   if ((o->ops & (1u << OP_ADASUM)) && o->dtype != TIDE_F32 && o->dtype != TIDE_F64)
-    usage_error("--op adasum takes --dtype f32 or f64, not %s", tide_dtype_name(o->dtype));
+    usage_error("bench", "--op adasum takes --dtype f32 or f64, not %s", tide_dtype_name(o->dtype));
   if (o->min_bytes > o->max_bytes)
-    usage_error("--min-bytes (%zu) is larger than --max-bytes (%zu)", o->min_bytes, o->max_bytes);
+    usage_error("bench", "--min-bytes (%zu) is larger than --max-bytes (%zu)", o->min_bytes, o->max_bytes);
 }
 
 /* ---- element access, with the two 16-bit float formats ---------------------- */
@@ -1046,12 +1047,6 @@ static const char sim_usage_text[] =
     "  --population N, --generations N   the genetic search's (default: 100, 100)\n"
     "  --quiet              no progress bar\n";
 
-static void sim_usage_error(const char *fmt, const char *arg) {
-  fprintf(stderr, "tide sim: ");
-  fprintf(stderr, fmt, arg);
-  fprintf(stderr, " (see tide help sim)\n");
-  exit(EXIT_USAGE);
-}
 
 static int parse_double(const char *text, double *out) {
   char *end;
@@ -1105,7 +1100,7 @@ static int cmd_sim(int argc, char **argv) {
       workloads[nworkloads++] = a;
       continue;
     }
-    if (v == NULL) sim_usage_error("%s needs a value", a);
+    if (v == NULL) usage_error("sim", "%s needs a value", a);
     i++;
     double d;
     int k;
@@ -1116,40 +1111,40 @@ static int cmd_sim(int argc, char **argv) {
       char *x;
       long n = strtol(v, &x, 10), per = *x == 'x' ? strtol(x + 1, &x, 10) : 0;
       if (*x != 0 || n < 1 || per < 1 || n > 1 << 16 || per > 1 << 10)
-        sim_usage_error("--cluster: '%s' is not NODESxSLOTS (e.g. 16x4)", v);
+        usage_error("sim", "--cluster: '%s' is not NODESxSLOTS (e.g. 16x4)", v);
       o.nodes = (int)n, o.slots = (int)per;
     } else if (strcmp(a, "--interval") == 0) {
-      if (parse_double(v, &d) || !(d > 0)) sim_usage_error("--interval: '%s' is not a number of seconds > 0", v);
+      if (parse_double(v, &d) || !(d > 0)) usage_error("sim", "--interval: '%s' is not a number of seconds > 0", v);
       o.interval = d;
     } else if (strcmp(a, "--resize-cost") == 0) {
-      if (parse_double(v, &d) || !(d >= 0)) sim_usage_error("--resize-cost: '%s' is not a number of seconds >= 0", v);
+      if (parse_double(v, &d) || !(d >= 0)) usage_error("sim", "--resize-cost: '%s' is not a number of seconds >= 0", v);
       o.resize_cost = d;
     } else if (strcmp(a, "--p") == 0) {
-      if (parse_double(v, &d) || !(d <= 1)) sim_usage_error("--p: '%s' is not a number <= 1", v);
+      if (parse_double(v, &d) || !(d <= 1)) usage_error("sim", "--p: '%s' is not a number <= 1", v);
       o.sched.p = d;
     } else if (strcmp(a, "--interference") == 0) {
-      if (parse_double(v, &d) || !(d >= 0 && d < 1)) sim_usage_error("--interference: '%s' is not in [0, 1)", v);
+      if (parse_double(v, &d) || !(d >= 0 && d < 1)) usage_error("sim", "--interference: '%s' is not in [0, 1)", v);
       o.interference = d;
     } else if (strcmp(a, "--arrival-scale") == 0) {
-      if (parse_double(v, &d) || !(d > 0)) sim_usage_error("--arrival-scale: '%s' is not a number > 0", v);
+      if (parse_double(v, &d) || !(d > 0)) usage_error("sim", "--arrival-scale: '%s' is not a number > 0", v);
       o.arrival_scale = d;
     } else if (strcmp(a, "--seed") == 0) {
-      if (parse_int(v, 0, &k)) sim_usage_error("--seed: '%s' is not an integer >= 0", v);
+      if (parse_int(v, 0, &k)) usage_error("sim", "--seed: '%s' is not an integer >= 0", v);
       o.sched.seed = (uint64_t)k;
     } else if (strcmp(a, "--copies") == 0) {
-      if (parse_int(v, 1, &k)) sim_usage_error("--copies: '%s' is not an integer >= 1", v);
+      if (parse_int(v, 1, &k)) usage_error("sim", "--copies: '%s' is not an integer >= 1", v);
       o.copies = k;
     } else if (strcmp(a, "--population") == 0) {
-      if (parse_int(v, 2, &k)) sim_usage_error("--population: '%s' is not an integer >= 2", v);
+      if (parse_int(v, 2, &k)) usage_error("sim", "--population: '%s' is not an integer >= 2", v);
       o.sched.population = k;
     } else if (strcmp(a, "--generations") == 0) {
-      if (parse_int(v, 1, &k)) sim_usage_error("--generations: '%s' is not an integer >= 1", v);
+      if (parse_int(v, 1, &k)) usage_error("sim", "--generations: '%s' is not an integer >= 1", v);
       o.sched.generations = k;
     } else {
-      sim_usage_error("unknown option '%s'", a);
+      usage_error("sim", "unknown option '%s'", a);
     }
   }
-  if (nworkloads == 0) sim_usage_error("no workload given%s", "");
+  if (nworkloads == 0) usage_error("sim", "no workload given%s", "");
   if (traces == NULL) traces = "../shared/data/pollux-osdi21/traces";
   if (mkdir(out, 0777) != 0 && errno != EEXIST) {
     fprintf(stderr, "tide sim: --out: cannot create %s: %s\n", out, strerror(errno));
@@ -1163,7 +1158,7 @@ static int cmd_sim(int argc, char **argv) {
   snprintf(copy, sizeof copy, "%s", policies);
   for (char *save = NULL, *p = strtok_r(copy, ",", &save); p != NULL; p = strtok_r(NULL, ",", &save)) {
     if (npolicies == 8 || tide_sched_policy_parse(p, &list[npolicies]) != 0)
-      sim_usage_error("--policy: '%s' is not a list of pollux, greedy, fifo, tiresias, optimus", policies);
+      usage_error("sim", "--policy: '%s' is not a list of pollux, greedy, fifo, tiresias, optimus", policies);
     npolicies++;
   }
   int n = npolicies * nworkloads, done = 0, rc = 0;
@@ -1244,12 +1239,6 @@ static const char plan_usage_text[] =
     "  --latency        seconds per message (default 40e-6)\n"
     "  --check PLAN     evaluate the widths of an existing plan file instead of planning\n";
 
-static int plan_usage_error(const char *fmt, const char *arg) {
-  fprintf(stderr, "tide plan: ");
-  fprintf(stderr, fmt, arg);
-  fprintf(stderr, "\n(see tide help plan)\n");
-  return EXIT_USAGE;
-}
 
 static int cmd_profile(int argc, char **argv) {
   const char *model = NULL, *out = NULL, *batch_list = "1,2,4,8,16,32,64,128,256";
@@ -1339,7 +1328,7 @@ static int cmd_plan(int argc, char **argv) {
       quiet = 1;
       continue;
     }
-    if (v == NULL) return plan_usage_error("%s needs a value", a);
+    if (v == NULL) usage_error("plan", "%s needs a value", a);
     i++;
     if (strcmp(a, "--profile") == 0) profile = v;
     else if (strcmp(a, "--section") == 0) section = v;
@@ -1347,25 +1336,25 @@ static int cmd_plan(int argc, char **argv) {
     else if (strcmp(a, "--check") == 0) check = v;
     else if (strcmp(a, "--workers") == 0) {
       if (parse_int(v, 1, &o.workers) || (o.workers & (o.workers - 1)) != 0)
-        return plan_usage_error("--workers: '%s' is not a power of two >= 1", v);
+        usage_error("plan", "--workers: '%s' is not a power of two >= 1", v);
     } else if (strcmp(a, "--global-batch") == 0) {
-      if (parse_int(v, 1, &o.global_batch)) return plan_usage_error("--global-batch: '%s' is not an integer >= 1", v);
+      if (parse_int(v, 1, &o.global_batch)) usage_error("plan", "--global-batch: '%s' is not an integer >= 1", v);
     } else if (strcmp(a, "--amplification") == 0) {
       if (parse_double(v, &o.amplification) || !(o.amplification >= 1))
-        return plan_usage_error("--amplification: '%s' is not a number >= 1", v);
+        usage_error("plan", "--amplification: '%s' is not a number >= 1", v);
     } else if (strcmp(a, "--bandwidth") == 0) {
       if (parse_double(v, &o.bandwidth) || !(o.bandwidth > 0))
-        return plan_usage_error("--bandwidth: '%s' is not a number of bytes/s > 0", v);
+        usage_error("plan", "--bandwidth: '%s' is not a number of bytes/s > 0", v);
     } else if (strcmp(a, "--latency") == 0) {
       if (parse_double(v, &o.latency) || !(o.latency >= 0))
-        return plan_usage_error("--latency: '%s' is not a number of seconds >= 0", v);
+        usage_error("plan", "--latency: '%s' is not a number of seconds >= 0", v);
     } else {
-      return plan_usage_error("unknown option '%s'", a);
+      usage_error("plan", "unknown option '%s'", a);
     }
   }
-  if (profile == NULL) return plan_usage_error("%s is required", "--profile");
-  if (o.workers == 0) return plan_usage_error("%s is required", "--workers");
-  if (o.global_batch == 0) return plan_usage_error("%s is required", "--global-batch");
+  if (profile == NULL) usage_error("plan", "%s is required", "--profile");
+  if (o.workers == 0) usage_error("plan", "%s is required", "--workers");
+  if (o.global_batch == 0) usage_error("plan", "%s is required", "--global-batch");
   tide_profile_t *p = NULL;
   tide_plan_t *plan = NULL, *dp = NULL;
   int *widths = NULL;
