@@ -1267,6 +1267,17 @@ typedef struct {
   int max_replicas_seen;
 } tide_sched_hints_t;
 
+/* The hints as one line of text (at most TIDE_SCHED_HINTS_MAX bytes with
+ * its NUL), as a job's agent publishes them in the job's store under
+ * TIDE_SCHED_HINTS_KEY for the scheduler; decode(encode(h)) == h exactly.
+ * TIDE_EINVAL for NULL, a buffer too small, or (decode) text that is not
+ * all the fields once each, naming the field. *hints is written only on
+ * success. Pure; any thread. */
+#define TIDE_SCHED_HINTS_KEY "sched/hints"
+#define TIDE_SCHED_HINTS_MAX 1024
+int tide_sched_hints_encode(const tide_sched_hints_t *hints, char *buf, size_t len);
+int tide_sched_hints_decode(const char *text, tide_sched_hints_t *hints);
+
 /* A job's speedup function: speedup(nodes, slots) = the best goodput on
  * that allocation (tide_pollux_optimize) / the best goodput on one slot;
  * `slots` linear (speedup = slots) while the job has no model; never more

@@ -69,6 +69,29 @@ static void test_speedup(void) {
   printf("speedup: ok\n");
 }
 
+static void test_hints(void) {
+  tide_sched_hints_t h = hints_for(7, 16), back;
+  h.model.alpha_c = 0.1 + 1e-17; /* not a short decimal: must round-trip exactly */
+  char text[TIDE_SCHED_HINTS_MAX], small[40];
+  CHECK_OK(tide_sched_hints_encode(&h, text, sizeof text));
+  CHECK_OK(tide_sched_hints_decode(text, &back));
+  CHECK(memcmp(&h, &back, sizeof h) == 0);
+  CHECK_RC(tide_sched_hints_encode(&h, small, sizeof small), TIDE_EINVAL);
+  CHECK_RC(tide_sched_hints_decode("tide-hints 2 fitted=1", &back), TIDE_EINVAL);
+  CHECK_RC(tide_sched_hints_decode("tide-hints 1 fitted=1", &back), TIDE_EINVAL); /* fields missing */
+  char bad[TIDE_SCHED_HINTS_MAX + 32];
+  snprintf(bad, sizeof bad, "%s speed=3", text);
+  CHECK_RC(tide_sched_hints_decode(bad, &back), TIDE_EINVAL);
+  snprintf(bad, sizeof bad, "%s", text);
+  char *g = strstr(bad, "gamma=");
+  CHECK(g != NULL);
+  g[6] = 'x';
+  CHECK_RC(tide_sched_hints_decode(bad, &back), TIDE_EINVAL);
+  CHECK_RC(tide_sched_hints_decode(NULL, &back), TIDE_EINVAL);
+  CHECK(memcmp(&h, &back, sizeof h) == 0); /* untouched by the failures */
+  printf("hints: ok\n");
+}
+
 static void test_fit(void) {
   tide_pollux_model_t truth = {.alpha_c = 0.02, .beta_c = 0.001, .alpha_n = 0.08, .beta_n = 0.004,
                                .alpha_r = 0.02, .beta_r = 0.001, .gamma = 1.5};
@@ -340,6 +363,7 @@ static void test_sim(void) {
 
 int main(void) {
   test_speedup();
+  test_hints();
   test_fit();
   test_allocator();
   test_sim();
