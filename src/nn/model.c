@@ -357,32 +357,38 @@ const tide_tensor_t *nn_tensors(const nn_model_t *m, size_t *count) {
 
 /* ---- passes --------------------------------------------------------------------------- */
 
+/* Runs layer i forward on in (its input, [C][batch][HW] or [batch][F]) and
+ * returns its output (the layer's buffer, or in for a flatten that aliases). */
+static const float *layer_forward(nn_model_t *m, int i, const float *in, int batch) {
+  layer_t *l = &m->layers[i];
+  const float *wt = m->params + l->w_off, *bias = m->params + l->b_off;
+  l->in = in;
+  switch (l->kind) {
+    case LAYER_CONV:
+      /* A ReLU the pool after it applies is left to the pool. */
+      nn__conv_forward(&l->conv, batch, in, wt, bias, l->relu && !l->relu_by_pool, m->scratch, l->y);
+      break;
+    case LAYER_POOL:
+      nn__maxpool_forward(in, (size_t)l->c * batch, l->h, l->w, l->pool_masks, l->y, l->arg);
+      break;
+    case LAYER_FLATTEN:
+      /* [1][B][hw] already is [B][hw]. */
+      if (l->y != NULL) nn__flatten_forward(in, l->c, batch, l->h * l->w, l->y);
+      break;
+    case LAYER_DENSE:
+      nn__dense_forward(in, wt, bias, batch, l->c, l->oc, l->relu, l->y);
+      break;
+  }
+  l->out = l->y != NULL ? l->y : in;
+  return l->out;
+}
+
 /* Returns the logits [batch][10]. */
 static const float *forward(nn_model_t *m, const float *x, int batch) {
   const float *in = x;
   for (int i = 0; i < m->nlayers; i++) {
-    layer_t *l = &m->layers[i];
-    const float *wt = m->params + l->w_off, *bias = m->params + l->b_off;
-    l->in = in;
     int64_t t0 = m->timing != NULL ? tide__now_ns() : 0;
-    switch (l->kind) {
-      case LAYER_CONV:
-        /* A ReLU the pool after it applies is left to the pool. */
-        nn__conv_forward(&l->conv, batch, in, wt, bias, l->relu && !l->relu_by_pool, m->scratch, l->y);
-        break;
-      case LAYER_POOL:
-        nn__maxpool_forward(in, (size_t)l->c * batch, l->h, l->w, l->pool_masks, l->y, l->arg);
-        break;
-      case LAYER_FLATTEN:
-        /* [1][B][hw] already is [B][hw]. */
-        if (l->y != NULL) nn__flatten_forward(in, l->c, batch, l->h * l->w, l->y);
-        break;
-      case LAYER_DENSE:
-        nn__dense_forward(in, wt, bias, batch, l->c, l->oc, l->relu, l->y);
-        break;
-    }
-    l->out = l->y != NULL ? l->y : in;
-    in = l->out;
+    in = layer_forward(m, i, in, batch);
     if (m->timing != NULL) m->timing[i] = tide__now_ns() - t0;
   }
   return in;
@@ -416,44 +422,87 @@ static int kfac_feed(nn_model_t *m, const layer_t *l, size_t index, const float 
   return 0;
 }
 
+/* Runs layer i backward: dout is the gradient at its output (a ReLU's mask
+ * is applied to it in place), its parameter gradients are written, and the
+ * gradient at its input goes to dx (NULL: not wanted); *dx_out gets where it
+ * is (dout itself for a flatten that aliases). kfac_index >= 0 feeds the
+ * K-FAC hook as that layer. */
+static int layer_backward(nn_model_t *m, int i, int batch, float *dout, float *dx, long kfac_index,
+                          float **dx_out) {
+  layer_t *l = &m->layers[i];
+  const float *wt = m->params + l->w_off;
+  float *gw = m->grads + l->w_off, *gb = m->grads + l->b_off;
+  size_t outs = layer_out_size(l) * (size_t)batch;
+  switch (l->kind) {
+    case LAYER_CONV:
+      if (l->relu && !l->relu_by_pool) nn__relu_backward(l->y, dout, outs);
+      if (kfac_index >= 0) TIDE_CHECK(kfac_feed(m, l, (size_t)kfac_index, dout, batch));
+      nn__conv_backward(&l->conv, batch, l->in, m->scratch, wt, dout, gw, gb, dx);
+      break;
+    case LAYER_POOL:
+      nn__maxpool_backward(dout, l->y, l->arg, (size_t)l->c * batch, l->h, l->w, l->pool_masks, dx);
+      break;
+    case LAYER_FLATTEN:
+      if (l->y == NULL)
+        dx = dout;
+      else if (dx != NULL)
+        nn__flatten_backward(dout, l->c, batch, l->h * l->w, dx);
+      break;
+    case LAYER_DENSE:
+      if (l->relu) nn__relu_backward(l->y, dout, outs);
+      if (kfac_index >= 0) TIDE_CHECK(kfac_feed(m, l, (size_t)kfac_index, dout, batch));
+      nn__dense_backward(l->in, wt, dout, batch, l->c, l->oc, gw, gb, dx);
+      break;
+  }
+  *dx_out = dx;
+  return 0;
+}
+
 /* dlogits is in m->dbuf[0]. */
 static int backward(nn_model_t *m, int batch) {
   float *dout = m->dbuf[0];
-  size_t kfac_index = 0;
+  long kfac_index = 0;
   if (m->kfac_fn != NULL)
     for (int i = 0; i < m->nlayers; i++) kfac_index += m->layers[i].kind == LAYER_CONV || m->layers[i].kind == LAYER_DENSE;
   for (int i = m->nlayers - 1; i >= m->first_param; i--) {
-    layer_t *l = &m->layers[i];
-    const float *wt = m->params + l->w_off;
-    float *gw = m->grads + l->w_off, *gb = m->grads + l->b_off;
+    const layer_t *l = &m->layers[i];
     float *dx = i > m->first_param ? (dout == m->dbuf[0] ? m->dbuf[1] : m->dbuf[0]) : NULL;
-    size_t outs = layer_out_size(l) * (size_t)batch;
+    int feeds = m->kfac_fn != NULL && (l->kind == LAYER_CONV || l->kind == LAYER_DENSE);
     int64_t t0 = m->timing != NULL ? tide__now_ns() : 0;
-    switch (l->kind) {
-      case LAYER_CONV:
-        if (l->relu && !l->relu_by_pool) nn__relu_backward(l->y, dout, outs);
-        if (m->kfac_fn != NULL) TIDE_CHECK(kfac_feed(m, l, --kfac_index, dout, batch));
-        nn__conv_backward(&l->conv, batch, l->in, m->scratch, wt, dout, gw, gb, dx);
-        break;
-      case LAYER_POOL:
-        nn__maxpool_backward(dout, l->y, l->arg, (size_t)l->c * batch, l->h, l->w, l->pool_masks, dx);
-        break;
-      case LAYER_FLATTEN:
-        if (l->y == NULL)
-          dx = dout;
-        else
-          nn__flatten_backward(dout, l->c, batch, l->h * l->w, dx);
-        break;
-      case LAYER_DENSE:
-        if (l->relu) nn__relu_backward(l->y, dout, outs);
-        if (m->kfac_fn != NULL) TIDE_CHECK(kfac_feed(m, l, --kfac_index, dout, batch));
-        nn__dense_backward(l->in, wt, dout, batch, l->c, l->oc, gw, gb, dx);
-        break;
-    }
+    TIDE_CHECK(layer_backward(m, i, batch, dout, dx, feeds ? --kfac_index : -1, &dx));
     dout = dx;
     if (m->timing != NULL) m->timing[m->nlayers + i] = tide__now_ns() - t0;
   }
   return 0;
+}
+
+/* ---- one layer at a time (src/nn/burst.c; src/nn/model_layers.h) ----------------------- */
+
+int nn__layer_count(const nn_model_t *m) { return m->nlayers; }
+int nn__first_param(const nn_model_t *m) { return m->first_param; }
+
+void nn__layer_shape(const nn_model_t *m, int i, int *planes, size_t *per_plane) {
+  const layer_t *l = &m->layers[i];
+  int flat = l->kind == LAYER_FLATTEN || l->kind == LAYER_DENSE;
+  *planes = flat ? 1 : l->oc;
+  *per_plane = flat ? layer_out_size(l) : (size_t)l->oh * l->ow;
+}
+
+void nn__layer_params(const nn_model_t *m, int i, size_t *offset, size_t *count) {
+  const layer_t *l = &m->layers[i];
+  int has = l->kind == LAYER_CONV || l->kind == LAYER_DENSE;
+  *offset = has ? l->w_off : 0;
+  *count = has ? l->b_off + (size_t)l->oc - l->w_off : 0;
+}
+
+const float *nn__layer_forward(nn_model_t *m, int i, const float *in, int batch) {
+  return layer_forward(m, i, in, batch);
+}
+
+float *nn__layer_backward(nn_model_t *m, int i, int batch, float *dout, float *dx) {
+  float *where = NULL;
+  (void)layer_backward(m, i, batch, dout, dx, -1, &where); /* without K-FAC it cannot fail */
+  return where;
 }
 
 /* need_labels 0: nn_forward. chunked: n may exceed max_batch (nn_evaluate). */
@@ -569,6 +618,41 @@ static int cmp_i64(const void *a, const void *b) {
 
 static const char *const kind_names[] = {"conv", "pool", "flatten", "dense"};
 
+/* A profile of m's layers (named arch) without times. */
+static int profile_layers(const char *arch, const nn_model_t *m, tide_profile_t **out) {
+  tide_profile_t *p = NULL;
+  int rc;
+  TIDE_CHECK(tide_profile_create(arch, &p));
+  for (int i = 0; i < m->nlayers; i++) {
+    const layer_t *l = &m->layers[i];
+    tide_profile_layer_t pl = {.ninputs = 1, .inputs = {i - 1}};
+    snprintf(pl.name, sizeof pl.name, "%s%d:%dx%dx%d->%dx%dx%d", kind_names[l->kind], i, l->c, l->h, l->w, l->oc,
+             l->oh, l->ow);
+    pl.act_bytes = 4.0 * (double)layer_out_size(l);
+    if (l->kind == LAYER_CONV || l->kind == LAYER_DENSE)
+      pl.param_bytes = 4.0 * (double)((l->kind == LAYER_CONV ? (size_t)l->oc * l->c * l->conv.k * l->conv.k
+                                                              : (size_t)l->oc * l->c) + (size_t)l->oc);
+    if ((rc = tide_profile_add_layer(p, &pl, NULL)) != 0) {
+      tide_profile_destroy(p);
+      return rc;
+    }
+  }
+  *out = p;
+  return 0;
+}
+
+int nn_profile_layers(const char *arch, tide_profile_t **out) {
+  if (arch == NULL || out == NULL) {
+    TIDE_ERROR("nn_profile_layers: %s must not be NULL", arch == NULL ? "arch" : "out");
+    return TIDE_EINVAL;
+  }
+  nn_model_t *m = NULL;
+  TIDE_CHECK(nn_model_create(arch, 1, 1, &m));
+  int rc = profile_layers(arch, m, out);
+  nn_model_destroy(m);
+  return rc;
+}
+
 int nn_profile(const char *arch, const int *batches, int nbatches, int warmup, int reps, tide_profile_t **out) {
   if (arch == NULL || batches == NULL || out == NULL || nbatches < 1 || warmup < 0 || reps < 1) {
     TIDE_ERROR("nn_profile: %s", arch == NULL ? "arch must not be NULL" : batches == NULL ? "batches must not be NULL"
@@ -605,18 +689,7 @@ int nn_profile(const char *arch, const int *batches, int nbatches, int warmup, i
   for (int k = 0; k < 4; k++) r.s[k] = splitmix64(&seed);
   for (size_t i = 0; i < (size_t)max_batch * NN_IMAGE_SIZE; i++) x[i] = rng_uniform(&r, 1.0f);
   for (int i = 0; i < max_batch; i++) labels[i] = (int32_t)(rng_next(&r) % NN_CLASSES);
-  TIDE_CHECK_GOTO(tide_profile_create(arch, &p), rc, out);
-  for (int i = 0; i < n; i++) {
-    const layer_t *l = &m->layers[i];
-    tide_profile_layer_t pl = {.ninputs = 1, .inputs = {i - 1}};
-    snprintf(pl.name, sizeof pl.name, "%s%d:%dx%dx%d->%dx%dx%d", kind_names[l->kind], i, l->c, l->h, l->w, l->oc,
-             l->oh, l->ow);
-    pl.act_bytes = 4.0 * (double)layer_out_size(l);
-    if (l->kind == LAYER_CONV || l->kind == LAYER_DENSE)
-      pl.param_bytes = 4.0 * (double)((l->kind == LAYER_CONV ? (size_t)l->oc * l->c * l->conv.k * l->conv.k
-                                                              : (size_t)l->oc * l->c) + (size_t)l->oc);
-    TIDE_CHECK_GOTO(tide_profile_add_layer(p, &pl, NULL), rc, out);
-  }
+  TIDE_CHECK_GOTO(profile_layers(arch, m, &p), rc, out);
   for (int b = 0; b < nbatches; b++) {
     for (int it = 0; it < warmup + reps; it++) {
       const float *logits = forward(m, x, batches[b]);

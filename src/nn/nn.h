@@ -131,6 +131,47 @@ const char *nn_blas_info(void);
  * by the caller (tide_profile_destroy). TIDE_EINVAL names a bad argument. */
 int nn_profile(const char *arch, const int *batches, int nbatches, int warmup, int reps, tide_profile_t **out);
 
+/* The layers of arch's model (as nn_profile lists them: graph, parameter
+ * and activation bytes) without times: what a plan file is checked against
+ * (tide_plan_read_widths). *out owned by the caller. */
+int nn_profile_layers(const char *arch, tide_profile_t **out);
+
+/* ---- burst-parallel execution (docs/burst-parallel.md) ------------------------ */
+
+/* Runs a plan on a model: layer i on the first widths[i] ranks of comm (a
+ * power of two <= comm's size; one width per layer as nn_profile lists
+ * them, e.g. from tide_plan_read_widths), the global batch of global_batch
+ * samples split among each layer's ranks, activations and their gradients
+ * moved between ranks at each change of width, each layer's gradient
+ * summed among its ranks and its optimizer (a shard of `optim`'s kind for
+ * that layer's parameters) stepped on them. Ranks that do not run a layer
+ * skip its optimizer step: their copy of its parameters goes stale. Rank 0
+ * runs every layer and holds the whole, current model. The results are
+ * data parallelism's over the same global batch, up to floating-point
+ * order. Sub-communicators are split once here.
+ *
+ * Collective over comm; the model and comm are borrowed (one thread at a
+ * time uses the three). Every rank must build its model from the same seed
+ * and give the same widths and global_batch (TIDE_EINVAL otherwise, like a
+ * width that is not a power of two or exceeds the ranks, a number of widths
+ * other than the model's layers, or a model whose max_batch is below the
+ * samples a rank's layer gets). The K-FAC hook is not run. */
+typedef struct nn_burst nn_burst_t;
+int nn_burst_create(nn_model_t *m, tide_comm_t *comm, const int *widths, int nwidths, int global_batch,
+                    const tide_optim_config_t *optim, nn_burst_t **out);
+/* One training step on the global batch x[global_batch] (images) and its
+ * labels, the same on every rank (each takes its share): forward, loss (the
+ * mean over the global batch), backward, per-layer gradient sums and
+ * optimizer steps with learning rate lr. *loss_out (may be NULL) gets the
+ * loss on the ranks that run the last layer, NAN on the others. Collective
+ * over the burst's comm. */
+int nn_burst_step(nn_burst_t *b, const float *x, const int32_t *labels, float lr, float *loss_out);
+/* 1 when this rank runs (and keeps current) layer `layer`. */
+int nn_burst_runs(const nn_burst_t *b, int layer);
+/* Frees the sub-communicators, buffers and optimizers; NULL is fine. Not
+ * collective. */
+void nn_burst_destroy(nn_burst_t *b);
+
 /* ---- Fashion-MNIST -------------------------------------------------------- */
 
 typedef struct nn_dataset nn_dataset_t;

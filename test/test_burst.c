@@ -1,0 +1,213 @@
+/* Burst-parallel execution (src/nn/burst.c, docs/burst-parallel.md): 4
+ * ranks train a small CNN for 50 steps under mixed-width plans and must end
+ * with data parallelism's parameters (the same global batch, each rank's
+ * mean-loss gradient weighted by its share and summed, the same optimizer)
+ * within float tolerance, over shared memory and over TCP; bad plans are
+ * refused with a message naming the problem. */
+#include <fcntl.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "harness.h"
+#include "nn/nn.h"
+#include "tide.h"
+
+/* conv0, pool1, flatten2, dense3, dense4 */
+#define ARCH "conv:4:3:1,relu,pool,flatten,dense:16,relu,dense:10"
+enum { LAYERS = 5, BATCH = 30, STEPS = 50 };
+static const float LR = 0.05f;
+
+/* Mixed plans: every kind of width change (4->2->1 gathers, 1->2->4
+ * scatters, 1->4 and 4->1 jumps); the data-parallel plan itself. */
+static const int plans[][LAYERS] = {{4, 2, 1, 2, 4}, {1, 4, 1, 4, 2}, {2, 2, 4, 1, 1}, {4, 4, 4, 4, 4}};
+enum { NPLANS = sizeof plans / sizeof plans[0] };
+
+/* Step s's global batch: images with a class-dependent bright square, so
+ * the model learns and its parameters move far from their start. */
+static void make_batch(int step, float *x, int32_t *labels) {
+  unsigned st = 1234u + 977u * (unsigned)step;
+  for (int i = 0; i < BATCH; i++) {
+    int c = (int)(harness_rand(&st) % NN_CLASSES);
+    labels[i] = c;
+    for (int p = 0; p < NN_IMAGE_SIZE; p++) {
+      int row = p / NN_IMAGE_SIDE, col = p % NN_IMAGE_SIDE;
+      float noise = 2.0f * ((float)(harness_rand(&st) % 1000) / 1000.0f - 0.5f);
+      int inside = row >= 2 * c && row < 2 * c + 6 && col >= 8 && col < 14;
+      x[i * NN_IMAGE_SIZE + p] = noise + (inside ? 1.0f : 0.0f);
+    }
+  }
+}
+
+static void optim_config(tide_optim_config_t *c) {
+  tide_optim_config_default(TIDE_OPTIM_MOMENTUM, c);
+  c->weight_decay = 5e-4f;
+}
+
+/* Data parallelism: rank r takes a contiguous share of each batch. */
+static float *train_dp(tide_comm_t *comm, float **init) {
+  int rank = tide_comm_rank(comm), size = tide_comm_size(comm);
+  nn_model_t *m = NULL;
+  CHECK_OK(nn_model_create(ARCH, BATCH, 7, &m));
+  size_t np = nn_param_count(m), nt;
+  *init = malloc(np * sizeof(float));
+  CHECK(*init != NULL);
+  memcpy(*init, nn_params(m), np * sizeof(float));
+  const tide_tensor_t *tensors = nn_tensors(m, &nt);
+  tide_optim_config_t cfg;
+  optim_config(&cfg);
+  tide_optim_t *opt = NULL;
+  CHECK_OK(tide_optim_create(&cfg, tensors, nt, np, &opt));
+  float *x = malloc((size_t)BATCH * NN_IMAGE_SIZE * sizeof(float));
+  int32_t labels[BATCH];
+  CHECK(x != NULL);
+  int lo = rank * BATCH / size, hi = (rank + 1) * BATCH / size;
+  for (int s = 0; s < STEPS; s++) {
+    make_batch(s, x, labels);
+    float loss;
+    CHECK_OK(nn_forward_backward(m, x + (size_t)lo * NN_IMAGE_SIZE, labels + lo, hi - lo, &loss));
+    float *g = nn_grads(m);
+    for (size_t k = 0; k < np; k++) g[k] *= (float)(hi - lo) / BATCH;
+    CHECK_OK(tide_allreduce(comm, g, g, np, TIDE_F32, TIDE_SUM));
+    CHECK_OK(tide_optim_step(opt, nn_params(m), g, LR));
+  }
+  float *out = malloc(np * sizeof(float));
+  CHECK(out != NULL);
+  memcpy(out, nn_params(m), np * sizeof(float));
+  tide_optim_destroy(opt);
+  nn_model_destroy(m);
+  free(x);
+  return out;
+}
+
+static int train_rank(int rank, int size, void *arg) {
+  (void)arg;
+  CHECK(size == 4);
+  tide_comm_t *comm = NULL;
+  CHECK_OK(tide_comm_init(&comm));
+  float *init = NULL, *dp = train_dp(comm, &init);
+  float *x = malloc((size_t)BATCH * NN_IMAGE_SIZE * sizeof(float));
+  int32_t labels[BATCH];
+  CHECK(x != NULL);
+  for (int p = 0; p < NPLANS; p++) {
+    nn_model_t *m = NULL;
+    CHECK_OK(nn_model_create(ARCH, BATCH, 7, &m));
+    tide_optim_config_t cfg;
+    optim_config(&cfg);
+    nn_burst_t *b = NULL;
+    CHECK_OK(nn_burst_create(m, comm, plans[p], LAYERS, BATCH, &cfg, &b));
+    float first = NAN, loss = NAN;
+    for (int s = 0; s < STEPS; s++) {
+      make_batch(s, x, labels);
+      CHECK_OK(nn_burst_step(b, x, labels, LR, &loss));
+      if (s == 0) first = loss;
+      CHECK(nn_burst_runs(b, LAYERS - 1) == (rank < plans[p][LAYERS - 1]));
+      CHECK(isnan(loss) == (rank >= plans[p][LAYERS - 1]));
+    }
+    /* Rank 0 runs every layer and holds the whole model; every rank holds
+     * the current parameters of the layers it runs. Compare those with
+     * data parallelism's. */
+    size_t np = nn_param_count(m), nt;
+    const tide_tensor_t *t = nn_tensors(m, &nt);
+    const float *got = nn_params(m);
+    double worst = 0, moved = 0;
+    int layer = 0;
+    for (size_t k = 0; k < nt; k += 2) {
+      while (layer < LAYERS && strchr("cd", "cpfdd"[layer]) == NULL) layer++;
+      int runs = nn_burst_runs(b, layer);
+      for (size_t e = t[k].offset; e < t[k + 1].offset + t[k + 1].count; e++) {
+        double d = fabs((double)got[e] - dp[e]) / (1.0 + fabs((double)dp[e]));
+        if (runs && d > worst) worst = d;
+        if (fabs((double)dp[e] - init[e]) > moved) moved = fabs((double)dp[e] - init[e]);
+      }
+      layer++;
+    }
+    (void)np;
+    if (rank == 0 || worst > 1e-4)
+      printf("rank %d plan %d,%d,%d,%d,%d: loss %.4f -> %.4f, worst relative difference from data parallelism "
+             "%.2e (parameters moved up to %.3f)\n", rank, plans[p][0], plans[p][1], plans[p][2], plans[p][3],
+             plans[p][4], first, loss, worst, moved);
+    CHECK(worst <= 1e-4);
+    CHECK(moved > 0.05); /* training did something the comparison can see */
+    if (rank == 0) CHECK(loss < 0.7f * first);
+    nn_burst_destroy(b);
+    nn_model_destroy(m);
+  }
+  free(x);
+  free(dp);
+  free(init);
+  tide_comm_destroy(comm);
+  return 0;
+}
+
+/* The library's messages for a bad plan, through a file standing in for
+ * stderr. */
+static void expect_refused(tide_comm_t *comm, const int *widths, int n, int batch, const char *want) {
+  char path[64];
+  snprintf(path, sizeof path, "/tmp/test_burst_%d_XXXXXX", (int)getpid());
+  int fd = mkstemp(path);
+  CHECK(fd >= 0);
+  fflush(stderr);
+  int saved = dup(2);
+  dup2(fd, 2);
+  nn_model_t *m = NULL;
+  CHECK_OK(nn_model_create(ARCH, BATCH, 7, &m));
+  tide_optim_config_t cfg;
+  optim_config(&cfg);
+  nn_burst_t *b = NULL;
+  int rc = nn_burst_create(m, comm, widths, n, batch, &cfg, &b);
+  fflush(stderr);
+  dup2(saved, 2);
+  close(saved);
+  char text[2048] = "";
+  lseek(fd, 0, SEEK_SET);
+  ssize_t got = read(fd, text, sizeof text - 1);
+  text[got > 0 ? got : 0] = '\0';
+  close(fd);
+  unlink(path);
+  CHECK_RC(rc, TIDE_EINVAL);
+  CHECK(b == NULL);
+  if (strstr(text, want) == NULL) {
+    fprintf(stderr, "wanted \"%s\" in the error, got: %s\n", want, text);
+    exit(1);
+  }
+  nn_model_destroy(m);
+}
+
+static int bad_rank(int rank, int size, void *arg) {
+  (void)arg, (void)size;
+  tide_comm_t *comm = NULL;
+  CHECK_OK(tide_comm_init(&comm));
+  static const int three[LAYERS] = {4, 3, 1, 1, 1}, eight[LAYERS] = {1, 8, 1, 1, 1}, ok[LAYERS] = {4, 2, 1, 2, 4};
+  expect_refused(comm, three, LAYERS, BATCH, "layer 1: width 3 must be a power of two in [1, 4]");
+  expect_refused(comm, eight, LAYERS, BATCH, "layer 1: width 8 must be a power of two in [1, 4]");
+  expect_refused(comm, ok, LAYERS - 1, BATCH, "the plan has 4 layers but the model");
+  expect_refused(comm, ok, LAYERS, 3, "global_batch 3 is smaller than the widest layer's 4 workers");
+  /* a model too small for a narrow layer's share */
+  nn_model_t *small = NULL;
+  CHECK_OK(nn_model_create(ARCH, 8, 7, &small));
+  tide_optim_config_t cfg;
+  optim_config(&cfg);
+  nn_burst_t *b = NULL;
+  CHECK_RC(nn_burst_create(small, comm, ok, LAYERS, BATCH, &cfg, &b), TIDE_EINVAL);
+  CHECK(b == NULL);
+  nn_model_destroy(small);
+  /* ranks given different plans (collective: found by all) */
+  static const int other[LAYERS] = {4, 2, 2, 2, 4};
+  expect_refused(comm, rank == 2 ? other : ok, LAYERS, BATCH, "the ranks were given different plans");
+  /* the communicator is still usable afterwards */
+  CHECK_OK(tide_barrier(comm));
+  tide_comm_destroy(comm);
+  return 0;
+}
+
+int main(void) {
+  harness_opts_t shm = {.np = 4}, tcp = {.np = 4, .tcp_only = 1};
+  CHECK(harness_run(&shm, train_rank, NULL) == 0);
+  CHECK(harness_run(&tcp, train_rank, NULL) == 0);
+  CHECK(harness_run(&shm, bad_rank, NULL) == 0);
+  printf("test_burst: ok\n");
+  return 0;
+}
