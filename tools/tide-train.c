@@ -18,6 +18,7 @@
 #include "core/core.h"
 #include "nn/nn.h"
 #include "tide.h"
+#include "tide-train-plan.h"
 
 typedef struct {
   const char *model, *optim, *schedule, *grad, *name, *data, *runs, *adapt, *selector, *kfac;
@@ -33,6 +34,7 @@ typedef struct {
   tide_exchange_t exchange;
   double density; /* of the sparse exchanges */
   uint64_t seed;
+  const char *plan; /* --plan FILE: burst-parallel (tide-train-plan.c) */
 } options_t;
 
 static void usage(FILE *out) {
@@ -94,7 +96,10 @@ static void usage(FILE *out) {
           "  --on-bad-sample fail|skip  a corrupt image stops training (default) or is skipped\n"
           "  --subset N               train on the first N training images only (tests)\n"
           "  --threads T              compute threads per worker (default: the worker's share of the\n"
-          "                           cores, tide_compute_threads)\n");
+          "                           cores, tide_compute_threads)\n"
+          "  --plan FILE              burst-parallel: each layer on its width of ranks from a tide plan\n"
+          "                           file (docs/burst-parallel.md); global batch = workers x --batch,\n"
+          "                           constant --lr, Fashion-MNIST's idx files\n");
 }
 
 static int parse_int(const char *opt, const char *text, int min, int *out) {
@@ -147,6 +152,7 @@ static int parse_options(int argc, char **argv, options_t *o) {
       {"target-accuracy", 1, 0, 'A'}, {"stop-at-target", 0, 0, 'T'}, {"adapt", 1, 0, 'a'}, {"max-batch", 1, 0, 'B'},
       {"base-batch", 1, 0, 'Z'}, {"gns-decay", 1, 0, 'G'}, {"save-params", 0, 0, 'V'}, {"pto", 0, 0, 'p'},
       {"kfac", 1, 0, 'F'},       {"help", 0, 0, 'h'},
+      {"plan", 1, 0, 'Q'},
       {"cache-dir", 1, 0, 'C'}, {"on-bad-sample", 1, 0, 'X'}, {"elastic", 0, 0, 'L'},
       {0, 0, 0, 0}};
   int c, seed, base = 0;
@@ -183,6 +189,7 @@ static int parse_options(int argc, char **argv, options_t *o) {
       case 'F': o->kfac = optarg; break;
       case 'V': o->save_params = 1; break;
       case 'p': o->pto = 1; break;
+      case 'Q': o->plan = optarg; break;
       case 'G': if (parse_fraction("--gns-decay", optarg, &o->gns_decay) || o->gns_decay >= 1) {
                   fprintf(stderr, "tide-train: --gns-decay must be in (0, 1)\n");
                   return -1;
@@ -854,10 +861,28 @@ static int finish(job_t *job) {
   return identical ? 0 : 1;
 }
 
+/* The first option --plan cannot run with, or NULL. */
+static const char *plan_conflict(const options_t *o) {
+  if (o->adapt != NULL) return "--adapt";
+  if (strcmp(o->grad, "dense") != 0) return "--grad";
+  if (o->pto) return "--pto";
+  if (o->elastic) return "--elastic";
+  if (o->kfac != NULL || strcmp(o->optim, "kfac") == 0) return "K-FAC";
+  return NULL;
+}
+
 int main(int argc, char **argv) {
   job_t job = {.target_time_s = -1};
   if (parse_options(argc, argv, &job.o) != 0) return 2;
   int rc = join(&job);
+  if (rc == 0 && job.o.plan != NULL) {
+    rc = train_plan(job.comm, &(train_plan_args_t){.plan = job.o.plan, .model = job.o.model, .optim = job.o.optim,
+                    .batch = job.o.batch, .epochs = job.o.epochs, .subset = job.o.subset, .lr = job.o.lr,
+                    .momentum = job.o.momentum, .weight_decay = job.o.weight_decay, .seed = job.o.seed,
+                    .conflict = plan_conflict(&job.o)}, job.train, job.test);
+    job_close(&job);
+    return rc;
+  }
   if (rc == 0) rc = build(&job);
   if (rc == 0) rc = open_run(&job);
   if (rc == 0) rc = train(&job);
