@@ -1528,6 +1528,38 @@ int tide_plan_read_widths(const char *path, const tide_profile_t *p, int workers
 int tide_plan_plot(const tide_plan_t *plan, const tide_profile_t *p, const tide_plan_options_t *opts,
                    const char *prefix, int *plotted);
 
+/* Cluster simulation (DeepPool's multiplexing; docs/burst-parallel.md): a
+ * foreground job runs a plan on opts->workers accelerators and a background
+ * job fills, in pieces that never delay the foreground, the spans in which
+ * an accelerator has no foreground work (neither a layer's compute and
+ * all-reduce nor a transfer it takes part in). */
+typedef struct {
+  const tide_profile_t *background; /* the background job's profile (borrowed; may be the foreground's); NULL: none */
+  int background_batch; /* its batch on one accelerator; 0 (default): its profiled batch with the most samples/s */
+  double piece;         /* s: each background piece fits one idle span; default 0.5e-3 (DeepPool's); 0: any length */
+} tide_cluster_options_t;
+
+void tide_cluster_options_init(tide_cluster_options_t *opts);
+
+typedef struct {
+  int workers, background_batch;
+  double iteration_time, dp_iteration_time; /* s: the plan's, plain data parallelism's */
+  double foreground_rate;  /* samples/s: global batch / iteration time */
+  double background_rate;  /* samples/s of the background over the cluster */
+  double total_rate;       /* the two together */
+  double dp_rate;          /* plain data parallelism with the same foreground, alone (it leaves no idle span) */
+  double gain;             /* total_rate / dp_rate */
+  double idle_fraction;    /* of the accelerators' time without foreground work: 1 - worker-time / (W T) */
+  double usable_fraction;  /* of the accelerators' time the background's pieces fill */
+  double background_per_accelerator; /* samples/s of the background alone on one accelerator */
+} tide_cluster_result_t;
+
+/* Simulates the foreground plan (NULL: tide_plan_create's for p and opts)
+ * against data parallelism on the same profile and options. TIDE_EINVAL
+ * names a bad option or a profile without times. Any thread. */
+int tide_cluster_simulate(const tide_profile_t *p, const tide_plan_options_t *opts, const tide_plan_t *plan,
+                          const tide_cluster_options_t *copts, tide_cluster_result_t *out);
+
 #ifdef __cplusplus
 }
 #endif

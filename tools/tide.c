@@ -1237,7 +1237,14 @@ static const char plan_usage_text[] =
     "PREFIX.gp and (gnuplot on PATH) PREFIX-widths.png, PREFIX-sweep.png.\n"
     "  --bandwidth      bytes/s per worker link (default 2.66e11, DeepPool's A100 figure)\n"
     "  --latency        seconds per message (default 40e-6)\n"
-    "  --check PLAN     evaluate the widths of an existing plan file instead of planning\n";
+    "  --check PLAN     evaluate the widths of an existing plan file instead of planning\n"
+    "  --simulate       also simulate the cluster: the plan as a foreground job on W\n"
+    "                   accelerators and a background job in its idle spans, against plain\n"
+    "                   data parallelism (docs/burst-parallel.md); one JSON line\n"
+    "  --background FILE [--background-section NAME]  the background job's profile\n"
+    "                   (default: the foreground's)\n"
+    "  --background-batch N  its batch per accelerator (default: its most efficient)\n"
+    "  --piece S        length of the background's pieces (default 0.5e-3, DeepPool's)\n";
 
 
 static int cmd_profile(int argc, char **argv) {
@@ -1308,12 +1315,44 @@ static int cmd_profile(int argc, char **argv) {
   return rc == 0 ? 0 : 1;
 }
 
+/* tide plan --simulate: the cluster with a background job (tide_cluster_simulate). */
+static int plan_simulate(const tide_profile_t *p, const tide_plan_options_t *o, const tide_plan_t *plan,
+                         const char *bg_file, const char *bg_section, tide_cluster_options_t *co) {
+  tide_profile_t *bg = NULL;
+  int rc = bg_file != NULL ? tide_profile_read(bg_file, bg_section, &bg) : 0;
+  tide_cluster_result_t r;
+  co->background = bg != NULL ? bg : p;
+  if (rc == 0) rc = tide_cluster_simulate(p, o, plan, co, &r);
+  tide_profile_destroy(bg);
+  if (rc != 0) {
+    fprintf(stderr, "tide plan --simulate: %s\n", tide_strerror(rc));
+    return rc;
+  }
+  printf("cluster: W %d, foreground %.1f samples/s (iteration %.4f ms), background %.1f samples/s (batch %d, %.1f "
+         "samples/s per accelerator alone; it fills %.1f%% of the accelerators' time, %.1f%% idle), total %.1f "
+         "samples/s; data parallel alone %.1f samples/s (iteration %.4f ms): %.3fx\n",
+         r.workers, r.foreground_rate, r.iteration_time * 1e3, r.background_rate, r.background_batch,
+         r.background_per_accelerator, 100 * r.usable_fraction, 100 * r.idle_fraction, r.total_rate, r.dp_rate,
+         r.dp_iteration_time * 1e3, r.gain);
+  printf("{\"workers\":%d,\"iteration_time_s\":%.6g,\"dp_iteration_time_s\":%.6g,\"foreground_rate\":%.2f,"
+         "\"background_rate\":%.2f,\"total_rate\":%.2f,\"dp_rate\":%.2f,\"gain\":%.4f,\"idle_fraction\":%.4f,"
+         "\"usable_fraction\":%.4f,\"background_batch\":%d,\"piece_s\":%g}\n",
+         r.workers, r.iteration_time, r.dp_iteration_time, r.foreground_rate, r.background_rate, r.total_rate, r.dp_rate,
+         r.gain, r.idle_fraction, r.usable_fraction, r.background_batch, co->piece);
+  return 0;
+}
+
 static int cmd_plan(int argc, char **argv) {
   tide_plan_options_t o;
   tide_plan_options_init(&o);
   o.workers = 0, o.global_batch = 0;
   const char *profile = NULL, *section = NULL, *out = "plan.json", *check = NULL;
   int plot = 1, quiet = 0;
+  /* --simulate */
+  const char *bg_file = NULL, *bg_section = NULL;
+  int simulate = 0;
+  tide_cluster_options_t co;
+  tide_cluster_options_init(&co);
   for (int i = 0; i < argc; i++) {
     const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
     if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
@@ -1328,13 +1367,23 @@ static int cmd_plan(int argc, char **argv) {
       quiet = 1;
       continue;
     }
+    if (strcmp(a, "--simulate") == 0) {
+      simulate = 1;
+      continue;
+    }
     if (v == NULL) usage_error("plan", "%s needs a value", a);
     i++;
     if (strcmp(a, "--profile") == 0) profile = v;
     else if (strcmp(a, "--section") == 0) section = v;
     else if (strcmp(a, "--out") == 0) out = v;
     else if (strcmp(a, "--check") == 0) check = v;
-    else if (strcmp(a, "--workers") == 0) {
+    else if (strcmp(a, "--background") == 0) bg_file = v;
+    else if (strcmp(a, "--background-section") == 0) bg_section = v;
+    else if (strcmp(a, "--background-batch") == 0) {
+      if (parse_int(v, 1, &co.background_batch)) usage_error("plan", "--background-batch: '%s' is not an integer >= 1", v);
+    } else if (strcmp(a, "--piece") == 0) {
+      if (parse_double(v, &co.piece) || !(co.piece >= 0)) usage_error("plan", "--piece: '%s' is not a number of seconds >= 0", v);
+    } else if (strcmp(a, "--workers") == 0) {
       if (parse_int(v, 1, &o.workers) || (o.workers & (o.workers - 1)) != 0)
         usage_error("plan", "--workers: '%s' is not a power of two >= 1", v);
     } else if (strcmp(a, "--global-batch") == 0) {
@@ -1391,6 +1440,7 @@ static int cmd_plan(int argc, char **argv) {
   printf("iteration time: plan %.4f ms, data parallel %.4f ms (%.3fx)\n", t * 1e3, td * 1e3, td / t);
   printf("worker-time:    plan %.4f worker-ms, data parallel %.4f worker-ms (%.1f%% less)\n", w * 1e3, wd * 1e3,
          100.0 * (1.0 - w / wd));
+  if (simulate && (rc = plan_simulate(p, &o, plan, bg_file, bg_section, &co)) != 0) goto out;
   if (check == NULL) {
     rc = tide_plan_write(plan, p, out);
     if (rc == 0 && plot) {
