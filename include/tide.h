@@ -1474,6 +1474,8 @@ typedef struct {
   double bandwidth;       /* bytes/s per worker link; default 2.66e11 (DeepPool's A100 constant) */
   double latency;         /* s per message; default 40e-6 */
   int data_parallel;      /* 1: every layer at width W (the baseline); default 0 */
+  int cores;              /* the W workers share this many cores (CPU ranks on one host): a layer on w > cores
+                             workers computes w / cores times slower; 0 (default): a core (accelerator) each */
 } tide_plan_options_t;
 
 void tide_plan_options_init(tide_plan_options_t *opts);

@@ -75,6 +75,15 @@ int main(void) {
   co.piece = 0.5e-3, co.background_batch = -2;
   CHECK_RC(tide_cluster_simulate(p, &o, NULL, &co, &r), TIDE_EINVAL);
   CHECK_RC(tide_cluster_simulate(p, &o, NULL, NULL, &r), TIDE_EINVAL);
+  /* four workers on two cores: a layer on 4 workers takes twice as long,
+   * one on 2 or 1 no longer (tide_plan_options_t.cores) */
+  o.cores = 2;
+  tide_plan_t *shared = NULL;
+  CHECK_OK(tide_plan_evaluate(p, &o, (const int[]){4, 2}, &shared));
+  CHECK(near(tide_plan_iteration_time(shared), 2 * 2e-3 + 1.2e-3));
+  tide_plan_destroy(shared);
+  o.cores = -1;
+  CHECK_RC(tide_plan_evaluate(p, &o, (const int[]){4, 2}, &shared), TIDE_EINVAL);
   tide_profile_destroy(p);
 
   /* 1, 4, 1 ranks for 0.3, 2, 0.3 ms: ranks 1-3 idle 0.3 ms at the end of

@@ -1237,6 +1237,8 @@ static const char plan_usage_text[] =
     "PREFIX.gp and (gnuplot on PATH) PREFIX-widths.png, PREFIX-sweep.png.\n"
     "  --bandwidth      bytes/s per worker link (default 2.66e11, DeepPool's A100 figure)\n"
     "  --latency        seconds per message (default 40e-6)\n"
+    "  --cores N        the workers share N cores (CPU ranks on one host): a layer on w > N\n"
+    "                   workers computes w/N times slower (default: a core each)\n"
     "  --check PLAN     evaluate the widths of an existing plan file instead of planning\n"
     "  --simulate       also simulate the cluster: the plan as a foreground job on W\n"
     "                   accelerators and a background job in its idle spans, against plain\n"
@@ -1383,6 +1385,8 @@ static int cmd_plan(int argc, char **argv) {
       if (parse_int(v, 1, &co.background_batch)) usage_error("plan", "--background-batch: '%s' is not an integer >= 1", v);
     } else if (strcmp(a, "--piece") == 0) {
       if (parse_double(v, &co.piece) || !(co.piece >= 0)) usage_error("plan", "--piece: '%s' is not a number of seconds >= 0", v);
+    } else if (strcmp(a, "--cores") == 0) {
+      if (parse_int(v, 1, &o.cores)) usage_error("plan", "--cores: '%s' is not an integer >= 1", v);
     } else if (strcmp(a, "--workers") == 0) {
       if (parse_int(v, 1, &o.workers) || (o.workers & (o.workers - 1)) != 0)
         usage_error("plan", "--workers: '%s' is not a power of two >= 1", v);

@@ -204,6 +204,10 @@ static int options_check(const tide_profile_t *p, const tide_plan_options_t *o, 
     TIDE_ERROR("%s: bandwidth = %g must be a number of bytes/s > 0", who, o->bandwidth);
     return TIDE_EINVAL;
   }
+  if (o->cores < 0) {
+    TIDE_ERROR("%s: cores = %d must be >= 0 (0: one core per worker)", who, o->cores);
+    return TIDE_EINVAL;
+  }
   if (!(o->latency >= 0) || !isfinite(o->latency)) {
     TIDE_ERROR("%s: latency = %g must be a number of seconds >= 0", who, o->latency);
     return TIDE_EINVAL;
@@ -246,6 +250,7 @@ static int model_init(model_t *m, const tide_profile_t *p, const tide_plan_optio
       size_t at = (size_t)i * m->nw + k;
       int w = m->widths[k];
       double c = tide_profile_time(p, i, (m->batch + w - 1) / w);
+      if (o->cores > 0 && w > o->cores) c *= (double)w / o->cores; /* time-shared cores */
       double s = allreduce_time(m->L[i].param_bytes, w, m->alpha, m->beta);
       double a = w * (c + s);
       a = a <= base ? 1.0 : base > 0 ? a / base : INFINITY;
@@ -522,6 +527,7 @@ int tide_plan_write(const tide_plan_t *plan, const tide_profile_t *p, const char
           plan->model, o->workers, o->global_batch, o->amplification);
   fprintf(f, "\"bandwidth\": %.17g,\n\"latency\": %.17g,\n\"data_parallel\": %d,\n", o->bandwidth, o->latency,
           o->data_parallel);
+  if (o->cores > 0) fprintf(f, "\"cores\": %d,\n", o->cores);
   fprintf(f, "\"iteration_time\": %.17g,\n\"worker_time\": %.17g,\n\"layers\": [\n", plan->iteration_time,
           plan->worker_time);
   for (int i = 0; i < plan->n; i++) {
