@@ -21,9 +21,23 @@ enum { LAYERS = 5, BATCH = 30, STEPS = 50 };
 static const float LR = 0.05f;
 
 /* Mixed plans: every kind of width change (4->2->1 gathers, 1->2->4
- * scatters, 1->4 and 4->1 jumps); the data-parallel plan itself. */
-static const int plans[][LAYERS] = {{4, 2, 1, 2, 4}, {1, 4, 1, 4, 2}, {2, 2, 4, 1, 1}, {4, 4, 4, 4, 4}};
-enum { NPLANS = sizeof plans / sizeof plans[0] };
+ * scatters, 1->4 and 4->1 jumps); the data-parallel plan itself; a CNN
+ * whose flatten aliases its one-channel input (its gradient is its
+ * output's) between two width changes; an MLP whose first layer (flatten)
+ * runs no backward pass. kinds: c conv, p pool, f flatten, d dense. */
+typedef struct {
+  const char *arch, *kinds;
+  int n, widths[LAYERS];
+} case_t;
+static const case_t cases[] = {
+    {ARCH, "cpfdd", LAYERS, {4, 2, 1, 2, 4}},
+    {ARCH, "cpfdd", LAYERS, {1, 4, 1, 4, 2}},
+    {ARCH, "cpfdd", LAYERS, {2, 2, 4, 1, 1}},
+    {ARCH, "cpfdd", LAYERS, {4, 4, 4, 4, 4}},
+    {"conv:1:3:1,relu,pool,flatten,dense:16,relu,dense:10", "cpfdd", LAYERS, {2, 1, 4, 1, 2}},
+    {"flatten,dense:16,relu,dense:10", "fdd", 3, {4, 1, 2}},
+};
+enum { NCASES = sizeof cases / sizeof cases[0] };
 
 /* Step s's global batch: images with a class-dependent bright square, so
  * the model learns and its parameters move far from their start. */
@@ -47,10 +61,10 @@ static void optim_config(tide_optim_config_t *c) {
 }
 
 /* Data parallelism: rank r takes a contiguous share of each batch. */
-static float *train_dp(tide_comm_t *comm, float **init) {
+static float *train_dp(tide_comm_t *comm, const char *arch, float **init) {
   int rank = tide_comm_rank(comm), size = tide_comm_size(comm);
   nn_model_t *m = NULL;
-  CHECK_OK(nn_model_create(ARCH, BATCH, 7, &m));
+  CHECK_OK(nn_model_create(arch, BATCH, 7, &m));
   size_t np = nn_param_count(m), nt;
   *init = malloc(np * sizeof(float));
   CHECK(*init != NULL);
@@ -87,57 +101,60 @@ static int train_rank(int rank, int size, void *arg) {
   CHECK(size == 4);
   tide_comm_t *comm = NULL;
   CHECK_OK(tide_comm_init(&comm));
-  float *init = NULL, *dp = train_dp(comm, &init);
   float *x = malloc((size_t)BATCH * NN_IMAGE_SIZE * sizeof(float));
   int32_t labels[BATCH];
   CHECK(x != NULL);
-  for (int p = 0; p < NPLANS; p++) {
+  for (int c = 0; c < NCASES; c++) {
+    const case_t *k = &cases[c];
+    float *init = NULL, *dp = train_dp(comm, k->arch, &init);
     nn_model_t *m = NULL;
-    CHECK_OK(nn_model_create(ARCH, BATCH, 7, &m));
+    CHECK_OK(nn_model_create(k->arch, BATCH, 7, &m));
     tide_optim_config_t cfg;
     optim_config(&cfg);
     nn_burst_t *b = NULL;
-    CHECK_OK(nn_burst_create(m, comm, plans[p], LAYERS, BATCH, &cfg, &b));
+    CHECK_OK(nn_burst_create(m, comm, k->widths, k->n, BATCH, &cfg, &b));
     float first = NAN, loss = NAN;
+    int last = k->widths[k->n - 1];
     for (int s = 0; s < STEPS; s++) {
       make_batch(s, x, labels);
       CHECK_OK(nn_burst_step(b, x, labels, LR, &loss));
       if (s == 0) first = loss;
-      CHECK(nn_burst_runs(b, LAYERS - 1) == (rank < plans[p][LAYERS - 1]));
-      CHECK(isnan(loss) == (rank >= plans[p][LAYERS - 1]));
+      CHECK(nn_burst_runs(b, k->n - 1) == (rank < last));
+      CHECK(isnan(loss) == (rank >= last));
     }
     /* Rank 0 runs every layer and holds the whole model; every rank holds
      * the current parameters of the layers it runs. Compare those with
      * data parallelism's. */
-    size_t np = nn_param_count(m), nt;
+    size_t nt;
     const tide_tensor_t *t = nn_tensors(m, &nt);
     const float *got = nn_params(m);
     double worst = 0, moved = 0;
     int layer = 0;
-    for (size_t k = 0; k < nt; k += 2) {
-      while (layer < LAYERS && strchr("cd", "cpfdd"[layer]) == NULL) layer++;
+    for (size_t j = 0; j < nt; j += 2) {
+      while (layer < k->n && strchr("cd", k->kinds[layer]) == NULL) layer++;
       int runs = nn_burst_runs(b, layer);
-      for (size_t e = t[k].offset; e < t[k + 1].offset + t[k + 1].count; e++) {
+      for (size_t e = t[j].offset; e < t[j + 1].offset + t[j + 1].count; e++) {
         double d = fabs((double)got[e] - dp[e]) / (1.0 + fabs((double)dp[e]));
         if (runs && d > worst) worst = d;
         if (fabs((double)dp[e] - init[e]) > moved) moved = fabs((double)dp[e] - init[e]);
       }
       layer++;
     }
-    (void)np;
-    if (rank == 0 || worst > 1e-4)
-      printf("rank %d plan %d,%d,%d,%d,%d: loss %.4f -> %.4f, worst relative difference from data parallelism "
-             "%.2e (parameters moved up to %.3f)\n", rank, plans[p][0], plans[p][1], plans[p][2], plans[p][3],
-             plans[p][4], first, loss, worst, moved);
+    if (rank == 0 || worst > 1e-4) {
+      printf("rank %d %s plan", rank, k->arch);
+      for (int i = 0; i < k->n; i++) printf("%c%d", i ? ',' : ' ', k->widths[i]);
+      printf(": loss %.4f -> %.4f, worst relative difference from data parallelism %.2e (parameters moved up to "
+             "%.3f)\n", first, loss, worst, moved);
+    }
     CHECK(worst <= 1e-4);
     CHECK(moved > 0.05); /* training did something the comparison can see */
     if (rank == 0) CHECK(loss < 0.7f * first);
     nn_burst_destroy(b);
     nn_model_destroy(m);
+    free(dp);
+    free(init);
   }
   free(x);
-  free(dp);
-  free(init);
   tide_comm_destroy(comm);
   return 0;
 }
