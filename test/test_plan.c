@@ -399,15 +399,25 @@ static void test_nn_profile(void) {
   tide_profile_t *p;
   const int bs[] = {1, 4};
   nn_set_threads(1);
-  CHECK_OK(nn_profile("mlp", bs, 2, 1, 3, &p));
+  CHECK_OK(nn_profile("mlp", bs, 2, 1, 3, 0, &p));
   CHECK(tide_profile_layer_count(p) == 4); /* flatten, 3 dense */
   CHECK(tide_profile_layer(p, 1)->act_bytes == 256 * 4);
   CHECK(tide_profile_layer(p, 1)->param_bytes == (784 * 256 + 256) * 4);
   for (int i = 0; i < 4; i++) CHECK(tide_profile_time(p, i, 4) >= 0 && isfinite(tide_profile_time(p, i, 4)));
   CHECK(tide_profile_time(p, 1, 4) > 0);
   tide_profile_destroy(p);
-  CHECK_RC(nn_profile("mlp", bs, 0, 1, 3, &p), TIDE_EINVAL);
-  CHECK_RC(nn_profile("nope", bs, 2, 1, 3, &p), TIDE_EINVAL);
+  /* by CPU time: the same layers, a dense layer costs some CPU */
+  CHECK_OK(nn_profile("mlp", bs, 2, 1, 3, NN_PROFILE_CPU_CLOCK, &p));
+  CHECK(tide_profile_layer_count(p) == 4 && tide_profile_time(p, 1, 4) > 0);
+  tide_profile_destroy(p);
+  /* the layers alone, without times, for checking plan files */
+  CHECK_OK(nn_profile_layers("cnn", &p));
+  CHECK(tide_profile_layer_count(p) == 7 && strcmp(tide_profile_model(p), "cnn") == 0);
+  CHECK(tide_profile_layer(p, 5)->param_bytes == (3136 * 128 + 128) * 4);
+  tide_profile_destroy(p);
+  CHECK_RC(nn_profile_layers("nope", &p), TIDE_EINVAL);
+  CHECK_RC(nn_profile("mlp", bs, 0, 1, 3, 0, &p), TIDE_EINVAL);
+  CHECK_RC(nn_profile("nope", bs, 2, 1, 3, 0, &p), TIDE_EINVAL);
 }
 
 int main(void) {

@@ -5,9 +5,17 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 
 #include "core/core.h"
 #include "tide-train-plan.h"
+
+/* CPU seconds this process has used (all its threads). */
+static double cpu_seconds(void) {
+  struct rusage u;
+  getrusage(RUSAGE_SELF, &u);
+  return (double)u.ru_utime.tv_sec + u.ru_utime.tv_usec * 1e-6 + (double)u.ru_stime.tv_sec + u.ru_stime.tv_usec * 1e-6;
+}
 
 static int cmp_double(const void *a, const void *b) {
   double x = *(const double *)a, y = *(const double *)b;
@@ -80,7 +88,10 @@ int train_plan(tide_comm_t *comm, const train_plan_args_t *a, const nn_dataset_t
   const float *images = nn_dataset_images(train);
   const int32_t *all_labels = nn_dataset_labels(train);
   float loss = NAN, first = NAN;
+  long skip = steps > 3 ? 2 : 0; /* warm-up steps, left out of the timings */
+  double cpu0 = 0;
   for (long s = 0; s < steps; s++) {
+    if (s == skip) cpu0 = cpu_seconds();
     long e = s / steps_per_epoch, at = (s % steps_per_epoch) * global;
     uint64_t total;
     if (at == 0 && (rc = tide_sampler_set_epoch(sampler, (uint64_t)e)) != 0) goto out;
@@ -95,6 +106,10 @@ int train_plan(tide_comm_t *comm, const train_plan_args_t *a, const nn_dataset_t
     times[s] = tide__now_ns() * 1e-9 - t0;
     if (s == 0) first = loss;
   }
+  /* the CPU-seconds a step takes over all ranks: the measured worker-time,
+   * whatever else loads the machine */
+  double cpu = (cpu_seconds() - cpu0) / (double)(steps - skip);
+  if ((rc = tide_allreduce(comm, &cpu, &cpu, 1, TIDE_F64, TIDE_SUM)) != 0) goto out;
   if (rank == 0) {
     /* rank 0 runs every layer: its model is the whole, current one */
     float test_loss;
@@ -102,7 +117,6 @@ int train_plan(tide_comm_t *comm, const train_plan_args_t *a, const nn_dataset_t
     if ((rc = nn_evaluate(m, nn_dataset_images(test), nn_dataset_labels(test), (int)nn_dataset_count(test), &test_loss,
                           &correct)) != 0)
       goto out;
-    long skip = steps > 3 ? 2 : 0; /* warm-up */
     double mean = 0;
     for (long s = skip; s < steps; s++) mean += times[s];
     mean /= (double)(steps - skip);
@@ -111,8 +125,9 @@ int train_plan(tide_comm_t *comm, const train_plan_args_t *a, const nn_dataset_t
     printf("tide-train: %ld steps: loss %.4f -> %.4f, test accuracy %.2f%%\n", steps, first, loss,
            100.0 * correct / (double)nn_dataset_count(test));
     printf("{\"plan\":\"%s\",\"model\":\"%s\",\"workers\":%d,\"global_batch\":%d,\"steps\":%ld,"
-           "\"step_time_median_s\":%.6f,\"step_time_mean_s\":%.6f,\"loss\":%.6f,\"test_accuracy\":%.6f}\n",
-           a->plan, a->model, size, global, steps, median, mean, loss, correct / (double)nn_dataset_count(test));
+           "\"step_time_median_s\":%.6f,\"step_time_mean_s\":%.6f,\"cpu_s_per_step\":%.6f,\"loss\":%.6f,"
+           "\"test_accuracy\":%.6f}\n",
+           a->plan, a->model, size, global, steps, median, mean, cpu, loss, correct / (double)nn_dataset_count(test));
   }
   status = 0;
 out:

@@ -1215,13 +1215,15 @@ static int cmd_sim(int argc, char **argv) {
 
 static const char profile_usage_text[] =
     "usage: tide profile --model mlp|cnn|LAYERS [--batches LIST] [--reps N] [--warmup N]\n"
-    "                    [--threads N] --out FILE\n"
+    "                    [--threads N] [--clock wall|cpu] --out FILE\n"
     "\n"
     "Times each layer of tide's nn engine, forward and backward, at each per-worker batch\n"
     "on this machine: --warmup untimed passes (default 3), then --reps timed ones\n"
     "(default 9), the median of each; --threads OpenBLAS threads (default 1, one worker\n"
     "per core). Writes tide's profile format (docs/burst-parallel.md) to FILE.\n"
-    "  --batches LIST   comma-separated per-worker batches (default 1,2,4,...,256)\n";
+    "  --batches LIST   comma-separated per-worker batches (default 1,2,4,...,256)\n"
+    "  --clock wall|cpu time by the wall clock (default) or by this process's CPU time:\n"
+    "                   what a layer costs whatever else runs on the machine\n";
 
 static const char plan_usage_text[] =
     "usage: tide plan --profile FILE [--section NAME] --workers W --global-batch B\n"
@@ -1251,7 +1253,7 @@ static const char plan_usage_text[] =
 
 static int cmd_profile(int argc, char **argv) {
   const char *model = NULL, *out = NULL, *batch_list = "1,2,4,8,16,32,64,128,256";
-  int reps = 9, warmup = 3, threads = 1;
+  int reps = 9, warmup = 3, threads = 1, cpu_clock = 0;
   for (int i = 0; i < argc; i++) {
     const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
     if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
@@ -1270,7 +1272,13 @@ static int cmd_profile(int argc, char **argv) {
     else if (strcmp(a, "--reps") == 0) bad = parse_int(v, 1, &reps);
     else if (strcmp(a, "--warmup") == 0) bad = parse_int(v, 0, &warmup);
     else if (strcmp(a, "--threads") == 0) bad = parse_int(v, 1, &threads);
-    else {
+    else if (strcmp(a, "--clock") == 0) {
+      if (strcmp(v, "wall") != 0 && strcmp(v, "cpu") != 0) {
+        fprintf(stderr, "tide profile: --clock must be wall or cpu, got '%s'\n", v);
+        return EXIT_USAGE;
+      }
+      cpu_clock = strcmp(v, "cpu") == 0;
+    } else {
       fprintf(stderr, "tide profile: unknown option '%s' (see tide help profile)\n", a);
       return EXIT_USAGE;
     }
@@ -1297,7 +1305,7 @@ static int cmd_profile(int argc, char **argv) {
   tide_profile_t *p = NULL;
 #ifdef TIDE_WITH_NN
   nn_set_threads(threads);
-  int rc = nn_profile(model, batches, nb, warmup, reps, &p);
+  int rc = nn_profile(model, batches, nb, warmup, reps, cpu_clock ? NN_PROFILE_CPU_CLOCK : 0, &p);
 #else
   int rc = TIDE_ENOSYS; /* built without src/nn */
 #endif

@@ -129,7 +129,13 @@ const char *nn_blas_info(void);
  * (libtide's, tide.h) gets one layer per conv, pool, flatten and dense
  * layer in a chain, with parameter and activation bytes (floats). *out owned
  * by the caller (tide_profile_destroy). TIDE_EINVAL names a bad argument. */
-int nn_profile(const char *arch, const int *batches, int nbatches, int warmup, int reps, tide_profile_t **out);
+/* flags: NN_PROFILE_CPU_CLOCK times layers by the process's CPU time
+ * (CLOCK_PROCESS_CPUTIME_ID) instead of the wall clock: what a layer costs
+ * whatever else runs on the machine (with one BLAS thread, its wall time on
+ * an idle core). 0: wall clock. */
+enum { NN_PROFILE_CPU_CLOCK = 1u };
+int nn_profile(const char *arch, const int *batches, int nbatches, int warmup, int reps, unsigned flags,
+               tide_profile_t **out);
 
 /* The layers of arch's model (as nn_profile lists them: graph, parameter
  * and activation bytes) without times: what a plan file is checked against
