@@ -208,12 +208,16 @@ static int bad_rank(int rank, int size, void *arg) {
   tide_optim_config_t cfg;
   optim_config(&cfg);
   nn_burst_t *b = NULL;
-  CHECK_RC(nn_burst_create(small, comm, ok, LAYERS, BATCH, &cfg, &b), TIDE_EINVAL);
+  CHECK_RC(nn_burst_create(small, comm, ok, LAYERS, BATCH, &cfg, &b), TIDE_EINVAL); /* "max_batch >= 30" */
   CHECK(b == NULL);
   nn_model_destroy(small);
   /* ranks given different plans (collective: found by all) */
   static const int other[LAYERS] = {4, 2, 2, 2, 4};
   expect_refused(comm, rank == 2 ? other : ok, LAYERS, BATCH, "the ranks were given different plans");
+  /* one rank's plan is bad: it says why, the others that it refused, and
+   * nobody is left waiting in a collective */
+  expect_refused(comm, rank == 2 ? three : ok, LAYERS, BATCH,
+                 rank == 2 ? "layer 1: width 3 must be a power of two" : "another rank refused the plan");
   /* the communicator is still usable afterwards */
   CHECK_OK(tide_barrier(comm));
   tide_comm_destroy(comm);

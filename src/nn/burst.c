@@ -210,14 +210,27 @@ static int make_optimizers(nn_burst_t *b, const tide_optim_config_t *config) {
   return 0;
 }
 
-int nn_burst_create(nn_model_t *m, tide_comm_t *comm, const int *widths, int nwidths, int global_batch,
-                    const tide_optim_config_t *optim, nn_burst_t **out) {
-  if (m == NULL || comm == NULL || widths == NULL || optim == NULL || out == NULL) {
-    TIDE_ERROR("nn_burst_create: %s must not be NULL", m == NULL ? "model" : comm == NULL ? "comm"
-                                                       : widths == NULL ? "widths" : optim == NULL ? "optim" : "out");
+/* The most samples any rank gets at width w: C = widest chunks of B. */
+static int largest_share(int global_batch, int widest, int w) {
+  int most = 0;
+  for (int o = 0; o < w; o++) {
+    int n = 0;
+    for (int j = o; j < widest; j += w)
+      n += (int)((int64_t)(j + 1) * global_batch / widest - (int64_t)j * global_batch / widest);
+    if (n > most) most = n;
+  }
+  return most;
+}
+
+/* This rank's checks of the arguments: 0, or TIDE_EINVAL with the reason
+ * logged. */
+static int check_plan(const nn_model_t *m, int size, const int *widths, int nwidths, int global_batch,
+                      const tide_optim_config_t *optim) {
+  if (widths == NULL || optim == NULL) {
+    TIDE_ERROR("nn_burst_create: %s must not be NULL", widths == NULL ? "widths" : "optim");
     return TIDE_EINVAL;
   }
-  int n = nn__layer_count(m), size = tide_comm_size(comm), widest = 1;
+  int n = nn__layer_count(m), widest = 1;
   if (nwidths != n) {
     TIDE_ERROR("nn_burst_create: the plan has %d layers but the model (%s) has %d: make the plan from this "
                "model's profile (tide profile --model ...)", nwidths, nn_model_arch(m), n);
@@ -236,23 +249,43 @@ int nn_burst_create(nn_model_t *m, tide_comm_t *comm, const int *widths, int nwi
                "a layer needs a sample", global_batch, widest);
     return TIDE_EINVAL;
   }
-  TIDE_CHECK(tide_optim_config_check(optim));
-  /* Every rank must run the same plan on the same batch. */
-  uint64_t h = tide__fnv1a(widths, (size_t)n * sizeof *widths) ^ (uint64_t)global_batch * 0x9e3779b97f4a7c15ull;
-  int64_t mine[2] = {(int64_t)(h >> 1), -(int64_t)(h >> 1)}, all[2];
-  TIDE_CHECK(tide_allreduce(comm, mine, all, 2, TIDE_I64, TIDE_MAX));
-  if (all[0] != -all[1]) {
+  int need = 0;
+  for (int i = 0; i < n; i++)
+    if (largest_share(global_batch, widest, widths[i]) > need) need = largest_share(global_batch, widest, widths[i]);
+  if (need > nn_model_max_batch(m)) {
+    TIDE_ERROR("nn_burst_create: a layer runs on %d samples per rank but the model takes batches of at most %d: "
+               "build it with max_batch >= %d", need, nn_model_max_batch(m), need);
+    return TIDE_EINVAL;
+  }
+  return tide_optim_config_check(optim);
+}
+
+/* Collective: 0 when every rank's `failed` is 0 (and, with h, every rank's
+ * h is the same), else TIDE_EINVAL on every rank, so that no rank goes on
+ * into collectives the others have left. */
+static int agree(tide_comm_t *comm, int failed, uint64_t h, const char *what) {
+  int64_t mine[3] = {failed != 0, (int64_t)(h >> 1), -(int64_t)(h >> 1)}, all[3];
+  TIDE_CHECK(tide_allreduce(comm, mine, all, 3, TIDE_I64, TIDE_MAX));
+  if (all[0] != 0) {
+    if (!failed) TIDE_ERROR("nn_burst_create: another rank %s (its log says why)", what);
+    return TIDE_EINVAL;
+  }
+  if (all[1] != -all[2]) {
     TIDE_ERROR("nn_burst_create: the ranks were given different plans or global batches: give every rank the "
                "same plan file and batch");
     return TIDE_EINVAL;
   }
-  nn_burst_t *b = tide__calloc(1, sizeof *b);
-  if (b == NULL) return TIDE_ENOMEM;
-  int rc = TIDE_ENOMEM;
+  return 0;
+}
+
+/* The sample chunks and layer table of b. */
+static int setup_tables(nn_burst_t *b, nn_model_t *m, tide_comm_t *comm, const int *widths, int global_batch,
+                        int widest) {
+  int n = nn__layer_count(m);
   b->model = m;
   b->comm = comm;
   b->rank = tide_comm_rank(comm);
-  b->size = size;
+  b->size = tide_comm_size(comm);
   b->global_batch = global_batch;
   b->nlayers = n;
   b->first_param = nn__first_param(m);
@@ -260,14 +293,14 @@ int nn_burst_create(nn_model_t *m, tide_comm_t *comm, const int *widths, int nwi
   b->chunk_start = tide__calloc((size_t)widest, sizeof(int));
   b->chunk_len = tide__calloc((size_t)widest, sizeof(int));
   b->layers = tide__calloc((size_t)n, sizeof *b->layers);
-  if (b->chunk_start == NULL || b->chunk_len == NULL || b->layers == NULL) goto fail;
+  if (b->chunk_start == NULL || b->chunk_len == NULL || b->layers == NULL) return TIDE_ENOMEM;
   for (int j = 0; j < widest; j++) {
     b->chunk_start[j] = (int)((int64_t)j * global_batch / widest);
     b->chunk_len[j] = (int)((int64_t)(j + 1) * global_batch / widest) - b->chunk_start[j];
   }
   for (int lw = 0; (1 << lw) <= widest; lw++) {
     int w = 1 << lw;
-    if ((b->chunk_off[lw] = tide__calloc((size_t)widest, sizeof(int))) == NULL) goto fail;
+    if ((b->chunk_off[lw] = tide__calloc((size_t)widest, sizeof(int))) == NULL) return TIDE_ENOMEM;
     for (int j = w; j < widest; j++) b->chunk_off[lw][j] = b->chunk_off[lw][j - w] + b->chunk_len[j - w];
     b->local[lw] = b->rank < w ? samples_at(b, w, b->rank) : 0;
   }
@@ -278,18 +311,35 @@ int nn_burst_create(nn_model_t *m, tide_comm_t *comm, const int *widths, int nwi
     nn__layer_shape(m, i, &l->planes, &l->per_plane);
     nn__layer_params(m, i, &l->poff, &l->pcount);
   }
-  /* The same check on every rank: the largest share any rank gets. */
-  int need = 0;
-  for (int i = 0; i < n; i++)
-    for (int o = 0; o < widths[i]; o++)
-      if (samples_at(b, widths[i], o) > need) need = samples_at(b, widths[i], o);
-  if (need > nn_model_max_batch(m)) {
-    TIDE_ERROR("nn_burst_create: a layer runs on %d samples per rank but the model takes batches of at most %d: "
-               "build it with max_batch >= %d", need, nn_model_max_batch(m), need);
-    rc = TIDE_EINVAL;
-    goto fail;
+  return 0;
+}
+
+int nn_burst_create(nn_model_t *m, tide_comm_t *comm, const int *widths, int nwidths, int global_batch,
+                    const tide_optim_config_t *optim, nn_burst_t **out) {
+  if (m == NULL || comm == NULL || out == NULL) {
+    TIDE_ERROR("nn_burst_create: %s must not be NULL", m == NULL ? "model" : comm == NULL ? "comm" : "out");
+    return TIDE_EINVAL;
   }
-  if ((rc = make_comms(b)) != 0 || (rc = make_buffers(b)) != 0 || (rc = make_optimizers(b, optim)) != 0) goto fail;
+  int n = nn__layer_count(m), size = tide_comm_size(comm), widest = 1;
+  /* Every rank checks, then all agree, so that a plan refused on one rank is refused on all (nobody is left
+   * waiting in a collective) and every rank runs the same plan on the same batch. */
+  int bad = check_plan(m, size, widths, nwidths, global_batch, optim) != 0;
+  uint64_t h = bad ? 0 : tide__fnv1a(widths, (size_t)n * sizeof *widths) ^ (uint64_t)global_batch * 0x9e3779b97f4a7c15ull;
+  TIDE_CHECK(agree(comm, bad, h, "refused the plan"));
+  for (int i = 0; i < n; i++)
+    if (widths[i] > widest) widest = widths[i];
+  nn_burst_t *b = tide__calloc(1, sizeof *b);
+  int rc = b != NULL ? setup_tables(b, m, comm, widths, global_batch, widest) : TIDE_ENOMEM;
+  /* a failure anywhere fails every rank, before and after the splits (themselves collective) */
+  int agreed = agree(comm, rc != 0, 0, "could not set up (out of memory?)");
+  if (rc == 0) rc = agreed;
+  if (rc == 0 && (rc = make_comms(b)) == 0) {
+    rc = make_buffers(b);
+    if (rc == 0) rc = make_optimizers(b, optim);
+    agreed = agree(comm, rc != 0, 0, "could not set up (out of memory?)");
+    if (rc == 0) rc = agreed;
+  }
+  if (rc != 0) goto fail;
   *out = b;
   return 0;
 fail:
