@@ -202,6 +202,10 @@ static int bad_rank(int rank, int size, void *arg) {
   expect_refused(comm, eight, LAYERS, BATCH, "layer 1: width 8 must be a power of two in [1, 4]");
   expect_refused(comm, ok, LAYERS - 1, BATCH, "the plan has 4 layers but the model");
   expect_refused(comm, ok, LAYERS, 3, "global_batch 3 is smaller than the widest layer's 4 workers");
+  /* the model's max_batch a plan needs: 30 samples on one rank; 8 on 4 */
+  CHECK(nn_burst_max_batch(ok, LAYERS, BATCH) == 30);
+  CHECK(nn_burst_max_batch((const int[]){4, 4, 4, 4, 4}, LAYERS, BATCH) == 8);
+  CHECK(nn_burst_max_batch(ok, LAYERS, 3) == 0);
   /* a model too small for a narrow layer's share */
   nn_model_t *small = NULL;
   CHECK_OK(nn_model_create(ARCH, 8, 7, &small));

@@ -62,7 +62,8 @@ int train_plan(tide_comm_t *comm, const train_plan_args_t *a, const nn_dataset_t
     if (rank == 0) fprintf(stderr, "tide-train: --plan %s refused (the line above says why)\n", a->plan);
     goto out;
   }
-  if ((rc = nn_model_create(a->model, global, a->seed, &m)) != 0 ||
+  int max_batch = nn_burst_max_batch(widths, n, global);
+  if ((rc = nn_model_create(a->model, max_batch > 0 ? max_batch : global, a->seed, &m)) != 0 ||
       (rc = nn_burst_create(m, comm, widths, n, global, &cfg, &b)) != 0)
     goto out;
   size_t count = nn_dataset_count(train);

@@ -222,6 +222,18 @@ static int largest_share(int global_batch, int widest, int w) {
   return most;
 }
 
+int nn_burst_max_batch(const int *widths, int nwidths, int global_batch) {
+  int widest = 1, need = 0;
+  if (widths == NULL || nwidths < 1 || global_batch < 1) return 0;
+  for (int i = 0; i < nwidths; i++)
+    if (widths[i] > widest) widest = widths[i];
+  if (widest > global_batch) return 0;
+  for (int i = 0; i < nwidths; i++)
+    if (widths[i] >= 1 && largest_share(global_batch, widest, widths[i]) > need)
+      need = largest_share(global_batch, widest, widths[i]);
+  return need;
+}
+
 /* This rank's checks of the arguments: 0, or TIDE_EINVAL with the reason
  * logged. */
 static int check_plan(const nn_model_t *m, int size, const int *widths, int nwidths, int global_batch,

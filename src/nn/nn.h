@@ -172,6 +172,10 @@ int nn_burst_create(nn_model_t *m, tide_comm_t *comm, const int *widths, int nwi
  * loss on the ranks that run the last layer, NAN on the others. Collective
  * over the burst's comm. */
 int nn_burst_step(nn_burst_t *b, const float *x, const int32_t *labels, float lr, float *loss_out);
+/* The max_batch (nn_model_create) a model needs to run these widths on
+ * global_batch samples: the largest share any rank's layer gets; 0 for
+ * bad arguments (nn_burst_create says which). */
+int nn_burst_max_batch(const int *widths, int nwidths, int global_batch);
 /* 1 when this rank runs (and keeps current) layer `layer`. */
 int nn_burst_runs(const nn_burst_t *b, int layer);
 /* Frees the sub-communicators, buffers and optimizers; NULL is fine. Not
