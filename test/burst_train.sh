@@ -46,4 +46,13 @@ plan "$work/short.json" mlp 4 1 4 2
 refused "$work/short.json" '3 layers, but the profile of mlp has 4'
 refused "$work/missing.json" 'cannot open'
 refused "$work/mixed.json" '--plan runs without --adapt' --adapt gns
+# the planner and the cluster simulation from the command line, on a CPU-time profile of the MLP
+"$tools/tide" profile --model mlp --batches 8,32 --reps 1 --warmup 0 --clock cpu --out "$work/mlp.prof" >/dev/null
+"$tools/tide" plan --profile "$work/mlp.prof" --workers 4 --cores 2 --global-batch 32 --simulate --no-plot \
+  --out "$work/p.json" > "$work/sim"
+grep -q '^{"workers":4,.*"gain":' "$work/sim" || { cat "$work/sim"; exit 1; }
+grep -q '"cores": 2,' "$work/p.json"
+if "$tools/tide" plan --profile "$work/mlp.prof" --workers 4 --global-batch 32 --background-batch 8 \
+    > "$work/bad" 2>&1; then echo "--background-batch without --simulate was accepted"; exit 1; fi
+grep -q -- "go with --simulate" "$work/bad"
 echo "burst_train: ok"

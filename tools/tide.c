@@ -1414,6 +1414,9 @@ static int cmd_plan(int argc, char **argv) {
     }
   }
   if (profile == NULL) usage_error("plan", "%s is required", "--profile");
+  if ((bg_file != NULL || bg_section != NULL || co.background_batch != 0) && !simulate)
+    usage_error("plan", "%s", "--background, --background-section and --background-batch go with --simulate");
+  if (bg_section != NULL && bg_file == NULL) usage_error("plan", "%s", "--background-section needs --background FILE");
   if (o.workers == 0) usage_error("plan", "%s is required", "--workers");
   if (o.global_batch == 0) usage_error("plan", "%s is required", "--global-batch");
   tide_profile_t *p = NULL;
