@@ -35,7 +35,8 @@ int train_plan(tide_comm_t *comm, const train_plan_args_t *a, const nn_dataset_t
   tide_optim_kind_t kind;
   if (tide_optim_parse(a->optim, &kind) != 0) {
     if (rank == 0)
-      fprintf(stderr, "tide-train: --plan takes --optim sgd, momentum, nesterov, adam, adamw, lars or lamb, got \"%s\"\n",
+      fprintf(stderr,
+              "tide-train: --plan takes --optim sgd, momentum, nesterov, adam, adamw, lars or lamb, got \"%s\"\n",
               a->optim);
     return 2;
   }

@@ -1347,8 +1347,8 @@ static int plan_simulate(const tide_profile_t *p, const tide_plan_options_t *o, 
   printf("{\"workers\":%d,\"iteration_time_s\":%.6g,\"dp_iteration_time_s\":%.6g,\"foreground_rate\":%.2f,"
          "\"background_rate\":%.2f,\"total_rate\":%.2f,\"dp_rate\":%.2f,\"gain\":%.4f,\"idle_fraction\":%.4f,"
          "\"usable_fraction\":%.4f,\"background_batch\":%d,\"piece_s\":%g}\n",
-         r.workers, r.iteration_time, r.dp_iteration_time, r.foreground_rate, r.background_rate, r.total_rate, r.dp_rate,
-         r.gain, r.idle_fraction, r.usable_fraction, r.background_batch, co->piece);
+         r.workers, r.iteration_time, r.dp_iteration_time, r.foreground_rate, r.background_rate, r.total_rate,
+         r.dp_rate, r.gain, r.idle_fraction, r.usable_fraction, r.background_batch, co->piece);
   return 0;
 }
 
@@ -1390,9 +1390,11 @@ static int cmd_plan(int argc, char **argv) {
     else if (strcmp(a, "--background") == 0) bg_file = v;
     else if (strcmp(a, "--background-section") == 0) bg_section = v;
     else if (strcmp(a, "--background-batch") == 0) {
-      if (parse_int(v, 1, &co.background_batch)) usage_error("plan", "--background-batch: '%s' is not an integer >= 1", v);
+      if (parse_int(v, 1, &co.background_batch))
+        usage_error("plan", "--background-batch: '%s' is not an integer >= 1", v);
     } else if (strcmp(a, "--piece") == 0) {
-      if (parse_double(v, &co.piece) || !(co.piece >= 0)) usage_error("plan", "--piece: '%s' is not a number of seconds >= 0", v);
+      if (parse_double(v, &co.piece) || !(co.piece >= 0))
+        usage_error("plan", "--piece: '%s' is not a number of seconds >= 0", v);
     } else if (strcmp(a, "--cores") == 0) {
       if (parse_int(v, 1, &o.cores)) usage_error("plan", "--cores: '%s' is not an integer >= 1", v);
     } else if (strcmp(a, "--workers") == 0) {

@@ -336,7 +336,8 @@ int nn_burst_create(nn_model_t *m, tide_comm_t *comm, const int *widths, int nwi
   /* Every rank checks, then all agree, so that a plan refused on one rank is refused on all (nobody is left
    * waiting in a collective) and every rank runs the same plan on the same batch. */
   int bad = check_plan(m, size, widths, nwidths, global_batch, optim) != 0;
-  uint64_t h = bad ? 0 : tide__fnv1a(widths, (size_t)n * sizeof *widths) ^ (uint64_t)global_batch * 0x9e3779b97f4a7c15ull;
+  uint64_t h = bad ? 0
+                   : tide__fnv1a(widths, (size_t)n * sizeof *widths) ^ (uint64_t)global_batch * 0x9e3779b97f4a7c15ull;
   TIDE_CHECK(agree(comm, bad, h, "refused the plan"));
   for (int i = 0; i < n; i++)
     if (widths[i] > widest) widest = widths[i];
@@ -392,8 +393,8 @@ int nn_burst_runs(const nn_burst_t *b, int layer) {
 static void take_samples(const nn_burst_t *b, int w, const void *src, size_t bytes_per_sample, void *dst) {
   const int *off = b->chunk_off[log2i(w)];
   for (int j = b->rank; j < b->chunks; j += w)
-    memcpy((char *)dst + (size_t)off[j] * bytes_per_sample, (const char *)src + (size_t)b->chunk_start[j] * bytes_per_sample,
-           (size_t)b->chunk_len[j] * bytes_per_sample);
+    memcpy((char *)dst + (size_t)off[j] * bytes_per_sample,
+           (const char *)src + (size_t)b->chunk_start[j] * bytes_per_sample, (size_t)b->chunk_len[j] * bytes_per_sample);
 }
 
 int nn_burst_step(nn_burst_t *b, const float *x, const int32_t *labels, float lr, float *loss_out) {

@@ -473,7 +473,8 @@ static int backward(nn_model_t *m, int batch) {
   float *dout = m->dbuf[0];
   long kfac_index = 0;
   if (m->kfac_fn != NULL)
-    for (int i = 0; i < m->nlayers; i++) kfac_index += m->layers[i].kind == LAYER_CONV || m->layers[i].kind == LAYER_DENSE;
+    for (int i = 0; i < m->nlayers; i++)
+      kfac_index += m->layers[i].kind == LAYER_CONV || m->layers[i].kind == LAYER_DENSE;
   for (int i = m->nlayers - 1; i >= m->first_param; i--) {
     const layer_t *l = &m->layers[i];
     float *dx = i > m->first_param ? (dout == m->dbuf[0] ? m->dbuf[1] : m->dbuf[0]) : NULL;
