@@ -75,6 +75,14 @@ int main(void) {
   co.piece = 0.5e-3, co.background_batch = -2;
   CHECK_RC(tide_cluster_simulate(p, &o, NULL, &co, &r), TIDE_EINVAL);
   CHECK_RC(tide_cluster_simulate(p, &o, NULL, NULL, &r), TIDE_EINVAL);
+  /* a plan for 4 workers simulated on 2 */
+  tide_plan_t *four = NULL;
+  CHECK_OK(tide_plan_evaluate(p, &o, (const int[]){4, 1}, &four));
+  o.workers = 2;
+  co.background_batch = 0;
+  CHECK_RC(tide_cluster_simulate(p, &o, four, &co, &r), TIDE_EINVAL);
+  o.workers = 4;
+  tide_plan_destroy(four);
   /* four workers on two cores: a layer on 4 workers takes twice as long,
    * one on 2 or 1 no longer (tide_plan_options_t.cores) */
   o.cores = 2;

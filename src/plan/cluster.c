@@ -95,6 +95,13 @@ int tide_cluster_simulate(const tide_profile_t *p, const tide_plan_options_t *op
     rc = TIDE_EINVAL;
     goto out;
   }
+  for (int i = 0; i < n; i++)
+    if (L[i].width > W) {
+      TIDE_ERROR("tide_cluster_simulate: layer %d of the plan runs on %d workers but the options have %d: simulate "
+                 "the plan with the options it was made with", i, L[i].width, W);
+      rc = TIDE_EINVAL;
+      goto out;
+    }
   /* segments: transfer into layer i, then its compute + sync */
   int nseg = 0;
   for (int i = 0; i < n; i++) {
