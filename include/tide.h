@@ -1539,6 +1539,8 @@ typedef struct {
   const tide_profile_t *background; /* the background job's profile (borrowed; may be the foreground's); NULL: none */
   int background_batch; /* its batch on one accelerator; 0 (default): its profiled batch with the most samples/s */
   double piece;         /* s: each background piece fits one idle span; default 0.5e-3 (DeepPool's); 0: any length */
+  int comm_idle;        /* 1: the background also runs while an accelerator only communicates (transfers,
+                           all-reduces), for data parallelism too; default 0: communication keeps it busy */
 } tide_cluster_options_t;
 
 void tide_cluster_options_init(tide_cluster_options_t *opts);
@@ -1554,6 +1556,7 @@ typedef struct {
   double idle_fraction;    /* of the accelerators' time without foreground work: 1 - worker-time / (W T) */
   double usable_fraction;  /* of the accelerators' time the background's pieces fill */
   double background_per_accelerator; /* samples/s of the background alone on one accelerator */
+  double dp_background_rate; /* samples/s a background gets beside data parallelism (0 unless comm_idle) */
 } tide_cluster_result_t;
 
 /* Simulates the foreground plan (NULL: tide_plan_create's for p and opts)

@@ -21,6 +21,11 @@ if [ -r "$data/vggLayerGpuProfileA100.txt" ]; then
     "$tools/tide" plan --profile "$data/vggLayerGpuProfileA100.txt" --workers $W --global-batch 256 \
       --amplification 2.0 --out "$work/vgg$W.json" --no-plot --quiet --simulate | grep '^{'
   done
+  echo "== the same, the background also in communication spans (--comm-idle)"
+  for W in 8 16 32 64; do
+    "$tools/tide" plan --profile "$data/vggLayerGpuProfileA100.txt" --workers $W --global-batch 256 \
+      --amplification 2.0 --out "$work/vgg$W.json" --no-plot --quiet --simulate --comm-idle | grep '^{'
+  done
 fi
 echo "== tide's CNN on 4 ranks of this machine ($(nproc) cores; load: $(cut -d' ' -f1-3 /proc/loadavg))"
 "$tools/tide" profile --model cnn --batches 16,32,64,128,256 --clock cpu --out "$work/cnn.prof" >/dev/null

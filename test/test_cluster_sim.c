@@ -94,6 +94,36 @@ int main(void) {
   CHECK_RC(tide_plan_evaluate(p, &o, (const int[]){4, 2}, &shared), TIDE_EINVAL);
   tide_profile_destroy(p);
 
+  /* comm_idle: the background also runs during all-reduces, beside data
+   * parallelism too. Each layer: 4 bytes of parameters, all-reduced by
+   * recursive doubling on 4 ranks, 3 latencies of 1 ms. */
+  tide_profile_t *q = NULL;
+  CHECK_OK(tide_profile_create("toy", &q));
+  for (int i = 0; i < 2; i++) {
+    tide_profile_layer_t l = {.ninputs = 1, .inputs = {i - 1}, .param_bytes = 4};
+    snprintf(l.name, sizeof l.name, "l%d", i);
+    CHECK_OK(tide_profile_add_layer(q, &l, NULL));
+    for (int b = 1; b <= 4; b *= 2) CHECK_OK(tide_profile_set_time(q, i, b, 2e-3, 0));
+  }
+  tide_plan_options_init(&o);
+  o.workers = 4, o.global_batch = 4, o.latency = 1e-3, o.bandwidth = 1e15;
+  tide_plan_t *dpq = NULL;
+  CHECK_OK(tide_plan_evaluate(q, &o, (const int[]){4, 4}, &dpq));
+  double Tq = tide_plan_iteration_time(dpq);
+  CHECK(fabs(Tq - 2 * (2e-3 + 3e-3)) < 1e-9);
+  tide_cluster_options_init(&co);
+  co.background = q, co.background_batch = 4, co.piece = 0;
+  CHECK_OK(tide_cluster_simulate(q, &o, dpq, &co, &r));
+  CHECK(r.background_rate == 0 && r.dp_background_rate == 0); /* communication keeps them busy */
+  co.comm_idle = 1;
+  CHECK_OK(tide_cluster_simulate(q, &o, dpq, &co, &r));
+  double alone_q = 4 / 4e-3; /* the background: batch 4 in 2 x 2 ms */
+  CHECK(near(r.usable_fraction, 2 * 3e-3 / Tq)); /* every accelerator, both all-reduces */
+  CHECK(near(r.background_rate, 4 * 2 * 3e-3 / Tq * alone_q));
+  CHECK(near(r.dp_background_rate, r.background_rate)); /* the plan is data parallelism's */
+  tide_plan_destroy(dpq);
+  tide_profile_destroy(q);
+
   /* 1, 4, 1 ranks for 0.3, 2, 0.3 ms: ranks 1-3 idle 0.3 ms at the end of
    * an iteration and 0.3 ms at the start of the next, one 0.6 ms span that
    * takes one 0.5 ms piece (two separate spans would take none) */

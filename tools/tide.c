@@ -1248,7 +1248,9 @@ static const char plan_usage_text[] =
     "  --background FILE [--background-section NAME]  the background job's profile\n"
     "                   (default: the foreground's)\n"
     "  --background-batch N  its batch per accelerator (default: its most efficient)\n"
-    "  --piece S        length of the background's pieces (default 0.5e-3, DeepPool's)\n";
+    "  --piece S        length of the background's pieces (default 0.5e-3, DeepPool's)\n"
+    "  --comm-idle      the background also runs while accelerators only communicate\n"
+    "                   (beside data parallelism too; default: communication keeps them busy)\n";
 
 
 static int cmd_profile(int argc, char **argv) {
@@ -1344,11 +1346,16 @@ static int plan_simulate(const tide_profile_t *p, const tide_plan_options_t *o, 
          r.workers, r.foreground_rate, r.iteration_time * 1e3, r.background_rate, r.background_batch,
          r.background_per_accelerator, 100 * r.usable_fraction, 100 * r.idle_fraction, r.total_rate, r.dp_rate,
          r.dp_iteration_time * 1e3, r.gain);
+  if (co->comm_idle)
+    printf("cluster: with the background in communication spans too, data parallel + background %.1f samples/s: "
+           "%.3fx\n", r.dp_rate + r.dp_background_rate, r.total_rate / (r.dp_rate + r.dp_background_rate));
   printf("{\"workers\":%d,\"iteration_time_s\":%.6g,\"dp_iteration_time_s\":%.6g,\"foreground_rate\":%.2f,"
          "\"background_rate\":%.2f,\"total_rate\":%.2f,\"dp_rate\":%.2f,\"gain\":%.4f,\"idle_fraction\":%.4f,"
-         "\"usable_fraction\":%.4f,\"background_batch\":%d,\"piece_s\":%g}\n",
+         "\"usable_fraction\":%.4f,\"background_batch\":%d,\"piece_s\":%g,\"comm_idle\":%d,"
+         "\"dp_background_rate\":%.2f}\n",
          r.workers, r.iteration_time, r.dp_iteration_time, r.foreground_rate, r.background_rate, r.total_rate,
-         r.dp_rate, r.gain, r.idle_fraction, r.usable_fraction, r.background_batch, co->piece);
+         r.dp_rate, r.gain, r.idle_fraction, r.usable_fraction, r.background_batch, co->piece, co->comm_idle,
+         r.dp_background_rate);
   return 0;
 }
 
@@ -1379,6 +1386,10 @@ static int cmd_plan(int argc, char **argv) {
     }
     if (strcmp(a, "--simulate") == 0) {
       simulate = 1;
+      continue;
+    }
+    if (strcmp(a, "--comm-idle") == 0) {
+      co.comm_idle = 1;
       continue;
     }
     if (v == NULL) usage_error("plan", "%s needs a value", a);
@@ -1416,8 +1427,8 @@ static int cmd_plan(int argc, char **argv) {
     }
   }
   if (profile == NULL) usage_error("plan", "%s is required", "--profile");
-  if ((bg_file != NULL || bg_section != NULL || co.background_batch != 0) && !simulate)
-    usage_error("plan", "%s", "--background, --background-section and --background-batch go with --simulate");
+  if ((bg_file != NULL || bg_section != NULL || co.background_batch != 0 || co.comm_idle) && !simulate)
+    usage_error("plan", "%s", "--background, --background-section, --background-batch and --comm-idle go with --simulate");
   if (bg_section != NULL && bg_file == NULL) usage_error("plan", "%s", "--background-section needs --background FILE");
   if (o.workers == 0) usage_error("plan", "%s is required", "--workers");
   if (o.global_batch == 0) usage_error("plan", "%s is required", "--global-batch");

@@ -25,7 +25,7 @@
 
 void tide_cluster_options_init(tide_cluster_options_t *o) {
   if (o == NULL) return;
-  *o = (tide_cluster_options_t){.background = NULL, .background_batch = 0, .piece = 0.5e-3};
+  *o = (tide_cluster_options_t){.background = NULL, .background_batch = 0, .piece = 0.5e-3, .comm_idle = 0};
 }
 
 /* What pieces of length `piece` fill of an idle span g. */
@@ -60,6 +60,33 @@ static double usable_for_rank(const double *len, const int *busy, int nseg, int 
   return used + fill(run + first, piece);
 }
 
+/* Usable background seconds per iteration of plan over all W accelerators.
+ * Segments, layer after layer: the transfer into it (its accelerators: those
+ * below the wider of the widths), its compute (below its width), its
+ * all-reduce (below its width); communication keeps its accelerators busy
+ * unless copts->comm_idle. len and busy hold 3 n + 1 entries. */
+static double plan_usable(const tide_profile_t *p, const tide_plan_t *plan, int W, const tide_cluster_options_t *copts,
+                          double *len, int *busy) {
+  const tide_plan_layer_t *L;
+  int n = tide_plan_layers(plan, &L), nseg = 0, comm = copts->comm_idle ? 0 : 1;
+  for (int i = 0; i < n; i++) {
+    const tide_profile_layer_t *pl = tide_profile_layer(p, i);
+    if (L[i].transfer > 0) {
+      int wide = L[i].width;
+      for (int k = 0; k < pl->ninputs; k++)
+        if (pl->inputs[k] >= 0 && L[pl->inputs[k]].width > wide) wide = L[pl->inputs[k]].width;
+      len[nseg] = L[i].transfer, busy[nseg++] = comm * wide;
+    }
+    len[nseg] = L[i].compute, busy[nseg++] = L[i].width;
+    if (L[i].sync > 0) len[nseg] = L[i].sync, busy[nseg++] = comm * L[i].width;
+  }
+  double T = tide_plan_iteration_time(plan), usable = 0;
+  /* ranks in [2^k, 2^(k+1)) are busy in the same segments */
+  for (int lo = 0, hi = 1; lo < W; lo = hi, hi *= 2)
+    usable += (hi - lo) * usable_for_rank(len, busy, nseg, lo, T, copts->piece);
+  return usable;
+}
+
 int tide_cluster_simulate(const tide_profile_t *p, const tide_plan_options_t *opts, const tide_plan_t *plan,
                           const tide_cluster_options_t *copts, tide_cluster_result_t *out) {
   if (p == NULL || opts == NULL || copts == NULL || out == NULL) {
@@ -82,8 +109,8 @@ int tide_cluster_simulate(const tide_profile_t *p, const tide_plan_options_t *op
   const tide_plan_t *fg = plan != NULL ? plan : own;
   tide_plan_options_t od = *opts;
   od.data_parallel = 1;
-  double *len = tide__malloc((size_t)(2 * n + 1) * sizeof *len);
-  int *busy = tide__malloc((size_t)(2 * n + 1) * sizeof *busy);
+  double *len = tide__malloc((size_t)(3 * n + 1) * sizeof *len);
+  int *busy = tide__malloc((size_t)(3 * n + 1) * sizeof *busy);
   if (len == NULL || busy == NULL) {
     rc = TIDE_ENOMEM;
     goto out;
@@ -102,22 +129,8 @@ int tide_cluster_simulate(const tide_profile_t *p, const tide_plan_options_t *op
       rc = TIDE_EINVAL;
       goto out;
     }
-  /* segments: transfer into layer i, then its compute + sync */
-  int nseg = 0;
-  for (int i = 0; i < n; i++) {
-    const tide_profile_layer_t *pl = tide_profile_layer(p, i);
-    if (L[i].transfer > 0) {
-      int wide = L[i].width;
-      for (int k = 0; k < pl->ninputs; k++)
-        if (pl->inputs[k] >= 0 && L[pl->inputs[k]].width > wide) wide = L[pl->inputs[k]].width;
-      len[nseg] = L[i].transfer, busy[nseg++] = wide;
-    }
-    len[nseg] = L[i].compute + L[i].sync, busy[nseg++] = L[i].width;
-  }
-  double T = tide_plan_iteration_time(fg), usable = 0;
-  /* ranks in [2^k, 2^(k+1)) are busy in the same segments */
-  for (int lo = 0, hi = 1; lo < W; lo = hi, hi *= 2)
-    usable += (hi - lo) * usable_for_rank(len, busy, nseg, lo, T, copts->piece);
+  double T = tide_plan_iteration_time(fg), Td = tide_plan_iteration_time(dp);
+  double usable = plan_usable(p, fg, W, copts, len, busy), usable_dp = plan_usable(p, dp, W, copts, len, busy);
   const tide_profile_t *bg = copts->background;
   int bb = copts->background_batch;
   double per_acc = 0;
@@ -134,7 +147,7 @@ int tide_cluster_simulate(const tide_profile_t *p, const tide_plan_options_t *op
   }
   tide_cluster_result_t r = {.workers = W, .background_batch = bg != NULL ? bb : 0};
   r.iteration_time = T;
-  r.dp_iteration_time = tide_plan_iteration_time(dp);
+  r.dp_iteration_time = Td;
   r.foreground_rate = opts->global_batch / T;
   r.dp_rate = opts->global_batch / r.dp_iteration_time;
   r.idle_fraction = 1.0 - tide_plan_worker_time(fg) / (W * T);
@@ -143,6 +156,7 @@ int tide_cluster_simulate(const tide_profile_t *p, const tide_plan_options_t *op
   r.background_rate = usable / T * per_acc;
   r.total_rate = r.foreground_rate + r.background_rate;
   r.gain = r.total_rate / r.dp_rate;
+  r.dp_background_rate = usable_dp / Td * per_acc;
   *out = r;
   rc = 0;
 out:
