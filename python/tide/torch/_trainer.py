@@ -154,7 +154,8 @@ class Trainer:
 
     def next(self):
         """The next micro-batch, or None when training is done. Collective."""
-        rc = lib.tide_trainer_next(self._tr, ctypes.byref(self._batch))
+        with _comm.one_thread("Trainer.next"):
+            rc = lib.tide_trainer_next(self._tr, ctypes.byref(self._batch))
         if rc < 0:
             raise self._error(rc, "Trainer.next")
         if self._batch.done:
@@ -177,7 +178,8 @@ class Trainer:
         when an update ran)."""
         if isinstance(loss, torch.Tensor):
             loss = loss.item()
-        rc = lib.tide_trainer_step(self._tr, float(loss), ctypes.byref(self._stats))
+        with _comm.one_thread("Trainer.step"):
+            rc = lib.tide_trainer_step(self._tr, float(loss), ctypes.byref(self._stats))
         if rc < 0:
             raise self._error(rc, "Trainer.step")
         self.grads.zero_()
