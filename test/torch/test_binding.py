@@ -115,16 +115,12 @@ def main():
     harness.skip_without_torch()
     with tempfile.TemporaryDirectory() as tmp:
         _, out = harness.launch(os.path.abspath(__file__), 2, os.path.join(tmp, "tried"))
-    for what in ("subclass ok", "threads ok", "in flight at shutdown ok"):
-        if len(harness.lines(out, what)) != 2:
-            print("FAIL: expected 2 ranks to print '%s'" % what)
-            return 1
+    if not all(harness.expect_lines(out, what, 2) for what in ("subclass ok", "threads ok",
+                                                                 "in flight at shutdown ok")):
+        return 1
     print("test_binding: passed")
     return 0
 
 
 if __name__ == "__main__":
-    if "--worker" in sys.argv:
-        worker(sys.argv[sys.argv.index("--worker") + 1])
-    else:
-        sys.exit(main())
+    harness.dispatch(main, worker)
