@@ -191,7 +191,8 @@ def check_loading():
         bad.append("TIDE_BACKEND=mpi at import: libtide and its dependencies are not global (MPI's plugins "
                    "need libmpi's symbols)")
     if not symbol_visible({}, LOOKUP + "import os, tide._lib\nos.environ['TIDE_BACKEND'] = 'MPI'\n"
-                          "getattr(tide._lib, 'load_global_for_mpi', lambda: None)()\nprint('yes' if visible() else 'no')"):
+                          "getattr(tide._lib, 'load_global_for_mpi', lambda: None)()\n"
+                          "print('yes' if visible() else 'no')"):
         bad.append("TIDE_BACKEND=mpi set after import: load_global_for_mpi did not make libtide global")
     return bad
 

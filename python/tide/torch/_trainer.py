@@ -132,9 +132,10 @@ class Trainer:
             cfg.gns_decay = float(gns_decay)
         cfg.tensor_stats = 1 if tensor_stats else 0
         tr = ctypes.c_void_p()
-        rc = lib.tide_trainer_create(comm, ctypes.byref(cfg), ctypes.c_void_p(self.params.data_ptr()),
-                                     ctypes.c_void_p(self.grads.data_ptr()), total, self._tensors, len(named),
-                                     ctypes.byref(tr))
+        with _comm.one_thread(call):
+            rc = lib.tide_trainer_create(comm, ctypes.byref(cfg), ctypes.c_void_p(self.params.data_ptr()),
+                                         ctypes.c_void_p(self.grads.data_ptr()), total, self._tensors, len(named),
+                                         ctypes.byref(tr))
         if rc < 0:
             raise _comm._fail(rc, call)
         self._tr = tr
