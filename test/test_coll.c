@@ -53,57 +53,34 @@ static int all_collectives(int rank, int size, void *arg) {
 static const char *const hosts_2x2[] = {"a", "a", "b", "b"};
 static const char *const hosts_3_2[] = {"a", "b", "a", "b", "a"};
 
-typedef struct {
-  const char *name;
-  int np, tcp_only;
-  const char *const *hosts;
-} coll_case_t;
+static int run_case(const char *name, int np, int tcp_only, const char *const *hosts) {
+  harness_opts_t opts = {np, hosts, tcp_only, 240, NULL};
+  fprintf(stderr, "test_coll %s: np=%d %s%s\n", name, np, tcp_only ? "tcp" : "shm",
+          hosts != NULL ? " on emulated hosts" : "");
+  return harness_run(&opts, all_collectives, NULL) != 0;
+}
 
-static const coll_case_t coll_cases[] = {
-#define COLL_CASE(name, np, tcp_only, hosts) {#name, np, tcp_only, hosts},
+static int case_shm_names(void) {
+  shm_names_per_job(); /* last in a whole run: it loads the parameters, which the ranks forked before read themselves */
+  return 0;
+}
+
+#define COLL_CASE(name, np, tcp_only, hosts) \
+  static int case_##name(void) { return run_case(#name, np, tcp_only, hosts); }
 #define COLL_CHECK(name)
 #include "test_coll_cases.h"
 #undef COLL_CASE
 #undef COLL_CHECK
-};
-#define NCASES (sizeof coll_cases / sizeof coll_cases[0])
 
-static int run_case(const coll_case_t *c) {
-  harness_opts_t opts = {c->np, c->hosts, c->tcp_only, 240, NULL};
-  fprintf(stderr, "test_coll %s: np=%d %s%s\n", c->name, c->np, c->tcp_only ? "tcp" : "shm",
-          c->hosts != NULL ? " on emulated hosts" : "");
-  if (harness_run(&opts, all_collectives, NULL) != 0) {
-    fprintf(stderr, "FAILED: test_coll %s\n", c->name);
-    return 1;
-  }
-  return 0;
-}
-
-/* test_coll NAME runs one case (ctest registers each on its own: see
- * test_coll_cases.h); shm_names runs the segment-name check; --list prints the
- * names; no argument runs them all, one after another. */
+/* test_coll CASE runs one case (ctest registers each on its own: see
+ * test_coll_cases.h); no argument runs them all, one after another. */
 int main(int argc, char **argv) {
-  if (argc == 2 && strcmp(argv[1], "--list") == 0) {
-    for (size_t i = 0; i < NCASES; i++) printf("%s\n", coll_cases[i].name);
-    printf("shm_names\n");
-    return 0;
-  }
-  if (argc == 2 && strcmp(argv[1], "shm_names") == 0) {
-    shm_names_per_job();
-    return 0;
-  }
-  if (argc == 2) {
-    for (size_t i = 0; i < NCASES; i++)
-      if (strcmp(argv[1], coll_cases[i].name) == 0) return run_case(&coll_cases[i]);
-    fprintf(stderr, "test_coll: no case named '%s' (test_coll --list prints them)\n", argv[1]);
-    return 2;
-  }
-  if (argc > 2) {
-    fprintf(stderr, "usage: test_coll [--list | CASE]\n");
-    return 2;
-  }
-  int failed = 0;
-  for (size_t i = 0; i < NCASES; i++) failed |= run_case(&coll_cases[i]);
-  shm_names_per_job(); /* last: it loads the parameters, which the ranks forked above read themselves */
-  return failed;
+  static const harness_case_t cases[] = {
+#define COLL_CASE(name, np, tcp_only, hosts) {#name, case_##name},
+#define COLL_CHECK(name) {#name, case_##name},
+#include "test_coll_cases.h"
+#undef COLL_CASE
+#undef COLL_CHECK
+  };
+  return harness_cases_main("test_coll", cases, sizeof cases / sizeof cases[0], argc, argv);
 }

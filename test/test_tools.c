@@ -199,24 +199,10 @@ static int case_report(void) {
 int main(int argc, char **argv) {
   const char *dir = getenv("TIDE_TOOLS_DIR");
   snprintf(tools_dir, sizeof tools_dir, "%s", dir != NULL ? dir : "tools");
-  static const struct {
-    const char *name;
-    int (*fn)(void);
-  } cases[] = {
+  static const harness_case_t cases[] = {
 #define TOOL_CASE(name) {#name, case_##name},
 #include "test_tools_cases.h"
 #undef TOOL_CASE
   };
-  int rc = 0, found = 0;
-  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-    if (argc > 1 && strcmp(argv[1], cases[i].name) != 0) continue;
-    found = 1;
-    int r = cases[i].fn();
-    if (r != 0 && (rc == 0 || rc == 77)) rc = r;
-  }
-  if (!found) {
-    fprintf(stderr, "test_tools: no case named '%s' (see test_tools_cases.h)\n", argv[1]);
-    return 2;
-  }
-  return rc;
+  return harness_cases_main("test_tools", cases, sizeof cases / sizeof cases[0], argc, argv);
 }
