@@ -14,6 +14,30 @@
 
 int harness_status[64];
 
+int harness_cases_main(const char *test, const harness_case_t *cases, size_t ncases, int argc, char **argv) {
+  if (argc > 2) {
+    fprintf(stderr, "usage: %s [CASE]\n", test);
+    return 2;
+  }
+  if (argc == 2) {
+    for (size_t i = 0; i < ncases; i++)
+      if (strcmp(argv[1], cases[i].name) == 0) return cases[i].fn();
+    fprintf(stderr, "%s: no case named '%s'; the cases:", test, argv[1]);
+    for (size_t i = 0; i < ncases; i++) fprintf(stderr, " %s", cases[i].name);
+    fprintf(stderr, "\n");
+    return 2;
+  }
+  int failed = 0;
+  for (size_t i = 0; i < ncases; i++) {
+    int rc = cases[i].fn();
+    if (rc != 0 && rc != 77) {
+      fprintf(stderr, "FAILED: %s %s\n", test, cases[i].name);
+      failed = 1;
+    }
+  }
+  return failed;
+}
+
 int harness_store_start(const char *token, int *pid_out) {
   int fds[2];
   if (pipe(fds) != 0) return -1;

@@ -61,6 +61,18 @@ int harness_http_serve(void *(*conn)(void *fd));
 /* Starts a store server process; returns its port, writes its pid. */
 int harness_store_start(const char *token, int *pid_out);
 
+/* One case of a test with a case list (test_NAME_cases.h; docs/testing.md). */
+typedef struct {
+  const char *name;
+  int (*fn)(void); /* 0 passed, 77 skipped, else failed */
+} harness_case_t;
+
+/* A case-list test's main: `test CASE` runs that case and returns its
+ * status (ctest registers each case on its own); no argument runs every
+ * case in turn (a skipped one is passed over); an unknown name prints the
+ * names and returns 2. */
+int harness_cases_main(const char *test, const harness_case_t *cases, size_t ncases, int argc, char **argv);
+
 /* Deterministic pseudo-random numbers for test inputs. */
 static inline unsigned harness_rand(unsigned *state) {
   *state = *state * 1664525u + 1013904223u;

@@ -433,33 +433,61 @@ static int run(const char *what, int np, const char *const *hosts, int tcp, int 
   return 1;
 }
 
-int main(void) {
-  snprintf(token, sizeof token, "test-adasum-%d", (int)getpid());
+/* ---- the cases (test_adasum_cases.h: one ctest entry each) ---------------- */
+
+static const run_t checks = {-1, 0, NULL, NULL};
+
+static int case_flat(void) {
   int failed = 0;
-  run_t checks = {-1, 0, NULL, NULL};
-  for (int np = 1; np <= 8; np++) failed |= run("flat", np, NULL, 0, flat_rank, checks);
+  for (int np = 1; np <= 5; np++) failed |= run("flat", np, NULL, 0, flat_rank, checks);
   failed |= run("flat", 3, NULL, 1, flat_rank, checks);
   failed |= run("flat", 4, NULL, 1, flat_rank, checks);
+  return failed;
+}
+
+static int case_flat_6_to_8(void) {
+  int failed = 0;
+  for (int np = 6; np <= 8; np++) failed |= run("flat", np, NULL, 0, flat_rank, checks);
+  return failed;
+}
+
+static int case_bound(void) {
   cpu_set_t allowed;
   CHECK(sched_getaffinity(0, sizeof allowed, &allowed) == 0);
   for (int cpu = 0, k = 0; cpu < CPU_SETSIZE && k < 2; cpu++)
     if (CPU_ISSET(cpu, &allowed)) two_cpus[k++] = cpu;
-  if (two_cpus[1] >= 0) {
-    failed |= run("ranks bound to 2 CPUs, rank r to CPU r % 2", 4, NULL, 0, bound_rank, checks);
-    failed |= run("ranks bound to 2 CPUs, rank r to CPU r % 2", 8, NULL, 0, bound_rank, checks);
-    failed |= run("ranks bound to 2 CPUs, rank r to CPU r % 2", 4, NULL, 1, bound_rank, checks);
-  } else {
+  if (two_cpus[1] < 0) {
     fprintf(stderr, "ranks bound to 2 CPUs: skipped (this process may run on one CPU only)\n");
+    return 77;
   }
+  int failed = 0;
+  failed |= run("ranks bound to 2 CPUs, rank r to CPU r % 2", 4, NULL, 0, bound_rank, checks);
+  failed |= run("ranks bound to 2 CPUs, rank r to CPU r % 2", 8, NULL, 0, bound_rank, checks);
+  failed |= run("ranks bound to 2 CPUs, rank r to CPU r % 2", 4, NULL, 1, bound_rank, checks);
+  return failed;
+}
+
+static int case_bad_arguments(void) {
+  int failed = 0;
   for (int v = 0; v < 3; v++) failed |= run("bad arguments", 3, NULL, 0, flat_rank, (run_t){v, 0, NULL, NULL});
+  return failed;
+}
+
+static int case_hierarchical(void) {
   const char *hosts4[] = {"a", "a", "b", "b"};
   const char *hosts6[] = {"a", "a", "b", "b", "c", "c"};
+  int failed = 0;
   failed |= run("hierarchical, 2 hosts x 2", 4, hosts4, 0, hier_rank, checks);
   failed |= run("hierarchical, 3 hosts x 2", 6, hosts6, 0, hier_rank, checks);
   failed |= run("flat on 2 hosts x 2 (TIDE_ADASUM_HIER=0)", 4, hosts4, 0, hier_rank, (run_t){-1, 1, NULL, NULL});
   failed |= run("hierarchical vs flat mismatch", 4, hosts4, 0, hier_mismatch, checks);
-  /* The same bits whatever the pieces the transport hands over: shm with
-   * its 256 KiB pieces, shm with a 64 KiB ring, TCP. */
+  return failed;
+}
+
+/* The same bits whatever the pieces the transport hands over: shm with
+ * its 256 KiB pieces, shm with a 64 KiB ring, TCP. */
+static int case_same_bits(void) {
+  int failed = 0;
   const char *how[] = {"shm", "shm with a 64 KiB ring", "tcp"};
   char path[3][128];
   for (int k = 0; k < 3; k++) {
@@ -486,4 +514,15 @@ int main(void) {
   }
   for (int k = 0; k < 3; k++) unlink(path[k]);
   return failed;
+}
+
+/* test_adasum CASE runs one case; no argument runs them all in turn. */
+int main(int argc, char **argv) {
+  snprintf(token, sizeof token, "test-adasum-%d", (int)getpid());
+  static const harness_case_t cases[] = {
+#define ADASUM_CASE(name) {#name, case_##name},
+#include "test_adasum_cases.h"
+#undef ADASUM_CASE
+  };
+  return harness_cases_main("test_adasum", cases, sizeof cases / sizeof cases[0], argc, argv);
 }

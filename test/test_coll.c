@@ -48,26 +48,39 @@ static int all_collectives(int rank, int size, void *arg) {
   return 0;
 }
 
-int main(void) {
-  const char *hosts4[] = {"a", "a", "b", "b"};
-  const char *hosts5[] = {"a", "b", "a", "b", "a"};
-  int failed = 0;
-  for (int np = 1; np <= 5; np++) {
-    for (int tcp = 0; tcp <= 1; tcp++) {
-      harness_opts_t opts = {np, NULL, tcp, 240, NULL};
-      fprintf(stderr, "np=%d %s\n", np, tcp ? "tcp" : "shm");
-      if (harness_run(&opts, all_collectives, NULL) != 0) {
-        fprintf(stderr, "FAILED: np=%d %s\n", np, tcp ? "tcp" : "shm");
-        failed = 1;
-      }
-    }
-  }
-  harness_opts_t hier = {4, hosts4, 0, 240, NULL};
-  fprintf(stderr, "np=4 on 2 emulated hosts (hierarchical)\n");
-  if (harness_run(&hier, all_collectives, NULL) != 0) failed = 1;
-  harness_opts_t uneven = {5, hosts5, 0, 240, NULL};
-  fprintf(stderr, "np=5 on 2 uneven emulated hosts\n");
-  if (harness_run(&uneven, all_collectives, NULL) != 0) failed = 1;
-  shm_names_per_job(); /* last: it loads the parameters, which the ranks forked above read themselves */
-  return failed;
+/* Emulated hosts of the hierarchical cases: 2 hosts of 2 ranks, and 2
+ * hosts of 3 and 2 ranks interleaved. */
+static const char *const hosts_2x2[] = {"a", "a", "b", "b"};
+static const char *const hosts_3_2[] = {"a", "b", "a", "b", "a"};
+
+static int run_case(const char *name, int np, int tcp_only, const char *const *hosts) {
+  harness_opts_t opts = {np, hosts, tcp_only, 240, NULL};
+  fprintf(stderr, "test_coll %s: np=%d %s%s\n", name, np, tcp_only ? "tcp" : "shm",
+          hosts != NULL ? " on emulated hosts" : "");
+  return harness_run(&opts, all_collectives, NULL) != 0;
+}
+
+static int case_shm_names(void) {
+  shm_names_per_job(); /* last in a whole run: it loads the parameters, which the ranks forked before read themselves */
+  return 0;
+}
+
+#define COLL_CASE(name, np, tcp_only, hosts) \
+  static int case_##name(void) { return run_case(#name, np, tcp_only, hosts); }
+#define COLL_CHECK(name)
+#include "test_coll_cases.h"
+#undef COLL_CASE
+#undef COLL_CHECK
+
+/* test_coll CASE runs one case (ctest registers each on its own: see
+ * test_coll_cases.h); no argument runs them all, one after another. */
+int main(int argc, char **argv) {
+  static const harness_case_t cases[] = {
+#define COLL_CASE(name, np, tcp_only, hosts) {#name, case_##name},
+#define COLL_CHECK(name) {#name, case_##name},
+#include "test_coll_cases.h"
+#undef COLL_CASE
+#undef COLL_CHECK
+  };
+  return harness_cases_main("test_coll", cases, sizeof cases / sizeof cases[0], argc, argv);
 }

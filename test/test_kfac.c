@@ -12,6 +12,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "core/core.h"
 #include "harness.h"
 #include "nn/nn.h"
 
@@ -84,6 +85,11 @@ static int train_steps(nn_model_t *m, tide_trainer_t *tr, int batch, int steps) 
   make_data(images, labels, DATASET);
   tide_batch_t b;
   tide_step_stats_t s;
+  /* kfac_s is a part of each step: > 0 (K-FAC ran), at most that step's
+   * step_s, and summed over the steps at most the loop's wall time (a
+   * figure in the wrong unit or never reset fails these; no speed is
+   * asserted). A trainer without K-FAC reports 0 (test_data). */
+  double kfac_total = 0, loop_start = (double)tide__now_ns() * 1e-9;
   for (int step = 0; step < steps;) {
     CHECK_OK(tide_trainer_next(tr, &b));
     for (size_t i = 0; i < b.count; i++) {
@@ -96,9 +102,12 @@ static int train_steps(nn_model_t *m, tide_trainer_t *tr, int batch, int steps) 
     CHECK_OK(tide_trainer_step(tr, loss, &s));
     if (s.stepped) {
       CHECK(s.kfac_s > 0);
+      CHECK(s.kfac_s <= s.step_s);
+      kfac_total += s.kfac_s;
       step++;
     }
   }
+  CHECK(kfac_total <= (double)tide__now_ns() * 1e-9 - loop_start);
   free(images);
   free(x);
   free(labels);

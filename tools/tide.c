@@ -1,7 +1,16 @@
-/* tide: the command-line tool.
+/* tide: the command-line tool (`tide help` prints the same list in full).
  *
- *   tide info [--params [--markdown]]     version and this rank's binding, or the TIDE_* parameter table
  *   tiderun -np 2 tide bench [options]    collective benchmark, one JSON line per size
+ *   tide info [--params [--markdown]]     version and this rank's binding, or the TIDE_* parameter table
+ *   tide report RUN_DIR                   a tide-train run's metrics as PNG plots (gnuplot)
+ *   tide data export|index|stats ...      Fashion-MNIST as a PNG ImageFolder, index.txt and shards,
+ *                                         the data disk cache's contents and hit rates
+ *   tide ctl --rdzv HOST:PORT resize N | status
+ *                                         ask a running elastic job for N workers, or print its state
+ *   tide sim [options] WORKLOAD.csv...    cluster scheduler simulation over the Pollux traces
+ *   tide profile --model mlp|cnn ...      per-layer forward/backward times of tide's nn engine
+ *   tide plan --profile FILE ...          burst-parallel plan: a width per layer
+ *   tide help [COMMAND]                   usage, or one command's
  *
  * `tide bench` measures like nccl-tests and prints lines that bench/mpi_bench
  * and bench/gloo_bench print too (keep the three in step): buffers allocated

@@ -72,12 +72,28 @@ def _library_path():
     return found or "libtide.so.0"
 
 
+def _mpi_backend():
+    """True when tide_comm_init will join through MPI (TIDE_BACKEND=mpi)."""
+    return os.environ.get("TIDE_BACKEND", "").strip().lower() == "mpi"
+
+
+_LIBRARY = _library_path()
 try:
-    # RTLD_GLOBAL: under TIDE_BACKEND=mpi, Open MPI's plugins look up libmpi's symbols globally.
-    lib = ctypes.CDLL(_library_path(), mode=ctypes.RTLD_GLOBAL)
+    # RTLD_LOCAL unless the MPI backend needs RTLD_GLOBAL (Open MPI's plugins
+    # look up libmpi's symbols globally): global, libtide would also export
+    # its dependencies (OpenBLAS) into the process, where torch's BLAS meets them.
+    lib = ctypes.CDLL(_LIBRARY, mode=ctypes.RTLD_GLOBAL if _mpi_backend() else ctypes.RTLD_LOCAL)
 except OSError as e:
     raise ImportError("tide: cannot load libtide (%s); set TIDE_LIBRARY to the path of libtide.so, "
                       "or install tide (make install)" % e) from None
+
+
+def load_global_for_mpi():
+    """Makes libtide and its dependencies (libmpi) global when TIDE_BACKEND=mpi
+    was set after the import: dlopen again with RTLD_GLOBAL promotes the
+    loaded library. Called by tide.torch.init before tide_comm_init."""
+    if _mpi_backend():
+        ctypes.CDLL(_LIBRARY, mode=ctypes.RTLD_GLOBAL)
 
 c_int, c_size_t, c_double, c_void_p, c_char_p = (ctypes.c_int, ctypes.c_size_t, ctypes.c_double,
                                                  ctypes.c_void_p, ctypes.c_char_p)

@@ -97,9 +97,8 @@ typedef float flanes_t __attribute__((vector_size(FLANES * sizeof(float))));
 
 /* Stores one 64-byte vector at dst, which is 16-byte aligned, with
  * non-temporal stores: into the transport's ring they need not own the
- * lines the peer has just read first (on an AMD EPYC VM a combining loop's
- * plain stores there took 3x memcpy's time, and the whole Adasum 1.2-1.3x
- * the time it takes with these). */
+ * lines the peer has just read first (what that saved where it was
+ * measured: docs/performance.md, "Adasum's stores into the ring"). */
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
 static inline void stream64(void *dst, const void *v) {
@@ -348,13 +347,11 @@ typedef struct {
 
 /* How make() writes into a transport's memory (the shm ring): by
  * non-temporal stores (stream64), or made with plain stores (in base first
- * when kept, then memcpy). On a quiet AMD EPYC VM the first made np 2
- * Adasum 1.05-1.23x the allreduce against 1.18-1.30x; while the VM's
- * memory was busy with other work (minutes at a time) it was the other way
- * round, 1.6-2.1x against 1.35x. So each process measures the two: the
- * cheaper per byte so far, and the other every eighth call, so a change
- * in the machine is seen. The choice is this rank's alone: the bytes are
- * the same either way. */
+ * when kept, then memcpy). Which is cheaper depends on the machine and on
+ * how busy its memory is (docs/performance.md, "Adasum's stores into the
+ * ring"), so each process measures the two: the cheaper per byte so far,
+ * and the other every eighth call, so a change in the machine is seen. The
+ * choice is this rank's alone: the bytes are the same either way. */
 static _Atomic int64_t store_ps_per_byte[2]; /* smoothed, 0 = not measured yet */
 static atomic_uint store_calls;
 

@@ -36,3 +36,20 @@ def launch(script, np, *args, timeout=240, env=None, check=True):
 
 def lines(out, word):
     return [l for l in out.splitlines() if word in l]
+
+
+def expect_lines(out, word, n):
+    """True when n lines of out contain word; else prints a FAIL line."""
+    if len(lines(out, word)) == n:
+        return True
+    print("FAIL: expected %d ranks to print '%s'" % (n, word))
+    return False
+
+
+def dispatch(main, worker):
+    """A test file's entry: `--worker ARG` runs worker(ARG) (a rank under
+    tiderun), anything else exits with main()'s status."""
+    if "--worker" in sys.argv:
+        worker(sys.argv[sys.argv.index("--worker") + 1])
+    else:
+        sys.exit(main())

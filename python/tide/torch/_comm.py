@@ -2,9 +2,12 @@
 tensors directly, CUDA tensors staged through pinned host memory in pieces
 (_cuda.py)."""
 import atexit
+import contextlib
 import ctypes
 import errno
 import io
+import threading
+import weakref
 
 import torch
 
@@ -25,10 +28,38 @@ _DTYPES = {torch.float32: _lib.F32, torch.float64: _lib.F64, torch.int32: _lib.I
            torch.float16: _lib.F16, torch.bfloat16: _lib.BF16}
 
 _comm = None  # ctypes.c_void_p of the tide_comm_t, once init() ran
+_in_flight = weakref.WeakSet()  # Handles whose request the library still holds; shutdown() waits for them
+
+# A communicator's calls are made from one thread at a time, in the same
+# order on every rank (include/tide.h). Two Python threads issuing
+# collectives at once would interleave differently on each rank, so the
+# second is refused with an error naming both; one thread may nest calls.
+_busy = threading.RLock()
+_busy_call = [None, None]  # the thread inside, and its call
 
 
 def _invalid(call, message):
     return _lib.error(-errno.EINVAL, message, call)
+
+
+@contextlib.contextmanager
+def one_thread(call):
+    """Held around every call that communicates: refuses (InvalidArgumentError)
+    a second thread while another is inside one."""
+    if not _busy.acquire(blocking=False):
+        thread, other = _busy_call
+        raise _invalid(call, "thread %r called %s while thread %r is inside %s: tide.torch's collectives "
+                       "must be issued by one thread at a time, in the same order on every rank (use one "
+                       "thread for them, or a lock of your own around each)"
+                       % (threading.current_thread().name, call, thread, other))
+    outer = _busy_call[:]
+    if outer[0] is None:
+        _busy_call[:] = [threading.current_thread().name, call]
+    try:
+        yield
+    finally:
+        _busy_call[:] = outer
+        _busy.release()
 
 
 def init():
@@ -37,6 +68,7 @@ def init():
     global _comm
     if _comm is not None:
         return
+    _lib.load_global_for_mpi()
     comm = ctypes.c_void_p()
     _lib.check(lib.tide_comm_init(ctypes.byref(comm)), "tide.torch.init")
     _comm = comm
@@ -44,11 +76,16 @@ def init():
 
 
 def shutdown():
-    """Leaves the job (not collective). init() may be called again after."""
+    """Leaves the job (not collective). Waits first for the nonblocking calls
+    still in flight (their handles then return their output, or raise the
+    error they ended with). init() may be called again after."""
     global _comm
     if _comm is not None:
-        comm, _comm = _comm, None
-        lib.tide_comm_destroy(comm)
+        with one_thread("shutdown"):
+            for h in list(_in_flight):
+                h._finish_request()
+            comm, _comm = _comm, None
+            lib.tide_comm_destroy(comm)
 
 
 def is_initialized():
@@ -138,39 +175,59 @@ class Handle:
         self.output = output
         self.call = call
         self._finish = finish
+        self._error = None  # the error of a request shutdown() waited for
+        if req is not None or staged is not None:
+            _in_flight.add(self)
+
+    def _finish_request(self):
+        """shutdown(): completes the request while the communicator exists,
+        keeping its output or error for wait()."""
+        try:
+            self.wait()
+        except _lib.TideError as e:
+            self._error = e
 
     def poll(self):
-        if self._staged is not None:
-            return self._staged.poll()
-        if self._req is None:
-            return True
-        done = ctypes.c_int()
-        rc = lib.tide_test(self._req, ctypes.byref(done))
-        if rc < 0:
-            raise _fail(rc, self.call)
-        return bool(done.value)
-
-    def wait(self):
-        if self._staged is not None:
-            staged, self._staged = self._staged, None
-            self.output = staged.wait()
-            return self.output
-        if self._req is not None:
-            req, self._req = self._req, None
-            rc = lib.tide_wait(req)
-            self._keep = None
+        with one_thread(self.call):
+            if self._staged is not None:
+                return self._staged.poll()
+            if self._req is None:
+                return True
+            done = ctypes.c_int()
+            rc = lib.tide_test(self._req, ctypes.byref(done))
             if rc < 0:
                 raise _fail(rc, self.call)
-            if self._finish is not None:
-                self.output = self._finish(self.output)
-        return self.output
+            return bool(done.value)
+
+    def wait(self):
+        with one_thread(self.call):
+            if self._staged is not None:
+                staged, self._staged = self._staged, None
+                _in_flight.discard(self)
+                self.output = staged.wait()
+                return self.output
+            if self._req is not None:
+                req, self._req = self._req, None
+                _in_flight.discard(self)
+                rc = lib.tide_wait(req)
+                self._keep = None
+                if rc < 0:
+                    raise _fail(rc, self.call)
+                if self._finish is not None:
+                    self.output = self._finish(self.output)
+            if self._error is not None:
+                raise self._error
+            return self.output
 
     def __del__(self):
-        if getattr(self, "_staged", None) is not None and _comm is not None:
+        # shutdown() completes every request in flight before the communicator
+        # goes, so one left here belongs to a live communicator: the library
+        # still holds the buffers, so wait for it.
+        if getattr(self, "_staged", None) is not None:
             self._staged.abandon()
             self._staged = None
-        if getattr(self, "_req", None) is not None and _comm is not None:
-            lib.tide_wait(self._req)  # the library still holds the buffers
+        if getattr(self, "_req", None) is not None:
+            lib.tide_wait(self._req)
             self._req = None
 
 
@@ -179,6 +236,11 @@ def _ptr(t):
 
 
 def _start_allreduce(sendbuf, recvbuf, op, call):
+    with one_thread(call):
+        return _start_allreduce_locked(sendbuf, recvbuf, op, call)
+
+
+def _start_allreduce_locked(sendbuf, recvbuf, op, call):
     dtype = _check_tensor(sendbuf, call)
     _check_op(op, call)
     comm = _c(call)
@@ -245,6 +307,11 @@ def allgather(tensor, name=None):
     """Every rank's tensor concatenated along dimension 0, in rank order.
     Ranks may differ in their first dimension; the others must agree."""
     call = "allgather(%s)" % name if name else "allgather"
+    with one_thread(call):
+        return _allgather_locked(tensor, name, call)
+
+
+def _allgather_locked(tensor, name, call):
     dtype = _check_tensor(tensor, call)
     if tensor.is_cuda:  # staged as a whole: the ranks' sizes differ
         return allgather(_cuda.to_host(tensor), name).to(tensor.device)
@@ -272,6 +339,11 @@ def allgather(tensor, name=None):
 
 def broadcast_async_(tensor, root_rank=0, name=None):
     call = "broadcast_(%s)" % name if name else "broadcast_"
+    with one_thread(call):
+        return _broadcast_async_locked(tensor, root_rank, call)
+
+
+def _broadcast_async_locked(tensor, root_rank, call):
     dtype = _check_tensor(tensor, call)
     comm = _c(call)
     if tensor.is_cuda:
@@ -300,7 +372,8 @@ def broadcast(tensor, root_rank=0, name=None):
 
 
 def barrier():
-    rc = lib.tide_barrier(_c("barrier"))
+    with one_thread("barrier"):
+        rc = lib.tide_barrier(_c("barrier"))
     if rc < 0:
         raise _fail(rc, "barrier")
 

@@ -92,12 +92,15 @@ class _Bucket:
 
 
 class _DistributedMixin:
-    """Methods of the class DistributedOptimizer builds (a subclass of the
-    wrapped optimizer's class, so isinstance and lr schedulers keep working)."""
+    """The first base of the class DistributedOptimizer builds, before the
+    wrapped optimizer's class (so isinstance and lr schedulers keep working).
+    super() here is the next class in the instance's MRO: the optimizer's
+    class, also when the user subclasses the result (super(self.__class__,
+    self) named the subclass there and recursed)."""
 
     def __init__(self, params, named_parameters, compression, op, backward_passes_per_step, bucket_bytes,
                  measure_overlap):
-        super(self.__class__, self).__init__(params)
+        super().__init__(params)
         call = "DistributedOptimizer"
         _comm._c(call)
         _comm._check_op(op, call)
@@ -207,6 +210,10 @@ class _DistributedMixin:
             p.grad = v
 
     def _launch(self, b):
+        with _comm.one_thread("DistributedOptimizer allreduce"):
+            self._launch_locked(b)
+
+    def _launch_locked(self, b):
         comm = _comm._c()
         req = ctypes.c_void_p()
         dtype = _comm._DTYPES[b.dtype]
@@ -237,6 +244,10 @@ class _DistributedMixin:
         b.handle = _comm.Handle(req, (b.flat,), b.flat, call)
 
     def _exchange_sparse(self, b):
+        with _comm.one_thread("DistributedOptimizer sparse exchange"):
+            self._exchange_sparse_locked(b)
+
+    def _exchange_sparse_locked(self, b):
         comm = _comm._c()
         d = b.flat.numel()
         ptr = ctypes.c_void_p(b.flat.data_ptr())
@@ -337,7 +348,7 @@ class _DistributedMixin:
 
     def step(self, closure=None):
         self.synchronize()
-        loss = super(self.__class__, self).step(closure)
+        loss = super().step(closure)
         self._synchronized = False
         self._steps += 1
         # With measure_overlap, every 10th step from the 3rd defers its
@@ -389,8 +400,11 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     Compression.topk/hitopk exchange in step(). Returns an optimizer of a
     subclass of optimizer's class; the original's state is not carried over
     (wrap before training, then broadcast_optimizer_state)."""
-    cls = type(optimizer.__class__.__name__, (optimizer.__class__,),
-               {k: v for k, v in _DistributedMixin.__dict__.items() if k not in ("__dict__", "__weakref__")})
+    if isinstance(optimizer, _DistributedMixin):
+        raise _comm._invalid("DistributedOptimizer", "the optimizer is already a DistributedOptimizer; wrap the "
+                             "torch optimizer once")
+    cls = type(optimizer.__class__.__name__, (_DistributedMixin, optimizer.__class__),
+               {"__doc__": optimizer.__class__.__doc__})
     return cls(optimizer.param_groups, named_parameters, compression, op, backward_passes_per_step, bucket_bytes,
                measure_overlap)
 

@@ -132,9 +132,10 @@ class Trainer:
             cfg.gns_decay = float(gns_decay)
         cfg.tensor_stats = 1 if tensor_stats else 0
         tr = ctypes.c_void_p()
-        rc = lib.tide_trainer_create(comm, ctypes.byref(cfg), ctypes.c_void_p(self.params.data_ptr()),
-                                     ctypes.c_void_p(self.grads.data_ptr()), total, self._tensors, len(named),
-                                     ctypes.byref(tr))
+        with _comm.one_thread(call):
+            rc = lib.tide_trainer_create(comm, ctypes.byref(cfg), ctypes.c_void_p(self.params.data_ptr()),
+                                         ctypes.c_void_p(self.grads.data_ptr()), total, self._tensors, len(named),
+                                         ctypes.byref(tr))
         if rc < 0:
             raise _comm._fail(rc, call)
         self._tr = tr
@@ -154,7 +155,8 @@ class Trainer:
 
     def next(self):
         """The next micro-batch, or None when training is done. Collective."""
-        rc = lib.tide_trainer_next(self._tr, ctypes.byref(self._batch))
+        with _comm.one_thread("Trainer.next"):
+            rc = lib.tide_trainer_next(self._tr, ctypes.byref(self._batch))
         if rc < 0:
             raise self._error(rc, "Trainer.next")
         if self._batch.done:
@@ -177,7 +179,8 @@ class Trainer:
         when an update ran)."""
         if isinstance(loss, torch.Tensor):
             loss = loss.item()
-        rc = lib.tide_trainer_step(self._tr, float(loss), ctypes.byref(self._stats))
+        with _comm.one_thread("Trainer.step"):
+            rc = lib.tide_trainer_step(self._tr, float(loss), ctypes.byref(self._stats))
         if rc < 0:
             raise self._error(rc, "Trainer.step")
         self.grads.zero_()

@@ -1,0 +1,208 @@
+/* The tide tool's commands that only the demo ran (issue 24, item 5), one
+ * ctest entry each (test_tools_cases.h):
+ *   ctl     `tide ctl` against a store server standing in for an elastic
+ *           job's: status decodes the job's keys (counters, the target
+ *           tide_elastic_request writes, done), resize writes the target and
+ *           0 withdraws it; a wrong token, an unreachable store, bad
+ *           arguments and no TIDE_JOB_TOKEN are errors that say what to do;
+ *   report  `tide report` on a real tide-train run (2 ranks, 512 images):
+ *           every key report reads is a number in each of tide-train's
+ *           metrics lines (the schema they share by string keys), the seven
+ *           PNGs are written and the scratch files removed; a folder
+ *           without metrics, one without step records and bad usage fail.
+ * Skips (77): report without gnuplot or Fashion-MNIST. */
+#include <signal.h>
+#include <stdarg.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "harness.h"
+
+static char tools_dir[1024];
+static char output[1 << 16];
+
+/* Runs the shell command made from fmt (stdout and stderr into output);
+ * returns its exit status, or -1 when it did not exit. */
+static int run(const char *fmt, ...) {
+  char cmd[4096];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(cmd, sizeof cmd, fmt, ap);
+  va_end(ap);
+  char full[4200];
+  snprintf(full, sizeof full, "%s 2>&1", cmd);
+  FILE *p = popen(full, "r");
+  CHECK(p != NULL);
+  size_t len = fread(output, 1, sizeof output - 1, p);
+  output[len] = '\0';
+  int status = pclose(p);
+  fprintf(stderr, "$ %s\n%s[exit %d]\n", cmd, output, WIFEXITED(status) ? WEXITSTATUS(status) : -1);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+#define CHECK_SAYS(text) CHECK(strstr(output, (text)) != NULL)
+
+/* ---- tide ctl ------------------------------------------------------------------- */
+
+static int case_ctl(void) {
+  int server_pid;
+  int port = harness_store_start("ctl-token", &server_pid);
+  CHECK(port > 0);
+  char rdzv[64];
+  snprintf(rdzv, sizeof rdzv, "127.0.0.1:%d", port);
+  const char *tide = tools_dir;
+
+  /* Nothing set yet: every key is "-". */
+  CHECK(run("TIDE_JOB_TOKEN=ctl-token %s/tide ctl --rdzv %s status", tide, rdzv) == 0);
+  CHECK_SAYS("epoch: -\n");
+  CHECK_SAYS("target: -\n");
+  CHECK_SAYS("done: -\n");
+
+  /* The keys as a job writes them: counters (tide_store_add) and text. */
+  tide_store_t *store;
+  CHECK_OK(tide_store_connect("127.0.0.1", port, "ctl-token", 5000, &store));
+  int64_t v;
+  CHECK_OK(tide_store_add(store, "elastic/epoch", 3, &v));
+  CHECK_OK(tide_store_add(store, "elastic/joiners", 5, &v));
+  CHECK_OK(tide_store_add(store, "elastic/admitted", 4, &v));
+  CHECK(run("TIDE_JOB_TOKEN=ctl-token %s/tide ctl --rdzv %s resize 6", tide, rdzv) == 0);
+  CHECK_SAYS("asked the job for 6 worker(s)");
+  void *value;
+  size_t len;
+  CHECK_OK(tide_store_get(store, "elastic/target", 0, &value, &len));
+  CHECK(len >= 1 && strncmp(value, "6", len) == 0);
+  tide_free(value);
+  CHECK(run("TIDE_JOB_TOKEN=ctl-token %s/tide ctl --rdzv %s status", tide, rdzv) == 0);
+  CHECK_SAYS("epoch: 3\n");
+  CHECK_SAYS("target: 6\n");
+  CHECK_SAYS("joiners: 5\n");
+  CHECK_SAYS("admitted: 4\n");
+  CHECK_SAYS("done: -\n");
+  /* resize 0 withdraws the request */
+  CHECK(run("TIDE_JOB_TOKEN=ctl-token %s/tide ctl --rdzv %s resize 0", tide, rdzv) == 0);
+  CHECK(run("TIDE_JOB_TOKEN=ctl-token %s/tide ctl --rdzv %s status", tide, rdzv) == 0);
+  CHECK_SAYS("target: 0\n");
+  tide_store_close(store);
+
+  /* Errors: each names what to fix, none hangs. */
+  CHECK(run("TIDE_JOB_TOKEN=not-the-token TIDE_TIMEOUT_MS=5000 %s/tide ctl --rdzv %s status", tide, rdzv) == 1);
+  CHECK_SAYS("cannot reach the job's store");
+  CHECK_SAYS("job token");
+  CHECK(run("env -u TIDE_JOB_TOKEN %s/tide ctl --rdzv %s status", tide, rdzv) == 2);
+  CHECK_SAYS("TIDE_JOB_TOKEN");
+  CHECK(run("TIDE_JOB_TOKEN=ctl-token %s/tide ctl --rdzv 127.0.0.1 status", tide) == 2);
+  CHECK_SAYS("--rdzv expects HOST:PORT");
+  CHECK(run("TIDE_JOB_TOKEN=ctl-token %s/tide ctl --rdzv %s resize -1", tide, rdzv) == 2);
+  CHECK_SAYS("worker count >= 0");
+  CHECK(run("TIDE_JOB_TOKEN=ctl-token %s/tide ctl --rdzv %s grow", tide, rdzv) == 2);
+  CHECK_SAYS("usage: tide ctl");
+  kill(server_pid, SIGKILL);
+  waitpid(server_pid, NULL, 0);
+  /* the store gone: a clear error within the connect timeout */
+  CHECK(run("TIDE_JOB_TOKEN=ctl-token %s/tide ctl --rdzv %s status", tide, rdzv) == 1);
+  CHECK_SAYS("cannot reach the job's store");
+  return 0;
+}
+
+/* ---- tide report ---------------------------------------------------------------- */
+
+/* Each line of metrics.jsonl of type `type` has every key as a number. */
+static void check_keys(const char *path, const char *type, const char *const *keys, size_t nkeys) {
+  FILE *f = fopen(path, "r");
+  CHECK(f != NULL);
+  char line[8192], want_type[64];
+  snprintf(want_type, sizeof want_type, "\"type\":\"%s\"", type);
+  int lines = 0;
+  while (fgets(line, sizeof line, f) != NULL) {
+    if (strstr(line, want_type) == NULL) continue;
+    lines++;
+    for (size_t k = 0; k < nkeys; k++) {
+      char pattern[96];
+      snprintf(pattern, sizeof pattern, "\"%s\":", keys[k]);
+      const char *at = strstr(line, pattern);
+      char *end = NULL;
+      if (at != NULL) strtod(at + strlen(pattern), &end);
+      if (at == NULL || end == at + strlen(pattern)) {
+        fprintf(stderr, "%s: a %s line has no number for \"%s\", which tide report reads:\n%s", path, type, keys[k],
+                line);
+        exit(1);
+      }
+    }
+  }
+  fclose(f);
+  CHECK(lines > 0);
+}
+
+static int case_report(void) {
+  if (system("command -v gnuplot >/dev/null 2>&1") != 0) {
+    fprintf(stderr, "gnuplot not found (apt-get install gnuplot-nox): skipped\n");
+    return 77;
+  }
+  if (access("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz", R_OK) != 0) {
+    fprintf(stderr, "no Fashion-MNIST in /usr/share/datasets/fashion-mnist: skipped\n");
+    return 77;
+  }
+  char dir[] = "/tmp/tide-test-report-XXXXXX";
+  CHECK(mkdtemp(dir) != NULL);
+  CHECK(run("%s/tiderun -np 2 %s/tide-train --subset 512 --epochs 2 --batch 32 --eval-every 4 --runs %s --name r",
+            tools_dir, tools_dir, dir) == 0);
+  char run_dir[1200], metrics[1300];
+  snprintf(run_dir, sizeof run_dir, "%s/r", dir);
+  snprintf(metrics, sizeof metrics, "%s/metrics.jsonl", run_dir);
+  static const char *const step_keys[] = {"step", "time_s", "loss", "images_per_s", "comm_s", "compute_s", "lr",
+                                          "noise_scale", "global_batch", "lr_factor", "gain_ratio",
+                                          "rank_compute_min_s", "rank_compute_median_s", "rank_compute_max_s",
+                                          "data_s", "step_s"};
+  static const char *const eval_keys[] = {"epoch", "step", "time_s", "test_loss", "test_accuracy"};
+  check_keys(metrics, "step", step_keys, sizeof step_keys / sizeof step_keys[0]);
+  check_keys(metrics, "epoch", eval_keys, sizeof eval_keys / sizeof eval_keys[0]);
+  check_keys(metrics, "eval", eval_keys, sizeof eval_keys / sizeof eval_keys[0]);
+
+  CHECK(run("%s/tide report %s", tools_dir, run_dir) == 0);
+  CHECK_SAYS("(16 steps, 2 epochs)"); /* 512 images / 64 per step x 2 epochs; 2 epoch ends */
+  static const char *const plots[] = {"loss_time", "loss_steps", "accuracy", "throughput", "comm_share",
+                                      "adaptation", "data_wait"};
+  for (size_t i = 0; i < sizeof plots / sizeof plots[0]; i++) {
+    char path[1400];
+    snprintf(path, sizeof path, "%s/%s.png", run_dir, plots[i]);
+    FILE *f = fopen(path, "rb");
+    unsigned char head[8] = {0};
+    CHECK(f != NULL && fread(head, 1, 8, f) == 8);
+    fclose(f);
+    CHECK(memcmp(head, "\x89PNG\r\n\x1a\n", 8) == 0);
+  }
+  static const char *const scratch[] = {".steps.dat", ".epochs.dat", ".report.gp"};
+  for (size_t i = 0; i < 3; i++) {
+    char path[1400];
+    snprintf(path, sizeof path, "%s/%s", run_dir, scratch[i]);
+    CHECK(access(path, F_OK) != 0);
+  }
+
+  /* Failures: no metrics, no step records, bad usage. */
+  CHECK(run("%s/tide report %s/none", tools_dir, dir) == 1);
+  CHECK_SAYS("a tide-train run folder?");
+  char empty[1300];
+  snprintf(empty, sizeof empty, "%s/empty", dir);
+  CHECK(mkdir(empty, 0700) == 0);
+  CHECK(run("grep -v '\"type\":\"step\"' %s > %s/metrics.jsonl", metrics, empty) == 0);
+  CHECK(run("%s/tide report %s", tools_dir, empty) == 1);
+  CHECK_SAYS("has no step records");
+  CHECK(run("%s/tide report", tools_dir) == 2);
+  CHECK_SAYS("usage: tide report RUN_DIR");
+  CHECK(run("rm -rf %s", dir) == 0);
+  return 0;
+}
+
+/* test_tools CASE runs one case; no argument runs them all. */
+int main(int argc, char **argv) {
+  const char *dir = getenv("TIDE_TOOLS_DIR");
+  snprintf(tools_dir, sizeof tools_dir, "%s", dir != NULL ? dir : "tools");
+  static const harness_case_t cases[] = {
+#define TOOL_CASE(name) {#name, case_##name},
+#include "test_tools_cases.h"
+#undef TOOL_CASE
+  };
+  return harness_cases_main("test_tools", cases, sizeof cases / sizeof cases[0], argc, argv);
+}

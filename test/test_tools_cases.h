@@ -1,0 +1,4 @@
+/* The cases of test_tools, one ctest entry each (test_tools/NAME:
+ * test/CMakeLists.txt reads the names of these lines). */
+TOOL_CASE(ctl)
+TOOL_CASE(report)
