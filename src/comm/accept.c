@@ -102,7 +102,7 @@ static int advance(tide_comm_t *comm, pending_t *p, const tide__transport_ops_t 
     int rc = tide__auth_server_check(p->hello, comm->token, p->in, p->got, answer, &why);
     if (rc == 0) return -1;
     if (rc < 0) {
-      if (strcmp(why, "wrong job token") == 0) { /* so that it reports a refusal, not a lost peer */
+      if (rc == TIDE_EAUTH) { /* so that it reports a refusal, not a lost peer */
         memset(answer, 0, sizeof answer);
         queue(p, answer, sizeof answer);
         flush(p);
