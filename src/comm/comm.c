@@ -250,17 +250,6 @@ static int local_address(const tide_comm_t *comm, char *addr, size_t cap) {
   return rc;
 }
 
-static int get_string(tide_store_t *store, const char *key, int timeout_ms, char *out, size_t cap) {
-  void *value;
-  size_t len;
-  TIDE_CHECK(tide_store_get(store, key, timeout_ms, &value, &len));
-  size_t n = len < cap - 1 ? len : cap - 1;
-  memcpy(out, value, n);
-  out[n] = '\0';
-  tide__free(value);
-  return 0;
-}
-
 /* ---- connecting -------------------------------------------------------- */
 
 static int set_string(tide_store_t *store, const char *key, const char *value) {
@@ -364,7 +353,7 @@ static int comm_connect(tide_comm_t *comm) {
   TIDE_CHECK_GOTO(set_string(comm->store, key, value), rc, out);
   for (int r = 0; r < comm->size; r++) {
     snprintf(key, sizeof key, "%s/peer/%d", comm->ns, r);
-    rc = get_string(comm->store, key, timeout, value, sizeof value);
+    rc = tide__store_get_string(comm->store, key, timeout, value, sizeof value);
     if (rc == TIDE_ETIMEDOUT)
       TIDE_ERROR("rank %d waited %d ms for rank %d to join (is it running, with the same "
                  "TIDE_RDZV and size?)", comm->rank, timeout, r);
@@ -665,7 +654,7 @@ int tide_comm_split(tide_comm_t *comm, int color, int key, tide_comm_t **out) {
   int my_rank = 0, count = 0;
   for (int r = 0; r < comm->size; r++) {
     snprintf(skey, sizeof skey, "%s/split%d/%d", comm->ns, split, r);
-    TIDE_CHECK(get_string(comm->store, skey, (int)comm->timeout_ms, value, sizeof value));
+    TIDE_CHECK(tide__store_get_string(comm->store, skey, (int)comm->timeout_ms, value, sizeof value));
     int c, k;
     if (sscanf(value, "%d %d", &c, &k) != 2) return TIDE_EPROTO;
     if (c != color || color < 0) continue;

@@ -16,6 +16,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "store/store.h"
 #include "transport/transport.h"
 
 #define SEG_MAGIC 0x746964657368ull /* "tideshm" */
@@ -269,18 +270,6 @@ static void shm_host_close(void *state) {
   tide__free(host);
 }
 
-/* Reads the string value of key into out (NUL-terminated, cut to cap). */
-static int store_string(tide_store_t *store, const char *key, int timeout_ms, char *out, size_t cap) {
-  void *value;
-  size_t len;
-  TIDE_CHECK(tide_store_get(store, key, timeout_ms, &value, &len));
-  size_t n = len < cap - 1 ? len : cap - 1;
-  memcpy(out, value, n);
-  out[n] = '\0';
-  tide__free(value);
-  return 0;
-}
-
 /* Creates our segment, publishes its name under ns, maps each peer's and
  * connects the channels; then, once every peer has mapped ours, unlinks
  * its name, so a crash later leaves nothing behind in /dev/shm. */
@@ -301,7 +290,7 @@ static int shm_host_open(const tide__host_setup_t *setup, tide__chan_t *chans, v
     int l = setup->peers[p], peer = setup->local_ranks[l];
     char peer_name[260];
     snprintf(key, sizeof key, "%s/shm/%d", setup->ns, peer);
-    rc = store_string(setup->store, key, setup->timeout_ms, peer_name, sizeof peer_name);
+    rc = tide__store_get_string(setup->store, key, setup->timeout_ms, peer_name, sizeof peer_name);
     if (rc == 0) rc = segment_open(peer_name, setup->local_size, ring, &host->peers[l]);
     if (rc == 0) chan_init(&chans[peer], peer, host->mine, host->peers[l], setup->local_rank, l);
   }
