@@ -124,7 +124,9 @@ int tide__comm_run(tide_comm_t *comm, tide__p2p_t *ops, int n, const char *what)
   int64_t spin_ns = comm->spin_us * 1000, spin_start = 0;
   int idle = 0;
   struct pollfd *fds = poll_set(comm, n);
-  if (fds == NULL) return TIDE_ENOMEM; /* nothing started yet */
+  if (fds == NULL) /* fail the communicator, so the peers do not wait for us until their deadline */
+    return tide__comm_fail(comm, TIDE_ENOMEM, 0, "rank %d: no memory for the poll set of %d operations in %s",
+                           comm->rank, n, what);
   for (;;) {
     if (comm->mpi != NULL) tide__mpi_comm_poll(comm); /* another rank's failure report */
     int rc = tide__comm_check(comm, comm->seq);
@@ -204,8 +206,10 @@ int tide__comm_run(tide_comm_t *comm, tide__p2p_t *ops, int n, const char *what)
         comm->overslept++;
         TIDE_WARN("rank %d slept %d ms in %s while rank %d's data was ready", comm->rank, timeout, what, peer - 1);
       }
-    } else {
+    } else if (bell_pending > 0) {
       comm->host_ops->bell_sleep(comm->host_state, bell, left < 1000 ? left : 1000);
+    } else {
+      sched_yield(); /* not reached: an unfinished op that is not blocked always names a wait source */
     }
   }
 }
