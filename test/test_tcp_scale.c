@@ -92,7 +92,7 @@ static int test_poll(void) {
   comm->size = CHANNELS + 1;
   comm->rank = CHANNELS;
   comm->spin_us = 0; /* sleep as soon as nothing moves */
-  comm->chans = calloc((size_t)comm->size, sizeof *comm->chans);
+  comm->chans = tide__calloc((size_t)comm->size, sizeof *comm->chans); /* tide_comm_destroy frees it */
   CHECK(comm->chans != NULL);
   const tide__link_t link = {0, NULL};
   const tide__transport_ops_t *tcp = tide__transport_pick(&link);
