@@ -154,12 +154,47 @@ static int child_with_env(const char *name, const char *value) {
   return WIFEXITED(status) ? WEXITSTATUS(status) : 1;
 }
 
+/* In a child with name=value: the load's error (in the log file) holds
+ * want, or (want NULL) the load succeeds and the ENUM parameter id reads as
+ * index. */
+static int child_enum(const char *name, const char *value, const char *want, int id, int index) {
+  char log[] = "/tmp/test_core_enum.XXXXXX";
+  int fd = mkstemp(log);
+  CHECK(fd >= 0);
+  close(fd);
+  pid_t pid = fork();
+  if (pid == 0) {
+    setenv("TIDE_LOG_FILE", log, 1);
+    setenv(name, value, 1);
+    int rc = tide_params_load();
+    if (want == NULL) _exit(rc == 0 && tide__param_enum(id) == index ? 0 : 1);
+    FILE *f = fopen(log, "r");
+    char text[4096] = "";
+    size_t n = f != NULL ? fread(text, 1, sizeof text - 1, f) : 0;
+    text[n] = '\0';
+    if (f != NULL) fclose(f);
+    _exit(rc == TIDE_EINVAL && strstr(text, want) != NULL ? 0 : 1);
+  }
+  int status;
+  waitpid(pid, &status, 0);
+  unlink(log);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 1;
+}
+
 static void params(void) {
   CHECK(child_with_env("TIDE_TIMEOUT_MS", "soon") == 0);
   CHECK(child_with_env("TIDE_TIMEOUT_MS", "0") == 0);
   CHECK(child_with_env("TIDE_SHM", "2") == 0);
   CHECK(child_with_env("TIDE_ALGO", "fastest") == 0);
   CHECK(child_with_env("TIDE_LOG_LEVEL", "loud") == 0);
+  /* Enum-valued parameters: one validator, its message listing the names the table declares. */
+  CHECK(child_enum("TIDE_ALGO", "fastest", "TIDE_ALGO=\"fastest\" is not one of auto, ring, rd, hier or mpi", 0, 0) == 0);
+  CHECK(child_enum("TIDE_BACKEND", "nccl", "TIDE_BACKEND=\"nccl\" is not one of auto or mpi", 0, 0) == 0);
+  CHECK(child_enum("TIDE_STRAGGLER", "kill", "TIDE_STRAGGLER=\"kill\" is not one of off, report or remove", 0, 0) == 0);
+  CHECK(child_enum("TIDE_BIND", "cores", "is not one of auto, core, numa or none", 0, 0) == 0);
+  CHECK(child_enum("TIDE_ALGO", "hier", NULL, TIDE__PARAM_ALGO, 3) == 0);
+  CHECK(child_enum("TIDE_LOG_LEVEL", "debug", NULL, TIDE__PARAM_LOG_LEVEL, TIDE__LOG_DEBUG) == 0);
+  CHECK(tide__param_enum(TIDE__PARAM_BACKEND) == 0); /* the default, auto */
   CHECK(tide__param_int(TIDE__PARAM_SHM_RING_BYTES) >= 65536);
   FILE *f = tmpfile();
   tide_params_print(f, 1);

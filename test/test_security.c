@@ -177,6 +177,26 @@ static void helpers(void) {
   CHECK_RC(tide_test(NULL, &done), TIDE_EINVAL);
   CHECK(tide_comm_rank(NULL) == TIDE_EINVAL);
   CHECK(logged("tide_comm_rank: comm must not be NULL"));
+  /* NULL arguments are reported one way everywhere: TIDE_EINVAL and "fn: arg must not be NULL" logged. */
+  tide_request_t *req = NULL;
+  CHECK_RC(tide_iadasum_allreduce(NULL, x, x, 4, TIDE_F32, NULL, 0, &req), TIDE_EINVAL);
+  CHECK(logged("tide_iadasum_allreduce: comm must not be NULL"));
+  tide_speedup_t *speedup = NULL;
+  CHECK_RC(tide_speedup_create(NULL, &speedup), TIDE_EINVAL);
+  CHECK(logged("tide_speedup_create: hints or out must not be NULL"));
+  tide_sched_t *sched = NULL;
+  CHECK_RC(tide_sched_create(NULL, 1, NULL, &sched), TIDE_EINVAL);
+  CHECK(logged("tide_sched_create: opts, slots or out must not be NULL"));
+  CHECK_RC(tide_pollux_fit(NULL, 1, 0, NULL), TIDE_EINVAL);
+  CHECK(logged("tide_pollux_fit: profiles or model must not be NULL"));
+  tide_pollux_choice_t choice;
+  CHECK_RC(tide_pollux_goodput(NULL, NULL, 1, 1, 0, 1, &choice), TIDE_EINVAL);
+  CHECK(logged("tide_pollux_goodput: model, limits or out must not be NULL"));
+  tide_sim_result_t *sim = NULL;
+  CHECK_RC(tide_sim_run(NULL, "x", "y", &sim), TIDE_EINVAL);
+  CHECK(logged("tide_sim_run: opts, traces_dir, workload_csv or out must not be NULL"));
+  CHECK_RC(tide_sim_plot(NULL, 1, "x", NULL), TIDE_EINVAL);
+  CHECK(logged("tide_sim_plot: runs or dir must not be NULL"));
   tide_comm_t *comm = solo();
   CHECK_RC(tide_iallreduce(comm, x, x, 4, TIDE_F32, TIDE_SUM, NULL), TIDE_EINVAL);
   CHECK(logged("tide_iallreduce: req must not be NULL"));
@@ -303,8 +323,8 @@ static void handshake_closed(void) {
   CHECK(tide__auth_server_check(hello, TOKEN, in, 9, answer, &why) == 0);
   CHECK_RC(tide__auth_server_check(hello, TOKEN, in, sizeof in, answer, &why), TIDE_EAUTH);
   CHECK(strcmp(why, "wrong job token") == 0);
-  in[0] = 'X';
-  CHECK_RC(tide__auth_server_check(hello, TOKEN, in, 1, answer, &why), TIDE_EAUTH);
+  in[0] = 'X'; /* not a handshake at all: no refusal answer owed */
+  CHECK_RC(tide__auth_server_check(hello, TOKEN, in, 1, answer, &why), TIDE_EPROTO);
 }
 
 /* ---- 4. the store under a flood of silent connections ---- */

@@ -430,7 +430,7 @@ int tide_allgatherv(tide_comm_t *comm, const void *sendbuf, size_t sendcount, vo
 
 int tide_iadasum_allreduce(tide_comm_t *comm, const void *sendbuf, void *recvbuf, size_t count, tide_dtype_t dtype,
                            const tide_tensor_t *tensors, size_t ntensors, tide_request_t **req) {
-  if (comm == NULL) return TIDE_EINVAL;
+  if (comm == NULL) return tide__null_arg("tide_iadasum_allreduce", "comm");
   int rc = atomic_load(&comm->failed);
   if (rc) return rc;
   args_t a = {ADASUM, sendbuf, recvbuf, count, NULL, dtype, TIDE_SUM, 0, NULL, 0, NULL};

@@ -91,7 +91,7 @@ static int receive(pending_t *p) {
 /* Moves one connection on. Returns the peer's rank once it has proved the
  * token and named itself (the connection is then handed over), -1 while it
  * is in progress or after it was refused (fd -1). */
-static int advance(tide_comm_t *comm, pending_t *p, const int *use_tcp, uint64_t ns_hash) {
+static int advance(tide_comm_t *comm, pending_t *p, const tide__transport_ops_t *const *by_socket, uint64_t ns_hash) {
   if (flush(p) != 0 || receive(p) != 0) {
     refuse(p, p->proved ? "closed before naming its rank" : "closed during the job-token handshake");
     return -1;
@@ -102,7 +102,7 @@ static int advance(tide_comm_t *comm, pending_t *p, const int *use_tcp, uint64_t
     int rc = tide__auth_server_check(p->hello, comm->token, p->in, p->got, answer, &why);
     if (rc == 0) return -1;
     if (rc < 0) {
-      if (strcmp(why, "wrong job token") == 0) { /* so that it reports a refusal, not a lost peer */
+      if (rc == TIDE_EAUTH) { /* so that it reports a refusal, not a lost peer */
         memset(answer, 0, sizeof answer);
         queue(p, answer, sizeof answer);
         flush(p);
@@ -120,7 +120,7 @@ static int advance(tide_comm_t *comm, pending_t *p, const int *use_tcp, uint64_t
   if (p->got < sizeof p->in || p->out_len > 0) return -1;
   tide__peer_hello_t hello;
   memcpy(&hello, p->in + TIDE__AUTH_CLIENT_BYTES, sizeof hello);
-  if (tide__peer_hello_check(&hello, ns_hash, comm->rank, comm->size) != 0 || !use_tcp[hello.rank] ||
+  if (tide__peer_hello_check(&hello, ns_hash, comm->rank, comm->size) != 0 || by_socket[hello.rank] == NULL ||
       comm->chans[hello.rank].ops != NULL) {
     char why[160];
     snprintf(why, sizeof why, "it proved the token but its hello (rank %d, communicator %016llx) is not one rank %d "
@@ -178,10 +178,10 @@ static void accept_one(int listen_fd, pending_t *pending, int *count, uint64_t *
   if (flush(p) != 0) refuse(p, "closed during the job-token handshake");
 }
 
-int tide__comm_accept_peers(tide_comm_t *comm, int listen_fd, const int *use_tcp, uint64_t ns_hash,
-                            int64_t deadline_ns) {
+int tide__comm_accept_peers(tide_comm_t *comm, int listen_fd, const tide__transport_ops_t *const *by_socket,
+                            uint64_t ns_hash, int64_t deadline_ns) {
   int expected = 0;
-  for (int peer = comm->rank + 1; peer < comm->size; peer++) expected += use_tcp[peer];
+  for (int peer = comm->rank + 1; peer < comm->size; peer++) expected += by_socket[peer] != NULL;
   if (expected == 0) return 0;
   /* poll can report a connection that is gone before accept takes it: never block there. */
   if (tide__socket_tune(listen_fd, 1) != 0) return TIDE_EIO;
@@ -202,7 +202,7 @@ int tide__comm_accept_peers(tide_comm_t *comm, int listen_fd, const int *use_tcp
       char missing[256] = "";
       size_t at = 0;
       for (int peer = comm->rank + 1; peer < comm->size && at < sizeof missing - 16; peer++)
-        if (use_tcp[peer] && comm->chans[peer].ops == NULL)
+        if (by_socket[peer] != NULL && comm->chans[peer].ops == NULL)
           at += (size_t)snprintf(missing + at, sizeof missing - at, "%s%d", at ? ", " : "", peer);
       TIDE_ERROR("rank %d waited %lld ms for TCP connections from ranks %s (are they running? can they reach "
                  "this host?)", comm->rank, (long long)comm->timeout_ms, missing);
@@ -211,9 +211,10 @@ int tide__comm_accept_peers(tide_comm_t *comm, int listen_fd, const int *use_tcp
     }
     for (int i = 0; n > 0 && i < count && expected > 0; i++) {
       if (pending[i].fd < 0 || pfds[1 + i].revents == 0) continue;
-      int peer = advance(comm, &pending[i], use_tcp, ns_hash);
+      int peer = advance(comm, &pending[i], by_socket, ns_hash);
       if (peer < 0) continue;
-      rc = tide__tcp_chan_init(&comm->chans[peer], peer, pending[i].fd);
+      tide__endpoint_t ep = {pending[i].fd, NULL};
+      rc = by_socket[peer]->connect(&comm->chans[peer], peer, &ep);
       pending[i].fd = -1; /* the channel owns it, even when set-up failed */
       if (rc != 0) break;
       TIDE_DEBUG("rank %d: rank %d connected from %s", comm->rank, peer, pending[i].who);

@@ -1,6 +1,7 @@
 /* Communicator life cycle: join the job through the store, learn where the
  * other ranks are, connect (shared memory on the same host, TCP across
  * hosts), watch for failures, split, destroy. */
+#include <assert.h>
 #include <fcntl.h>
 #include <netdb.h>
 #include <arpa/inet.h>
@@ -25,7 +26,7 @@ typedef struct {
 /* ---- failure state ---------------------------------------------------- */
 
 static void wake_waiters(tide_comm_t *comm) {
-  if (comm->seg != NULL) tide__shm_ring_bell(tide__shm_bell(comm->seg), tide__shm_sleepers(comm->seg));
+  if (comm->host_state != NULL) comm->host_ops->bell_ring(comm->host_state);
   uint64_t one = 1;
   /* Only fails when the counter is saturated: then a wake-up is pending anyway. */
   if (comm->wake_fd >= 0) (void)!write(comm->wake_fd, &one, sizeof one);
@@ -249,17 +250,6 @@ static int local_address(const tide_comm_t *comm, char *addr, size_t cap) {
   return rc;
 }
 
-static int get_string(tide_store_t *store, const char *key, int timeout_ms, char *out, size_t cap) {
-  void *value;
-  size_t len;
-  TIDE_CHECK(tide_store_get(store, key, timeout_ms, &value, &len));
-  size_t n = len < cap - 1 ? len : cap - 1;
-  memcpy(out, value, n);
-  out[n] = '\0';
-  tide__free(value);
-  return 0;
-}
-
 /* ---- connecting -------------------------------------------------------- */
 
 static int set_string(tide_store_t *store, const char *key, const char *value) {
@@ -280,64 +270,59 @@ void tide__comm_shm_name(const tide_comm_t *comm, char *out, size_t cap) {
     if (*p == '/') *p = '_';
 }
 
-static int connect_shm(tide_comm_t *comm, const int *local_ranks) {
-  int timeout = (int)comm->timeout_ms;
-  size_t ring = (size_t)tide__param_int(TIDE__PARAM_SHM_RING_BYTES) & ~(size_t)63;
-  char name[260], key[220];
-  tide__comm_shm_name(comm, name, sizeof name);
-  tide__shm_segment_unlink(name); /* a leftover from a killed run */
-  TIDE_CHECK(tide__shm_segment_create(name, comm->local_size, ring, &comm->seg));
-  snprintf(key, sizeof key, "%s/shm/%d", comm->ns, comm->rank);
-  int rc = set_string(comm->store, key, name);
-  comm->peer_segs = tide__calloc((size_t)comm->local_size, sizeof *comm->peer_segs);
-  if (comm->peer_segs == NULL) rc = TIDE_ENOMEM;
-  for (int l = 0; rc == 0 && l < comm->local_size; l++) {
-    int peer = local_ranks[l];
-    if (peer == comm->rank) continue;
-    char peer_name[260];
-    snprintf(key, sizeof key, "%s/shm/%d", comm->ns, peer);
-    rc = get_string(comm->store, key, timeout, peer_name, sizeof peer_name);
-    if (rc == 0) rc = tide__shm_segment_open(peer_name, comm->local_size, ring, &comm->peer_segs[l]);
-    if (rc == 0)
-      tide__shm_chan_init(&comm->chans[peer], peer, comm->seg, comm->peer_segs[l], comm->local_rank, l);
+/* Sets up the transport whose channels share host-wide state (shm), for the
+ * local peers picked[] gave it; at most one such transport. */
+static int connect_host(tide_comm_t *comm, const int *local_ranks, const tide__transport_ops_t *const *picked) {
+  int *peers = tide__calloc((size_t)comm->local_size, sizeof *peers), npeers = 0;
+  if (peers == NULL) return TIDE_ENOMEM;
+  const tide__transport_ops_t *ops = NULL;
+  for (int l = 0; l < comm->local_size; l++) {
+    const tide__transport_ops_t *t = picked[local_ranks[l]];
+    if (t == NULL || t->host_open == NULL) continue;
+    assert(ops == NULL || ops == t);
+    ops = t;
+    peers[npeers++] = l;
   }
-  /* Once every local peer has mapped our segment its name can go, so a
-   * crash later leaves nothing behind in /dev/shm. */
-  if (rc == 0) {
-    snprintf(key, sizeof key, "%s/mapped/%d", comm->ns, comm->rank);
-    rc = set_string(comm->store, key, "1");
+  int rc = 0;
+  if (ops != NULL) {
+    char name[260];
+    tide__comm_shm_name(comm, name, sizeof name);
+    tide__host_setup_t setup = {comm->rank, comm->local_rank, comm->local_size, local_ranks, peers, npeers,
+                                comm->store, comm->ns, name, (int)comm->timeout_ms};
+    comm->host_ops = ops;
+    rc = ops->host_open(&setup, comm->chans, &comm->host_state);
   }
-  for (int l = 0; rc == 0 && l < comm->local_size; l++) {
-    if (local_ranks[l] == comm->rank) continue;
-    snprintf(key, sizeof key, "%s/mapped/%d", comm->ns, local_ranks[l]);
-    const char *keys[1] = {key};
-    rc = tide_store_wait(comm->store, keys, 1, timeout);
-  }
-  tide__shm_segment_unlink(name);
+  tide__free(peers);
   return rc;
 }
 
-static int connect_tcp(tide_comm_t *comm, int listen_fd, const peer_info_t *peers, const int *use_tcp) {
+/* Connects the channels whose transport takes a socket (by_socket[peer]
+ * set): an authenticated TCP connection to each peer. */
+static int connect_sockets(tide_comm_t *comm, int listen_fd, const peer_info_t *peers,
+                           const tide__transport_ops_t *const *by_socket) {
   int64_t deadline = tide__deadline_after_ms(comm->timeout_ms);
   uint64_t ns_hash = tide__fnv1a_str(comm->ns);
   /* Connect to lower ranks, then accept the higher ones: rank 0 only
    * accepts, so nobody waits in a cycle. */
   for (int peer = 0; peer < comm->rank; peer++) {
-    if (!use_tcp[peer]) continue;
+    if (by_socket[peer] == NULL) continue;
     int fd;
     TIDE_CHECK(tide__tcp_connect(peers[peer].addr, peers[peer].port, deadline, &fd));
     int rc = tide__auth_handshake(fd, comm->token, 0, deadline);
     tide__peer_hello_t hello = {TIDE__PEER_HELLO_MAGIC, ns_hash, comm->rank, 0};
     if (rc == 0) rc = tide__send_all(fd, &hello, sizeof hello, deadline);
-    if (rc == 0) rc = tide__tcp_chan_init(&comm->chans[peer], peer, fd);
+    if (rc == 0) {
+      tide__endpoint_t ep = {fd, NULL};
+      rc = by_socket[peer]->connect(&comm->chans[peer], peer, &ep);
+    }
     if (rc != 0) {
-      close(fd);
+      if (comm->chans[peer].ops == NULL) close(fd); /* else the channel owns it */
       TIDE_ERROR("rank %d cannot connect to rank %d at %s:%d: %s", comm->rank, peer, peers[peer].addr,
                  peers[peer].port, tide_strerror(rc));
       return rc;
     }
   }
-  return tide__comm_accept_peers(comm, listen_fd, use_tcp, ns_hash, deadline);
+  return tide__comm_accept_peers(comm, listen_fd, by_socket, ns_hash, deadline);
 }
 
 /* Fills in topology and channels for comm (rank, size, ns, store set). */
@@ -345,12 +330,14 @@ static int comm_connect(tide_comm_t *comm) {
   int rc = 0, listen_fd = -1;
   int timeout = (int)comm->timeout_ms;
   peer_info_t *peers = tide__calloc((size_t)comm->size, sizeof *peers);
-  int *use_tcp = tide__calloc((size_t)comm->size, sizeof *use_tcp);
+  /* by rank: the transport picked, and the same for those connected over a socket */
+  const tide__transport_ops_t **picked = tide__calloc((size_t)comm->size, sizeof *picked);
+  const tide__transport_ops_t **by_socket = tide__calloc((size_t)comm->size, sizeof *by_socket);
   int *local_ranks = tide__calloc((size_t)comm->size, sizeof *local_ranks);
   const char **hosts = tide__calloc((size_t)comm->size, sizeof *hosts);
   uint64_t *keys = tide__calloc((size_t)comm->size, sizeof *keys);
   comm->chans = tide__calloc((size_t)comm->size, sizeof *comm->chans);
-  if (!peers || !use_tcp || !local_ranks || !hosts || !keys || !comm->chans) {
+  if (!peers || !picked || !by_socket || !local_ranks || !hosts || !keys || !comm->chans) {
     rc = TIDE_ENOMEM;
     goto out;
   }
@@ -366,7 +353,7 @@ static int comm_connect(tide_comm_t *comm) {
   TIDE_CHECK_GOTO(set_string(comm->store, key, value), rc, out);
   for (int r = 0; r < comm->size; r++) {
     snprintf(key, sizeof key, "%s/peer/%d", comm->ns, r);
-    rc = get_string(comm->store, key, timeout, value, sizeof value);
+    rc = tide__store_get_string(comm->store, key, timeout, value, sizeof value);
     if (rc == TIDE_ETIMEDOUT)
       TIDE_ERROR("rank %d waited %d ms for rank %d to join (is it running, with the same "
                  "TIDE_RDZV and size?)", comm->rank, timeout, r);
@@ -380,13 +367,20 @@ static int comm_connect(tide_comm_t *comm) {
   }
   for (int r = 0; r < comm->size; r++) hosts[r] = peers[r].host;
   TIDE_CHECK_GOTO(tide__comm_set_hosts(comm, hosts, keys), rc, out);
-  int shm = tide__param_int(TIDE__PARAM_SHM) != 0 && comm->local_size > 1;
   for (int r = 0; r < comm->size; r++) {
     if (comm->node_of[r] == comm->node) local_ranks[comm->local_rank_of[r]] = r;
-    use_tcp[r] = r != comm->rank && !(shm && comm->node_of[r] == comm->node);
+    if (r == comm->rank) continue;
+    tide__link_t link = {comm->node_of[r] == comm->node, NULL};
+    picked[r] = tide__transport_pick(&link);
+    if (picked[r] == NULL) {
+      TIDE_ERROR("rank %d: no transport can reach rank %d", comm->rank, r);
+      rc = TIDE_ENOSYS;
+      goto out;
+    }
+    if (picked[r]->host_open == NULL) by_socket[r] = picked[r];
   }
-  if (shm) TIDE_CHECK_GOTO(connect_shm(comm, local_ranks), rc, out);
-  TIDE_CHECK_GOTO(connect_tcp(comm, listen_fd, peers, use_tcp), rc, out);
+  TIDE_CHECK_GOTO(connect_host(comm, local_ranks, picked), rc, out);
+  TIDE_CHECK_GOTO(connect_sockets(comm, listen_fd, peers, by_socket), rc, out);
 
   comm->spin_us = tide__param_int(TIDE__PARAM_SPIN_US);
 
@@ -414,7 +408,8 @@ static int comm_connect(tide_comm_t *comm) {
 out:
   if (listen_fd >= 0) close(listen_fd);
   tide__free(peers);
-  tide__free(use_tcp);
+  tide__free(picked);
+  tide__free(by_socket);
   tide__free(local_ranks);
   tide__free(hosts);
   tide__free(keys);
@@ -551,9 +546,7 @@ void tide_comm_destroy(tide_comm_t *comm) {
     for (int r = 0; r < comm->size; r++)
       if (comm->chans[r].ops != NULL) comm->chans[r].ops->close(&comm->chans[r]);
   if (comm->mpi != NULL) tide__mpi_comm_fini(comm);
-  if (comm->peer_segs != NULL)
-    for (int l = 0; l < comm->local_size; l++) tide__shm_segment_close(comm->peer_segs[l]);
-  tide__shm_segment_close(comm->seg);
+  if (comm->host_ops != NULL) comm->host_ops->host_close(comm->host_state);
   if (comm->store != NULL) atomic_fetch_sub(&open_comms, 1);
   tide_store_close(comm->store);
   /* Hosting the store, stay until the other ranks are done with it (their
@@ -566,7 +559,7 @@ void tide_comm_destroy(tide_comm_t *comm) {
   pthread_mutex_destroy(&comm->exec_lock);
   pthread_mutex_destroy(&comm->queue_lock);
   pthread_cond_destroy(&comm->queue_cond);
-  tide__free(comm->peer_segs);
+  tide__free(comm->wait_fds);
   tide__free(comm->chans);
   tide__free(comm->node_of);
   tide__free(comm->local_rank_of);
@@ -661,7 +654,7 @@ int tide_comm_split(tide_comm_t *comm, int color, int key, tide_comm_t **out) {
   int my_rank = 0, count = 0;
   for (int r = 0; r < comm->size; r++) {
     snprintf(skey, sizeof skey, "%s/split%d/%d", comm->ns, split, r);
-    TIDE_CHECK(get_string(comm->store, skey, (int)comm->timeout_ms, value, sizeof value));
+    TIDE_CHECK(tide__store_get_string(comm->store, skey, (int)comm->timeout_ms, value, sizeof value));
     int c, k;
     if (sscanf(value, "%d %d", &c, &k) != 2) return TIDE_EPROTO;
     if (c != color || color < 0) continue;

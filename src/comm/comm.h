@@ -7,6 +7,7 @@
 #ifndef TIDE_COMM_H
 #define TIDE_COMM_H
 
+#include <poll.h>
 #include <pthread.h>
 #include <stdatomic.h>
 
@@ -36,8 +37,17 @@ struct tide_comm {
   int wake_fd; /* eventfd: the watcher wakes TCP waits */
 
   tide__chan_t *chans; /* by rank; chans[rank] unused */
-  tide__shm_segment_t *seg;        /* ours, NULL without shared memory */
-  tide__shm_segment_t **peer_segs; /* by local rank */
+  /* The host-wide state of the transport whose channels share one (shm's
+   * segments and doorbell), NULL when no channel uses such a transport. */
+  const tide__transport_ops_t *host_ops;
+  void *host_state;
+  /* The engine's poll set (src/comm/progress.c), grown to the ops posted. */
+  struct pollfd *wait_fds;
+  size_t wait_cap;
+  /* Sleeps of the engine that ran to their timeout while one of the ops it
+   * waited for could already move: a wait that overslept its data. Stays
+   * 0 (tests check it). */
+  uint64_t overslept;
 
   _Atomic int failed; /* 0 or the TIDE_E* every call now returns */
   pthread_mutex_t error_lock;
@@ -125,17 +135,22 @@ typedef struct {
  * the ranks that connect to my_rank; TIDE_EPROTO otherwise. */
 int tide__peer_hello_check(const tide__peer_hello_t *hello, uint64_t ns_hash, int my_rank, int size);
 
-/* Accepts the TCP peers that connect to this rank (the higher ranks with
- * use_tcp set) on listen_fd and sets up their channels. Every connection is
+/* Accepts the peers that connect to this rank over a socket (the higher
+ * ranks r with by_socket[r] set, the transport to connect them with) on
+ * listen_fd and sets up their channels. Every connection is
  * authenticated at once, nonblocking, so a stranger's connection that sends
  * nothing or garbage costs the real peers nothing. TIDE_ETIMEDOUT at the
  * deadline, naming the ranks that never connected. */
-int tide__comm_accept_peers(tide_comm_t *comm, int listen_fd, const int *use_tcp, uint64_t ns_hash,
-                            int64_t deadline_ns);
+int tide__comm_accept_peers(tide_comm_t *comm, int listen_fd, const tide__transport_ops_t *const *by_socket,
+                            uint64_t ns_hash, int64_t deadline_ns);
 
 /* The name of this rank's shared-memory segment: unique per job (token and
  * store address), communicator and rank. */
 void tide__comm_shm_name(const tide_comm_t *comm, char *out, size_t cap);
+
+/* A wait with nothing to sleep on (MPI moves data only inside its calls):
+ * yields the core, and after 50 ms idle sleeps 100 us per call. */
+void tide__comm_idle(int64_t idle_since_ns, int left_ms);
 
 /* A communicator with no members yet (comm.c's constructor). */
 tide_comm_t *tide__comm_alloc(void);
@@ -166,8 +181,6 @@ int tide__mpi_comm_split(tide_comm_t *comm, int color, int key, tide_comm_t **ou
 void tide__mpi_comm_report(tide_comm_t *comm, const char *value, size_t len);
 /* Applies a failure record that has arrived, if any (the engine's loop). */
 void tide__mpi_comm_poll(tide_comm_t *comm);
-/* Waits a little while nothing moves: yields first, sleeps after a while. */
-void tide__mpi_comm_idle(tide_comm_t *comm, int64_t idle_since_ns, int left_ms);
 /* Frees the MPI side of comm after its channels are closed (destroy). */
 void tide__mpi_comm_fini(tide_comm_t *comm);
 

@@ -175,7 +175,10 @@ static int setup(tide_comm_t *comm, MPI_Comm dup) {
   }
   for (int r = 0; r < comm->size; r++) {
     comm->chans[r].fd = -1;
-    if (r != comm->rank) TIDE_CHECK_GOTO(tide__mpi_chan_init(&comm->chans[r], r, &m->comm), rc, out);
+    if (r == comm->rank) continue;
+    tide__link_t link = {comm->node_of[r] == comm->node, &m->comm};
+    tide__endpoint_t ep = {-1, &m->comm};
+    TIDE_CHECK_GOTO(tide__transport_pick(&link)->connect(&comm->chans[r], r, &ep), rc, out);
   }
   comm->spin_us = tide__param_int(TIDE__PARAM_SPIN_US);
   tide__mpi_lock();
@@ -272,18 +275,6 @@ int tide__mpi_comm_init(tide_comm_t **out) {
 }
 
 /* ---- waiting -------------------------------------------------------------- */
-
-void tide__mpi_comm_idle(tide_comm_t *comm, int64_t idle_since_ns, int left_ms) {
-  (void)comm;
-  int64_t idle_ns = tide__now_ns() - idle_since_ns;
-  if (idle_ns < 50 * 1000000ll || left_ms <= 0) {
-    sched_yield();
-    return;
-  }
-  /* A long wait (a slow rank): test every 100 us instead of spinning. */
-  struct timespec ts = {0, 100 * 1000};
-  nanosleep(&ts, NULL);
-}
 
 void tide__mpi_comm_poll(tide_comm_t *comm) {
   tide__mpi_comm_t *m = comm->mpi;
@@ -388,7 +379,7 @@ int tide__mpi_comm_wait(tide_comm_t *comm, MPI_Request *reqs, int n, const char 
       sched_yield();
       continue;
     }
-    tide__mpi_comm_idle(comm, idle_since, left);
+    tide__comm_idle(idle_since, left);
   }
 }
 
@@ -520,13 +511,6 @@ void tide__mpi_comm_report(tide_comm_t *comm, const char *value, size_t len) {
 }
 
 void tide__mpi_comm_poll(tide_comm_t *comm) { (void)comm; }
-
-void tide__mpi_comm_idle(tide_comm_t *comm, int64_t idle_since_ns, int left_ms) {
-  (void)comm;
-  (void)idle_since_ns;
-  (void)left_ms;
-  sched_yield();
-}
 
 void tide__mpi_comm_fini(tide_comm_t *comm) { (void)comm; }
 

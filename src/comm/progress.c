@@ -1,10 +1,11 @@
 /* The engine that drives a set of point-to-point operations to completion:
  * progress every channel, spin briefly when nothing moves, then sleep on
- * the shared-memory doorbell or poll the sockets, never past the deadline,
- * and stop as soon as the communicator fails. */
+ * what the channels' transports name (sockets, a doorbell), never past the
+ * deadline, and stop as soon as the communicator fails. */
 #include <poll.h>
 #include <sched.h>
 #include <stdio.h>
+#include <time.h>
 
 #include "comm/comm.h"
 
@@ -25,6 +26,17 @@ void *tide__comm_scratch(tide_comm_t *comm, size_t bytes) {
   return comm->scratch;
 }
 
+void tide__comm_idle(int64_t idle_since_ns, int left_ms) {
+  int64_t idle_ns = tide__now_ns() - idle_since_ns;
+  if (idle_ns < 50 * 1000000ll || left_ms <= 0) {
+    sched_yield();
+    return;
+  }
+  /* A long wait (a slow rank): test every 100 us instead of spinning. */
+  struct timespec ts = {0, 100 * 1000};
+  nanosleep(&ts, NULL);
+}
+
 /* Gives the watcher up to 200 ms to deliver another rank's failure
  * report; returns the failure it applied, or 0. */
 static int wait_for_report(tide_comm_t *comm) {
@@ -37,7 +49,7 @@ static int wait_for_report(tide_comm_t *comm) {
     int left = tide__ms_left(deadline);
     if (left == 0) return 0;
     if (comm->mpi != NULL) {
-      tide__mpi_comm_idle(comm, tide__now_ns(), left < 10 ? left : 10);
+      tide__comm_idle(tide__now_ns(), left < 10 ? left : 10);
       continue;
     }
     struct pollfd p = {comm->wake_fd, POLLIN, 0};
@@ -56,7 +68,7 @@ static int blocked(const tide__p2p_t *ops, int i) {
 }
 
 /* A consumer or producer on a transport that moves bytes from src or into
- * dst itself (shm does the handing itself, piece by piece): hands the
+ * dst itself (one whose progress does not hand pieces itself): hands the
  * consumer the whole elements that landed since the last call, or has the
  * producer fill all of src before the first byte goes (TCP and MPI may
  * send any part of src at once). */
@@ -68,26 +80,59 @@ static void hand_over(tide__p2p_t *op) {
   op->handed = upto;
 }
 
-/* A failed batch: MPI still holds the ops' buffers (often the caller's
- * stack frame); take them back before returning. */
+/* A failed batch: a transport may still hold the ops' buffers (MPI does;
+ * often the caller's stack frame); take them back before returning. */
 static int abandon(tide_comm_t *comm, tide__p2p_t *ops, int n, int rc) {
-  if (comm->mpi == NULL) return rc;
-  for (int i = 0; i < n; i++)
-    if (comm->chans[ops[i].peer].mpi != NULL) tide__mpi_chan_cancel(&comm->chans[ops[i].peer]);
+  for (int i = 0; i < n; i++) {
+    tide__chan_t *chan = &comm->chans[ops[i].peer];
+    if (chan->ops != NULL && chan->ops->cancel != NULL) chan->ops->cancel(chan);
+  }
   return rc;
+}
+
+/* The poll set for n ops and the wake-up eventfd, grown as needed: every
+ * op waiting on a socket is polled, however many are posted. */
+static struct pollfd *poll_set(tide_comm_t *comm, int n) {
+  size_t need = (size_t)n + 1;
+  if (need > comm->wait_cap) {
+    struct pollfd *grown = tide__realloc(comm->wait_fds, need * sizeof *grown);
+    if (grown == NULL) return NULL;
+    comm->wait_fds = grown;
+    comm->wait_cap = need;
+  }
+  return comm->wait_fds;
+}
+
+/* After a sleep that ran to its timeout: whether any op the engine could
+ * advance was ready on its socket all along (a wait that overslept its
+ * data). Checked op by op, independently of the poll set. */
+static int overslept(tide_comm_t *comm, const tide__p2p_t *ops, int n) {
+  for (int i = 0; i < n; i++) {
+    if (ops[i].done >= ops[i].bytes || blocked(ops, i)) continue;
+    tide__chan_t *chan = &comm->chans[ops[i].peer];
+    tide__wait_t w;
+    chan->ops->wait_source(chan, &ops[i], &w);
+    if (w.kind != TIDE__WAIT_FD) continue;
+    struct pollfd p = {w.fd, w.events, 0};
+    if (poll(&p, 1, 0) > 0) return ops[i].peer + 1;
+  }
+  return 0;
 }
 
 int tide__comm_run(tide_comm_t *comm, tide__p2p_t *ops, int n, const char *what) {
   int64_t deadline = tide__deadline_after_ms(comm->timeout_ms);
   int64_t spin_ns = comm->spin_us * 1000, spin_start = 0;
   int idle = 0;
-  struct pollfd fds[65];
+  struct pollfd *fds = poll_set(comm, n);
+  if (fds == NULL) /* fail the communicator, so the peers do not wait for us until their deadline */
+    return tide__comm_fail(comm, TIDE_ENOMEM, 0, "rank %d: no memory for the poll set of %d operations in %s",
+                           comm->rank, n, what);
   for (;;) {
     if (comm->mpi != NULL) tide__mpi_comm_poll(comm); /* another rank's failure report */
     int rc = tide__comm_check(comm, comm->seq);
     if (rc) return abandon(comm, ops, n, rc);
-    uint32_t bell = comm->seg ? atomic_load(tide__shm_bell(comm->seg)) : 0;
-    int progressed = 0, pending = 0, shm_pending = 0, nfds = 0, waiting_on = -1;
+    uint32_t bell = comm->host_state != NULL ? comm->host_ops->bell_read(comm->host_state) : 0;
+    int progressed = 0, pending = 0, bell_pending = 0, test_pending = 0, nfds = 0, waiting_on = -1;
     for (int i = 0; i < n; i++) {
       tide__p2p_t *op = &ops[i];
       if (op->done >= op->bytes) continue;
@@ -95,7 +140,7 @@ int tide__comm_run(tide_comm_t *comm, tide__p2p_t *ops, int n, const char *what)
       if (blocked(ops, i)) continue;
       tide__chan_t *chan = &comm->chans[op->peer];
       size_t before = op->done;
-      int handing = (op->consume != NULL || op->produce != NULL) && chan->ops != &tide__shm_ops;
+      int handing = (op->consume != NULL || op->produce != NULL) && !chan->ops->hands_pieces;
       if (handing && op->kind == TIDE__P2P_SEND) hand_over(op);
       rc = chan->ops->progress(chan, op);
       if (rc < 0) {
@@ -116,14 +161,14 @@ int tide__comm_run(tide_comm_t *comm, tide__p2p_t *ops, int n, const char *what)
         continue;
       }
       waiting_on = op->peer;
-      if (chan->fd < 0) {
-        shm_pending++;
-      } else if (nfds < 64) {
-        fds[nfds].fd = chan->fd;
-        fds[nfds].events = op->kind == TIDE__P2P_SEND ? POLLOUT : POLLIN;
-        fds[nfds].revents = 0;
-        nfds++;
-      }
+      tide__wait_t w;
+      chan->ops->wait_source(chan, op, &w);
+      if (w.kind == TIDE__WAIT_FD)
+        fds[nfds++] = (struct pollfd){w.fd, w.events, 0};
+      else if (w.kind == TIDE__WAIT_BELL)
+        bell_pending++;
+      else
+        test_pending++;
     }
     if (pending == 0) return 0;
     if (progressed) {
@@ -150,16 +195,21 @@ int tide__comm_run(tide_comm_t *comm, tide__p2p_t *ops, int n, const char *what)
                                      "stuck or did not make this call; raise TIDE_TIMEOUT_MS if it is just "
                                      "slow)",
                                      comm->rank, (long long)comm->timeout_ms, what, waiting_on));
-    if (comm->mpi != NULL) {
-      /* MPI moves data only inside its calls: keep testing, yield the core. */
-      tide__mpi_comm_idle(comm, spin_start, left);
+    if (test_pending > 0) {
+      /* Data moves only inside progress (MPI): keep testing, yield the core. */
+      tide__comm_idle(spin_start, left);
     } else if (nfds > 0) {
-      fds[nfds].fd = comm->wake_fd;
-      fds[nfds].events = POLLIN;
-      fds[nfds].revents = 0;
-      poll(fds, (nfds_t)nfds + 1, shm_pending ? 1 : (left < 1000 ? left : 1000));
+      fds[nfds] = (struct pollfd){comm->wake_fd, POLLIN, 0};
+      int timeout = bell_pending ? 1 : (left < 1000 ? left : 1000);
+      int peer;
+      if (poll(fds, (nfds_t)nfds + 1, timeout) == 0 && timeout > 1 && (peer = overslept(comm, ops, n)) > 0) {
+        comm->overslept++;
+        TIDE_WARN("rank %d slept %d ms in %s while rank %d's data was ready", comm->rank, timeout, what, peer - 1);
+      }
+    } else if (bell_pending > 0) {
+      comm->host_ops->bell_sleep(comm->host_state, bell, left < 1000 ? left : 1000);
     } else {
-      tide__shm_wait(comm->seg, bell, left < 1000 ? left : 1000);
+      sched_yield(); /* not reached: an unfinished op that is not blocked always names a wait source */
     }
   }
 }

@@ -81,9 +81,11 @@ int tide__array_bytes(const char *fn, const char *arg, size_t count, size_t size
 /* ---- parameters ------------------------------------------------------------- */
 
 /* XX(id, type, default, min, max, help); type INT values are int64 within
- * [min, max]; STR values are free text (checked where used). */
+ * [min, max]; STR values are free text (checked where used); ENUM values
+ * are one of the names TIDE__PARAM_ENUMS gives the parameter (checked at
+ * load; tide__param_enum gives the index). */
 #define TIDE__PARAMS(XX)                                                                 \
-  XX(LOG_LEVEL, STR, "warn", 0, 0, "log level: error, warn, info, debug or trace")       \
+  XX(LOG_LEVEL, ENUM, "warn", 0, 0, "log level: error, warn, info, debug or trace")      \
   XX(LOG_FILE, STR, "", 0, 0, "append log lines to this file instead of stderr")         \
   XX(TIMEOUT_MS, INT, "300000", 1, 2147483647,                                           \
      "deadline in ms of every blocking wait on a peer or the store")                     \
@@ -101,10 +103,10 @@ int tide__array_bytes(const char *fn, const char *arg, size_t count, size_t size
      "bytes of each shared-memory ring from one rank to another")                        \
   XX(SPIN_US, INT, "200", 0, 1000000,                                                    \
      "microseconds a wait polls (yielding the core) before it sleeps")                   \
-  XX(ALGO, STR, "auto", 0, 0,                                                            \
+  XX(ALGO, ENUM, "auto", 0, 0,                                                           \
      "allreduce algorithm: auto, ring, rd (recursive doubling), hier (hierarchical) or "  \
      "mpi (on an MPI communicator: MPI's own for every dense collective; docs/mpi.md)")   \
-  XX(BACKEND, STR, "auto", 0, 0,                                                         \
+  XX(BACKEND, ENUM, "auto", 0, 0,                                                        \
      "how tide_comm_init joins: auto (tiderun, or TIDE_RDZV under another launcher) or " \
      "mpi (MPI_COMM_WORLD, initialising MPI if needed)")                                 \
   XX(MPI_REDUCE_MAX_BYTES, INT, "65536", 0, 4611686018427387904LL,                       \
@@ -123,7 +125,7 @@ int tide__array_bytes(const char *fn, const char *arg, size_t count, size_t size
      "threads of one top-k selection or compression, and the default of the trainer's "  \
      "(0: the rank's share of the CPUs, tide_compute_threads); each gets at least "      \
      "512Ki elements")                                                                    \
-  XX(BIND, STR, "auto", 0, 0,                                                            \
+  XX(BIND, ENUM, "auto", 0, 0,                                                           \
      "CPU binding of each local rank: core (a contiguous share of the host's cores, "    \
      "within one NUMA node when it fits), numa (the NUMA nodes of that share), none, or " \
      "auto: core under tiderun (tiderun --bind overrides), none under mpirun or srun "    \
@@ -165,9 +167,18 @@ int tide__array_bytes(const char *fn, const char *arg, size_t count, size_t size
      "tide/gpu, else ~/.cache/tide/gpu; none: compile in every process)")               \
   XX(NVRTC_LIBRARY, STR, "", 0, 0,                                                       \
      "path of libnvrtc.so, tried before libnvrtc.so, .so.13 and .so.12 (GPU top-k)")     \
-  XX(STRAGGLER, STR, "report", 0, 0,                                                     \
+  XX(STRAGGLER, ENUM, "report", 0, 0,                                                    \
      "an elastic trainer's answer to a rank whose compute is persistently slow: off, "   \
      "report (log it, tide_trainer_straggler) or remove (also take it out of the job)")
+
+/* XE(id, name...): the names an ENUM parameter allows, in the order of
+ * tide__param_enum's index (at most 8). One row per ENUM row above. */
+#define TIDE__PARAM_ENUMS(XE)                                                            \
+  XE(LOG_LEVEL, "error", "warn", "info", "debug", "trace") /* = TIDE__LOG_* */           \
+  XE(ALGO, "auto", "ring", "rd", "hier", "mpi")                                          \
+  XE(BACKEND, "auto", "mpi")                                                             \
+  XE(BIND, "auto", "core", "numa", "none")                                               \
+  XE(STRAGGLER, "off", "report", "remove")
 
 enum {
 #define XX(id, type, def, min, max, help) TIDE__PARAM_##id,
@@ -178,6 +189,9 @@ enum {
 
 /* Values of the table; loads it on first use (tide_params_load). */
 int64_t tide__param_int(int id);
+/* An ENUM parameter's value as its index in its TIDE__PARAM_ENUMS names
+ * (a bad value, refused by tide_params_load, reads as the default). */
+int tide__param_enum(int id);
 const char *tide__param_str(int id);
 
 /* ---- allocation --------------------------------------------------------------- */
@@ -327,11 +341,12 @@ int tide__default_threads(int local_size);
 int tide__auth_server_hello(uint8_t hello[TIDE__AUTH_HELLO_BYTES]);
 /* Checks in[0..len), what the client has sent so far: 0 when more is
  * needed; 1 when its first TIDE__AUTH_CLIENT_BYTES prove the token (answer
- * then holds our proof, to send); TIDE_EAUTH as soon as the bytes cannot
- * be right, with *why set (static text). Reads at most
- * TIDE__AUTH_CLIENT_BYTES of in. A refused client should be sent
- * TIDE__AUTH_PROOF_BYTES zero bytes before the close, so that it reports a
- * refusal (TIDE_EAUTH) and not a lost peer (TIDE_EPEER). */
+ * then holds our proof, to send); as soon as the bytes cannot be right,
+ * with *why set (static text), TIDE_EPROTO when they are not a tide
+ * handshake, TIDE_EAUTH when they prove another job token. Reads at most
+ * TIDE__AUTH_CLIENT_BYTES of in. A client refused with TIDE_EAUTH should
+ * be sent TIDE__AUTH_PROOF_BYTES zero bytes before the close, so that it
+ * reports a refusal (TIDE_EAUTH) and not a lost peer (TIDE_EPEER). */
 int tide__auth_server_check(const uint8_t hello[TIDE__AUTH_HELLO_BYTES], const char *token, const uint8_t *in,
                             size_t len, uint8_t answer[TIDE__AUTH_PROOF_BYTES], const char **why);
 

@@ -267,7 +267,7 @@ int tide__auth_server_check(const uint8_t hello[TIDE__AUTH_HELLO_BYTES], const c
   size_t magic_len = len < AUTH_MAGIC_LEN ? len : AUTH_MAGIC_LEN;
   if (memcmp(in, AUTH_MAGIC, magic_len) != 0) {
     *why = "not a tide handshake";
-    return TIDE_EAUTH;
+    return TIDE_EPROTO;
   }
   if (len < TIDE__AUTH_CLIENT_BYTES) return 0;
   const uint8_t *my_nonce = hello + AUTH_MAGIC_LEN, *their_nonce = in + AUTH_MAGIC_LEN;

@@ -1,5 +1,6 @@
 /* The table of TIDE_* environment parameters: read once, validated, logged
  * at INFO when set. A bad value is an error naming the variable. */
+#include <assert.h>
 #include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -9,7 +10,7 @@
 
 #include "core.h"
 
-typedef enum { P_INT, P_STR } ptype_t;
+typedef enum { P_INT, P_STR, P_ENUM } ptype_t;
 
 typedef struct {
   const char *name;
@@ -25,9 +26,17 @@ static const param_row_t rows[TIDE__PARAM_COUNT] = {
 #undef XX
 };
 
+/* The allowed names of each ENUM row, NULL-terminated. */
+#define ENUM_NAMES_MAX 8
+static const char *const enum_names[TIDE__PARAM_COUNT][ENUM_NAMES_MAX + 1] = {
+#define XE(id, ...) [TIDE__PARAM_##id] = {__VA_ARGS__, NULL},
+    TIDE__PARAM_ENUMS(XE)
+#undef XE
+};
+
 static pthread_once_t once = PTHREAD_ONCE_INIT;
 static const char *str_value[TIDE__PARAM_COUNT];
-static int64_t int_value[TIDE__PARAM_COUNT];
+static int64_t int_value[TIDE__PARAM_COUNT]; /* INT: the value; ENUM: the name's index */
 static bool is_set[TIDE__PARAM_COUNT];
 static char load_error[512];
 static atomic_int reported;
@@ -39,6 +48,23 @@ static int parse_int(const char *text, int64_t *out) {
   if (errno != 0 || end == text || *end != '\0') return -1;
   *out = v;
   return 0;
+}
+
+/* The index of text among param id's names, or -1. */
+static int enum_index(int id, const char *text) {
+  for (int k = 0; enum_names[id][k] != NULL; k++)
+    if (strcmp(text, enum_names[id][k]) == 0) return k;
+  return -1;
+}
+
+/* "a, b or c": param id's names, for messages and docs. */
+static void enum_list(int id, const char *quote, char *out, size_t cap) {
+  size_t at = 0;
+  out[0] = '\0';
+  for (int k = 0; enum_names[id][k] != NULL && at < cap; k++) {
+    const char *sep = k == 0 ? "" : enum_names[id][k + 1] == NULL ? " or " : ", ";
+    at += (size_t)snprintf(out + at, cap - at, "%s%s%s%s", sep, quote, enum_names[id][k], quote);
+  }
 }
 
 static void load(void) {
@@ -59,29 +85,23 @@ static void load(void) {
         str_value[i] = row->def;
       }
       int_value[i] = v;
+    } else if (row->type == P_ENUM) {
+      int k = enum_index(i, text);
+      if (k < 0) {
+        if (load_error[0] == '\0') {
+          char names[200];
+          enum_list(i, "", names, sizeof names);
+          snprintf(load_error, sizeof load_error, "%s=\"%s\" is not one of %s; unset it or pick one of those",
+                   row->name, text, names);
+        }
+        str_value[i] = row->def;
+        k = enum_index(i, row->def);
+      }
+      assert(k >= 0); /* every ENUM row has names (TIDE__PARAM_ENUMS), its default among them */
+      int_value[i] = k;
     }
   }
-  static const char *levels[] = {"error", "warn", "info", "debug", "trace"};
-  const char *level = str_value[TIDE__PARAM_LOG_LEVEL];
-  int found = -1;
-  for (int l = 0; l < 5; l++)
-    if (strcmp(level, levels[l]) == 0) found = l;
-  if (found < 0 && load_error[0] == '\0')
-    snprintf(load_error, sizeof load_error,
-             "TIDE_LOG_LEVEL=\"%s\" is not one of error, warn, info, debug, trace", level);
-  tide__log_level = found < 0 ? TIDE__LOG_WARN : found;
-  const char *algo = str_value[TIDE__PARAM_ALGO];
-  if (strcmp(algo, "auto") != 0 && strcmp(algo, "ring") != 0 && strcmp(algo, "rd") != 0 &&
-      strcmp(algo, "hier") != 0 && strcmp(algo, "mpi") != 0 && load_error[0] == '\0')
-    snprintf(load_error, sizeof load_error,
-             "TIDE_ALGO=\"%s\" is not one of auto, ring, rd, hier, mpi", algo);
-  const char *backend = str_value[TIDE__PARAM_BACKEND];
-  if (strcmp(backend, "auto") != 0 && strcmp(backend, "mpi") != 0 && load_error[0] == '\0')
-    snprintf(load_error, sizeof load_error, "TIDE_BACKEND=\"%s\" is not one of auto, mpi", backend);
-  const char *bind = str_value[TIDE__PARAM_BIND];
-  int mode;
-  if (tide__bind_parse(bind, TIDE__BIND_NONE, &mode) != 0 && load_error[0] == '\0')
-    snprintf(load_error, sizeof load_error, "TIDE_BIND=\"%s\" is not one of auto, core, numa, none", bind);
+  tide__log_level = (int)int_value[TIDE__PARAM_LOG_LEVEL];
 }
 
 int tide_params_load(void) {
@@ -101,6 +121,12 @@ int64_t tide__param_int(int id) {
   return int_value[id];
 }
 
+int tide__param_enum(int id) {
+  pthread_once(&once, load);
+  assert(rows[id].type == P_ENUM);
+  return (int)int_value[id];
+}
+
 const char *tide__param_str(int id) {
   pthread_once(&once, load);
   return str_value[id];
@@ -114,16 +140,29 @@ void tide_params_print(FILE *out, int markdown) {
   pthread_once(&once, load);
   if (markdown) {
     fprintf(out, "| variable | type | default | meaning |\n|---|---|---|---|\n");
-    for (int i = 0; i < TIDE__PARAM_COUNT; i++)
-      fprintf(out, "| `%s` | %s | %s%s%s | %s |\n", rows[i].name, rows[i].type == P_INT ? "int" : "string",
-              rows[i].def[0] ? "`" : "", rows[i].def[0] ? rows[i].def : "(unset)", rows[i].def[0] ? "`" : "",
-              rows[i].help);
+    for (int i = 0; i < TIDE__PARAM_COUNT; i++) {
+      char type[240] = "int";
+      if (rows[i].type == P_STR) snprintf(type, sizeof type, "string");
+      if (rows[i].type == P_ENUM) {
+        char names[200];
+        enum_list(i, "`", names, sizeof names);
+        snprintf(type, sizeof type, "one of %s", names);
+      }
+      fprintf(out, "| `%s` | %s | %s%s%s | %s |\n", rows[i].name, type, rows[i].def[0] ? "`" : "",
+              rows[i].def[0] ? rows[i].def : "(unset)", rows[i].def[0] ? "`" : "", rows[i].help);
+    }
     return;
   }
   for (int i = 0; i < TIDE__PARAM_COUNT; i++) {
     const char *value = i == TIDE__PARAM_JOB_TOKEN && is_set[i] ? "(set, hidden)" : str_value[i];
-    fprintf(out, "%-22s %-6s default=%-10s %s%s\n    %s\n", rows[i].name,
-            rows[i].type == P_INT ? "int" : "string", rows[i].def[0] ? rows[i].def : "\"\"",
-            is_set[i] ? "value=" : "", is_set[i] ? value : "", rows[i].help);
+    static const char *const types[] = {"int", "string", "enum"};
+    fprintf(out, "%-22s %-6s default=%-10s %s%s\n    %s\n", rows[i].name, types[rows[i].type],
+            rows[i].def[0] ? rows[i].def : "\"\"", is_set[i] ? "value=" : "", is_set[i] ? value : "",
+            rows[i].help);
+    if (rows[i].type == P_ENUM) {
+      char names[200];
+      enum_list(i, "", names, sizeof names);
+      fprintf(out, "    one of %s\n", names);
+    }
   }
 }

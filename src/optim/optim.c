@@ -104,10 +104,7 @@ static int check_range(const char *kind, const char *field, float value, float l
 }
 
 int tide_optim_config_check(const tide_optim_config_t *config) {
-  if (config == NULL) {
-    TIDE_ERROR("optimizer config is NULL");
-    return TIDE_EINVAL;
-  }
+  if (config == NULL) return tide__null_arg("tide_optim_config_check", "config");
   if ((unsigned)config->kind >= TIDE_OPTIM_KIND_COUNT) {
     TIDE_ERROR("optimizer kind %d is unknown: use a TIDE_OPTIM_* value", (int)config->kind);
     return TIDE_EINVAL;
@@ -226,10 +223,7 @@ fail:
 
 static int create(const char *fn, const tide_optim_config_t *config, const tide_tensor_t *tensors, size_t ntensors,
                   size_t nparams, const tide_optim_shard_t *shard, tide_optim_t **out) {
-  if (out == NULL) {
-    TIDE_ERROR("%s: out is NULL", fn);
-    return TIDE_EINVAL;
-  }
+  if (out == NULL) return tide__null_arg(fn, "out");
   TIDE_CHECK(tide_optim_config_check(config));
   if (nparams == 0) {
     TIDE_ERROR("%s: nparams is 0: there is nothing to optimize", fn);

@@ -65,10 +65,7 @@ static const char *invalid_field(const tide_lr_schedule_t *s, const char **why) 
 }
 
 int tide_lr_check(const tide_lr_schedule_t *s) {
-  if (s == NULL) {
-    TIDE_ERROR("tide_lr_check: schedule is NULL");
-    return TIDE_EINVAL;
-  }
+  if (s == NULL) return tide__null_arg("tide_lr_check", "s");
   const char *why = NULL;
   const char *field = invalid_field(s, &why);
   if (field == NULL) return 0;

@@ -98,7 +98,11 @@ static int fit_from(fit_t *f, const double *lb, const double *ub, double *x, dou
 /* Pinned as AdaptDL does for regimes never seen; gamma at 1 unless the
  * exchange overlaps the backward pass (TIDE_POLLUX_FIT_OVERLAP). */
 int tide_pollux_fit(const tide_pollux_profile_t *profiles, int n, unsigned flags, tide_pollux_model_t *model) {
-  if (profiles == NULL || n < 1 || model == NULL) return TIDE_EINVAL;
+  if (profiles == NULL || model == NULL) return tide__null_arg("tide_pollux_fit", "profiles or model");
+  if (n < 1) {
+    TIDE_ERROR("tide_pollux_fit: n = %d profiles; give at least 1", n);
+    return TIDE_EINVAL;
+  }
   int multi_node = 0, multi_local = 0, one_atomic = 1, max_replicas = 0, counts = 0, last_count = -1;
   double acc_mean = 0;
   for (int i = 0; i < n; i++) {
@@ -237,9 +241,9 @@ static int limits_ok(const tide_pollux_limits_t *l) {
 
 int tide_pollux_goodput(const tide_pollux_model_t *model, const tide_pollux_limits_t *limits, int nodes,
                         int replicas, double phi, double batch, tide_pollux_choice_t *out) {
-  if (model == NULL || !limits_ok(limits) || out == NULL || nodes < 1 || replicas < nodes || !(batch > 0) ||
-      !(phi >= 0))
-    return TIDE_EINVAL;
+  if (model == NULL || limits == NULL || out == NULL)
+    return tide__null_arg("tide_pollux_goodput", "model, limits or out");
+  if (!limits_ok(limits) || nodes < 1 || replicas < nodes || !(batch > 0) || !(phi >= 0)) return TIDE_EINVAL;
   double local = ceil(batch / replicas);
   int passes = (int)ceil(local / limits->max_atomic);
   if (passes < 1) passes = 1;
@@ -256,7 +260,9 @@ int tide_pollux_goodput(const tide_pollux_model_t *model, const tide_pollux_limi
 
 int tide_pollux_optimize(const tide_pollux_model_t *model, const tide_pollux_limits_t *limits, int nodes,
                          int replicas, double phi, tide_pollux_choice_t *out) {
-  if (!limits_ok(limits) || out == NULL) return TIDE_EINVAL;
+  if (model == NULL || limits == NULL || out == NULL)
+    return tide__null_arg("tide_pollux_optimize", "model, limits or out");
+  if (!limits_ok(limits)) return TIDE_EINVAL;
   double lo = limits->base_batch > limits->min_atomic * replicas ? limits->base_batch : limits->min_atomic * replicas;
   double hi = limits->max_batch;
   tide_pollux_choice_t best = {.goodput = -1}, c;

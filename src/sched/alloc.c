@@ -47,7 +47,7 @@ void tide_sched_options_init(tide_sched_options_t *opts) {
 }
 
 int tide_sched_create(const tide_sched_options_t *opts, int nodes, const int *slots, tide_sched_t **out) {
-  if (opts == NULL || slots == NULL || out == NULL) return TIDE_EINVAL;
+  if (opts == NULL || slots == NULL || out == NULL) return tide__null_arg("tide_sched_create", "opts, slots or out");
   if (nodes < 1) {
     TIDE_ERROR("sched: nodes %d must be >= 1", nodes);
     return TIDE_EINVAL;
@@ -674,7 +674,7 @@ static int check_jobs(const tide_sched_t *s, const tide_sched_job_t *jobs, int n
 
 int tide_sched_allocate(tide_sched_t *s, double now, const tide_sched_job_t *jobs, int njobs, const int *current,
                         int *next) {
-  if (s == NULL || next == NULL) return TIDE_EINVAL;
+  if (s == NULL || next == NULL) return tide__null_arg("tide_sched_allocate", "s or next");
   TIDE_CHECK(check_jobs(s, jobs, njobs, current));
   if (njobs == 0) return 0;
   round_t r;

@@ -73,7 +73,11 @@ static void write_run(FILE *f, const tide_sim_result_t *r) {
 }
 
 int tide_sim_write_summary(const tide_sim_result_t *const *runs, int n, const char *path) {
-  if (runs == NULL || n < 0 || path == NULL) return TIDE_EINVAL;
+  if (runs == NULL || path == NULL) return tide__null_arg("tide_sim_write_summary", "runs or path");
+  if (n < 0) {
+    TIDE_ERROR("tide_sim_write_summary: n = %d runs; give 0 or more", n);
+    return TIDE_EINVAL;
+  }
   FILE *f = fopen(path, "w");
   if (f == NULL) {
     TIDE_ERROR("sim: cannot write %s: %s", path, strerror(errno));
@@ -120,7 +124,11 @@ static int cmp_double(const void *a, const void *b) {
 }
 
 int tide_sim_plot(const tide_sim_result_t *const *runs, int n, const char *dir, int *plotted) {
-  if (runs == NULL || n < 1 || dir == NULL) return TIDE_EINVAL;
+  if (runs == NULL || dir == NULL) return tide__null_arg("tide_sim_plot", "runs or dir");
+  if (n < 1) {
+    TIDE_ERROR("tide_sim_plot: n = %d runs; give at least 1", n);
+    return TIDE_EINVAL;
+  }
   char path[4096];
   if (plotted) *plotted = 0;
   FILE *gp = open_in(dir, "plots.gp", path, sizeof path);

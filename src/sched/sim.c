@@ -363,7 +363,8 @@ static int check_options(const tide_sim_options_t *o) {
 
 int tide_sim_run(const tide_sim_options_t *opts, const char *traces_dir, const char *workload_csv,
                  tide_sim_result_t **out) {
-  if (opts == NULL || traces_dir == NULL || workload_csv == NULL || out == NULL) return TIDE_EINVAL;
+  if (opts == NULL || traces_dir == NULL || workload_csv == NULL || out == NULL)
+    return tide__null_arg("tide_sim_run", "opts, traces_dir, workload_csv or out");
   TIDE_CHECK(check_options(opts));
   struct stat st;
   if (stat(traces_dir, &st) != 0 || !S_ISDIR(st.st_mode)) {

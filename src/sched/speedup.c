@@ -19,7 +19,7 @@ struct tide_speedup {
 };
 
 int tide_speedup_create(const tide_sched_hints_t *hints, tide_speedup_t **out) {
-  if (hints == NULL || out == NULL) return TIDE_EINVAL;
+  if (hints == NULL || out == NULL) return tide__null_arg("tide_speedup_create", "hints or out");
   if (hints->max_replicas_seen < 0) {
     TIDE_ERROR("speedup: max_replicas_seen %d is negative", hints->max_replicas_seen);
     return TIDE_EINVAL;

@@ -260,6 +260,17 @@ int tide_store_get(tide_store_t *store, const char *key, int timeout_ms, void **
   return rc;
 }
 
+int tide__store_get_string(tide_store_t *store, const char *key, int timeout_ms, char *out, size_t cap) {
+  void *value;
+  size_t len;
+  TIDE_CHECK(tide_store_get(store, key, timeout_ms, &value, &len));
+  size_t n = len < cap - 1 ? len : cap - 1;
+  memcpy(out, value, n);
+  out[n] = '\0';
+  tide__free(value);
+  return 0;
+}
+
 int tide_store_wait(tide_store_t *store, const char *const *keys, size_t n, int timeout_ms) {
   TIDE_CHECK(check_store("tide_store_wait", store));
   if (keys == NULL && n > 0) {

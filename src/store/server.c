@@ -566,7 +566,7 @@ static void auth_step(tide_store_server_t *s, conn_t *c) {
   int rc = tide__auth_server_check(c->hello, s->token, c->in.data + c->in.off, buf_pending(&c->in), answer, &why);
   if (rc == 0) return;
   if (rc < 0) {
-    if (strcmp(why, "wrong job token") == 0) { /* tell a client with another token it was refused */
+    if (rc == TIDE_EAUTH) { /* tell a client with another token it was refused */
       memset(answer, 0, sizeof answer);
       conn_write(c, answer, sizeof answer, NULL, 0);
     }

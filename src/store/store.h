@@ -26,6 +26,10 @@ int tide__store_watch_next(tide__store_watch_t *watch, char **key, void **value,
 /* Says goodbye (so no lost event is published) and closes. NULL is fine. */
 void tide__store_watch_close(tide__store_watch_t *watch);
 
+/* tide_store_get of a text value into out, NUL-terminated and cut to cap
+ * (> 0) bytes. */
+int tide__store_get_string(tide_store_t *store, const char *key, int timeout_ms, char *out, size_t cap);
+
 /* Waits until the server has at most max_clients connections (0 when they
  * are fewer, TIDE_ETIMEDOUT after timeout_ms). The process that hosts the
  * store under mpirun waits so that it outlives the other ranks' use. */

@@ -17,6 +17,7 @@
 #define STRAGGLER_ALPHA 0.1
 #define STRAGGLER_THRESHOLD 0.8
 
+/* In the order of TIDE_STRAGGLER's names (TIDE__PARAM_ENUMS, core/core.h). */
 enum { STRAGGLER_OFF, STRAGGLER_REPORT, STRAGGLER_REMOVE };
 
 struct tide__elastic_trainer {
@@ -32,17 +33,6 @@ struct tide__elastic_trainer {
   void *pto_state;      /* config.pto: the whole state, gathered before a planned change */
   size_t pto_state_len;
 };
-
-static int parse_mode(const char *text, int *out) {
-  static const char *const names[] = {"off", "report", "remove"};
-  for (int i = 0; i < 3; i++)
-    if (strcmp(text, names[i]) == 0) {
-      *out = i;
-      return 0;
-    }
-  TIDE_ERROR("TIDE_STRAGGLER=\"%s\" must be off, report or remove", text);
-  return TIDE_EINVAL;
-}
 
 static int reset_ranks(tide_trainer_t *tr) {
   struct tide__elastic_trainer *e = tr->elastic;
@@ -288,8 +278,8 @@ int tide_trainer_elastic(tide_trainer_t *tr) {
   if (tr->kfac != NULL)
     return tide__trainer_fail(tr, TIDE_EINVAL, "tide_trainer_elastic: K-FAC is not elastic yet (its layer owners "
                               "are fixed at creation): turn it off for an elastic job");
-  int mode;
-  TIDE_CHECK(parse_mode(tide__param_str(TIDE__PARAM_STRAGGLER), &mode));
+  TIDE_CHECK(tide_params_load()); /* a bad TIDE_STRAGGLER is refused here, naming the allowed values */
+  int mode = tide__param_enum(TIDE__PARAM_STRAGGLER);
   tr->elastic = tide__calloc(1, sizeof *tr->elastic);
   if (tr->elastic == NULL) return TIDE_ENOMEM;
   tr->elastic->mode = mode;

@@ -47,11 +47,83 @@ typedef struct {
 
 typedef struct tide__chan tide__chan_t;
 
+/* What a waiter sleeps on while an op waits on its channel; the engine
+ * gathers one per pending op and sleeps on all of them at once. */
+typedef enum {
+  TIDE__WAIT_FD,   /* poll fd for events */
+  TIDE__WAIT_BELL, /* the transport's host-wide doorbell (bell_read, bell_sleep) */
+  TIDE__WAIT_TEST, /* nothing to sleep on: data moves only inside progress (MPI), so test again */
+} tide__wait_kind_t;
+
+typedef struct {
+  tide__wait_kind_t kind;
+  int fd;       /* FD */
+  short events; /* FD: POLLIN or POLLOUT */
+} tide__wait_t;
+
+/* Where a peer is, as a transport's can_connect sees it. */
+typedef struct {
+  int same_host;        /* the peer runs on this rank's host */
+  const void *mpi_comm; /* the communicator's MPI_Comm (pointer to it), or NULL */
+} tide__link_t;
+
+/* What a transport that sets up all of a host's channels at once (shm)
+ * needs: this rank's place on the host and the store to meet the others
+ * through. The transport writes keys under ns only. */
+typedef struct {
+  int rank, local_rank, local_size;
+  const int *local_ranks;  /* rank of each local rank */
+  const int *peers;        /* local ranks this transport connects to (can_connect said yes) */
+  int npeers;
+  tide_store_t *store;
+  const char *ns;
+  const char *name; /* a name for this rank's host-wide resources, unique per job and rank */
+  int timeout_ms;
+} tide__host_setup_t;
+
+/* What connect needs for one channel: a connected, authenticated socket
+ * (tcp), or the communicator's MPI_Comm (mpi). */
+typedef struct {
+  int fd;
+  const void *mpi_comm;
+} tide__endpoint_t;
+
+/* A transport (after NCCL's ncclTransports[]): the communicator picks,
+ * per peer, the first transport of tide__transports[] whose can_connect
+ * says yes, connects the channel through it, and then only calls these
+ * functions, never a transport by name. */
 typedef struct {
   const char *name;
+  /* 1: progress hands RECV pieces to op->consume and has op->produce fill
+   * SEND pieces itself; 0: the engine hands over what landed in dst, and
+   * has the producer fill src before the send starts. */
+  int hands_pieces;
+  /* Whether this transport can carry a channel to the peer at link. */
+  int (*can_connect)(const tide__link_t *link);
+  /* Transports whose channels share host-wide state (shm: the segments):
+   * sets the state up, meeting the host's other ranks through the store,
+   * and connects chans[local_ranks[p]] for each p of setup->peers. NULL
+   * for transports that connect one channel at a time. *state is owned by
+   * the caller, released with host_close (also after a failed host_open). */
+  int (*host_open)(const tide__host_setup_t *setup, tide__chan_t *chans, void **state);
+  void (*host_close)(void *state);
+  /* Connects one channel to peer from ep; on failure the channel owns
+   * nothing (an fd in ep is closed). NULL for host_open transports. */
+  int (*connect)(tide__chan_t *chan, int peer, const tide__endpoint_t *ep);
   /* Advances op as far as it can without blocking. 0 (check op->done), or
    * TIDE_EPEER when the peer closed the connection. */
   int (*progress)(tide__chan_t *chan, tide__p2p_t *op);
+  /* What to sleep on until op, pending on chan, can move again. */
+  void (*wait_source)(const tide__chan_t *chan, const tide__p2p_t *op, tide__wait_t *out);
+  /* TIDE__WAIT_BELL: the doorbell's count now; sleep until it moves from
+   * seen or timeout_ms passes; ring it (wakes a sleeper; any thread). */
+  uint32_t (*bell_read)(void *state);
+  void (*bell_sleep)(void *state, uint32_t seen, int timeout_ms);
+  void (*bell_ring)(void *state);
+  /* Withdraws what the transport still holds of a failed batch's ops
+   * (their buffers), so nothing touches them once the engine returns;
+   * NULL when progress never keeps hold of a buffer. */
+  void (*cancel)(tide__chan_t *chan);
   /* Releases the channel's resources (not the struct). */
   void (*close)(tide__chan_t *chan);
 } tide__transport_ops_t;
@@ -74,52 +146,23 @@ struct tide__chan {
   tide__mpi_chan_t *mpi;
 };
 
+/* Every transport, in the order they are tried. NULL-terminated. */
+extern const tide__transport_ops_t *const tide__transports[];
+
+/* The first transport in tide__transports[] that can carry link, or NULL. */
+const tide__transport_ops_t *tide__transport_pick(const tide__link_t *link);
+
 extern const tide__transport_ops_t tide__tcp_ops;
 extern const tide__transport_ops_t tide__shm_ops;
 extern const tide__transport_ops_t tide__mpi_ops;
 
-/* Sets up a TCP channel on a connected, authenticated socket. */
-int tide__tcp_chan_init(tide__chan_t *chan, int peer, int fd);
-
-/* ---- shared memory ---------------------------------------------------- */
-
-/* A rank's segment: its doorbell and one inbound ring per local rank. */
-typedef struct tide__shm_segment tide__shm_segment_t;
-
-/* Creates (owner) or maps (peer) the segment `name` with `slots` rings of
- * ring_bytes each. */
-int tide__shm_segment_create(const char *name, int slots, size_t ring_bytes,
-                             tide__shm_segment_t **out);
-int tide__shm_segment_open(const char *name, int slots, size_t ring_bytes,
-                           tide__shm_segment_t **out);
-/* Removes the name (mappings stay valid). */
-void tide__shm_segment_unlink(const char *name);
-void tide__shm_segment_close(tide__shm_segment_t *seg);
-/* Connects a channel: we (local slot `me`) send into the peer's segment and
- * receive from our own. */
-void tide__shm_chan_init(tide__chan_t *chan, int peer, tide__shm_segment_t *mine,
-                         tide__shm_segment_t *theirs, int me_slot, int peer_slot);
-/* The doorbell of a segment: incremented by every peer that publishes data
- * or frees space for the owner. */
-_Atomic uint32_t *tide__shm_bell(tide__shm_segment_t *seg);
-/* Sleeps until the owner's doorbell moves from `seen` or timeout_ms passes. */
-void tide__shm_wait(tide__shm_segment_t *seg, uint32_t seen, int timeout_ms);
-/* Rings the doorbell (wakes the owner if it sleeps). */
-void tide__shm_ring_bell(_Atomic uint32_t *bell, _Atomic uint32_t *sleepers);
-_Atomic uint32_t *tide__shm_sleepers(tide__shm_segment_t *seg);
-
 /* ---- MPI (src/transport/mpi/; built with TIDE_HAVE_MPI) ------------------ */
 
-/* Point-to-point over a communicator's private MPI_Comm (mpi_comm points to
- * it; the channel keeps a copy of the handle, not ownership): each message is
- * cut into TIDE__MPI_CHUNK-byte pieces, a few in flight, with MPI_Isend /
- * MPI_Irecv on tag TIDE__MPI_TAG_DATA, advanced by MPI_Test. TIDE_ENOSYS
- * without MPI. */
-int tide__mpi_chan_init(tide__chan_t *chan, int peer, const void *mpi_comm);
-/* Withdraws the pieces still in flight after a failed batch (MPI holds the
- * ops' buffers, unlike tcp and shm once progress returns), so nothing
- * touches them once the engine returns. */
-void tide__mpi_chan_cancel(tide__chan_t *chan);
+/* tide__mpi_ops: point-to-point over a communicator's private MPI_Comm
+ * (ep->mpi_comm points to it; the channel keeps a copy of the handle, not
+ * ownership): each message is cut into pieces, a few in flight, with
+ * MPI_Isend / MPI_Irecv on tag TIDE__MPI_TAG_DATA, advanced by MPI_Test.
+ * connect returns TIDE_ENOSYS without MPI. */
 
 /* Tags on a communicator's MPI_Comm: collective data, failure reports, the
  * agreement before MPI's blocking collectives, and tide_comm_split's. */

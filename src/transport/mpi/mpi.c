@@ -57,14 +57,14 @@ void tide__mpi_unlock(void) {
   if (!atomic_load_explicit(&mpi_multiple, memory_order_relaxed)) pthread_mutex_unlock(&mpi_mutex);
 }
 
-int tide__mpi_chan_init(tide__chan_t *chan, int peer, const void *mpi_comm) {
+static int mpi_connect(tide__chan_t *chan, int peer, const tide__endpoint_t *ep) {
   memset(chan, 0, sizeof *chan);
   chan->ops = &tide__mpi_ops;
   chan->peer = peer;
   chan->fd = -1;
   chan->mpi = tide__calloc(1, sizeof *chan->mpi);
   if (chan->mpi == NULL) return TIDE_ENOMEM;
-  chan->mpi->comm = *(const MPI_Comm *)mpi_comm;
+  chan->mpi->comm = *(const MPI_Comm *)ep->mpi_comm;
   return 0;
 }
 
@@ -186,7 +186,9 @@ static void flow_abandon(flow_t *flow) {
   memset(flow, 0, sizeof *flow);
 }
 
-void tide__mpi_chan_cancel(tide__chan_t *chan) {
+/* The pieces still in flight after a failed batch: MPI holds the ops'
+ * buffers, unlike tcp and shm once progress returns. */
+static void mpi_cancel(tide__chan_t *chan) {
   tide__mpi_chan_t *st = chan->mpi;
   if (st == NULL || (st->send.count == 0 && st->recv.count == 0)) {
     if (st != NULL) st->send.op = st->recv.op = NULL;
@@ -203,7 +205,7 @@ static void mpi_close(tide__chan_t *chan) {
   if (st == NULL) return;
   int finalized = 0;
   MPI_Finalized(&finalized);
-  if (!finalized) tide__mpi_chan_cancel(chan);
+  if (!finalized) mpi_cancel(chan);
   tide__free(st->stage);
   tide__free(st);
   chan->mpi = NULL;
@@ -216,10 +218,10 @@ int tide__mpi_multiple(void) { return 0; }
 void tide__mpi_lock(void) {}
 void tide__mpi_unlock(void) {}
 
-int tide__mpi_chan_init(tide__chan_t *chan, int peer, const void *mpi_comm) {
+static int mpi_connect(tide__chan_t *chan, int peer, const tide__endpoint_t *ep) {
   (void)chan;
   (void)peer;
-  (void)mpi_comm;
+  (void)ep;
   return TIDE_ENOSYS;
 }
 
@@ -230,8 +232,25 @@ static int mpi_progress(tide__chan_t *chan, tide__p2p_t *op) {
 }
 
 static void mpi_close(tide__chan_t *chan) { (void)chan; }
-void tide__mpi_chan_cancel(tide__chan_t *chan) { (void)chan; }
+static void mpi_cancel(tide__chan_t *chan) { (void)chan; }
 
 #endif
 
-const tide__transport_ops_t tide__mpi_ops = {"mpi", mpi_progress, mpi_close};
+static int mpi_can_connect(const tide__link_t *link) { return link->mpi_comm != NULL; }
+
+/* MPI moves data only inside its calls: nothing to sleep on. */
+static void mpi_wait_source(const tide__chan_t *chan, const tide__p2p_t *op, tide__wait_t *out) {
+  (void)chan;
+  (void)op;
+  *out = (tide__wait_t){TIDE__WAIT_TEST, -1, 0};
+}
+
+const tide__transport_ops_t tide__mpi_ops = {
+    .name = "mpi",
+    .can_connect = mpi_can_connect,
+    .connect = mpi_connect,
+    .progress = mpi_progress,
+    .wait_source = mpi_wait_source,
+    .cancel = mpi_cancel,
+    .close = mpi_close,
+};

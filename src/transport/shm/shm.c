@@ -16,6 +16,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "store/store.h"
 #include "transport/transport.h"
 
 #define SEG_MAGIC 0x746964657368ull /* "tideshm" */
@@ -40,18 +41,22 @@ typedef struct {
   _Atomic uint32_t sleepers;
 } seg_header_t;
 
-struct tide__shm_segment {
+typedef struct segment segment_t;
+
+struct segment {
   uint8_t *base;
   size_t len;
   int slots;
   size_t ring_bytes;
 };
 
+static void segment_close(segment_t *seg);
+
 static size_t seg_len(int slots, size_t ring_bytes) {
   return HEADER_BYTES + (size_t)slots * (sizeof(tide__shm_ring_t) + ring_bytes);
 }
 
-static tide__shm_ring_t *ring_at(tide__shm_segment_t *seg, int slot) {
+static tide__shm_ring_t *ring_at(segment_t *seg, int slot) {
   return (tide__shm_ring_t *)(seg->base + HEADER_BYTES +
                               (size_t)slot * (sizeof(tide__shm_ring_t) + seg->ring_bytes));
 }
@@ -59,7 +64,7 @@ static tide__shm_ring_t *ring_at(tide__shm_segment_t *seg, int slot) {
 static uint8_t *ring_data(tide__shm_ring_t *ring) { return (uint8_t *)(ring + 1); }
 
 static int map(const char *name, int create, int slots, size_t ring_bytes,
-               tide__shm_segment_t **out) {
+               segment_t **out) {
   size_t len = seg_len(slots, ring_bytes);
   int fd = shm_open(name, create ? O_CREAT | O_EXCL | O_RDWR : O_RDWR, 0600);
   if (fd < 0) {
@@ -94,7 +99,7 @@ static int map(const char *name, int create, int slots, size_t ring_bytes,
     if (create) shm_unlink(name);
     return TIDE_ENOMEM;
   }
-  tide__shm_segment_t *seg = tide__calloc(1, sizeof *seg);
+  segment_t *seg = tide__calloc(1, sizeof *seg);
   if (seg == NULL) {
     munmap(base, len);
     return TIDE_ENOMEM;
@@ -112,41 +117,41 @@ static int map(const char *name, int create, int slots, size_t ring_bytes,
     h->magic = SEG_MAGIC;
   } else if (h->magic != SEG_MAGIC || h->slots != (uint32_t)slots || h->ring_bytes != ring_bytes) {
     TIDE_ERROR("shared memory segment %s does not match this job's layout", name);
-    tide__shm_segment_close(seg);
+    segment_close(seg);
     return TIDE_EIO;
   }
   *out = seg;
   return 0;
 }
 
-int tide__shm_segment_create(const char *name, int slots, size_t ring_bytes,
-                             tide__shm_segment_t **out) {
+static int segment_create(const char *name, int slots, size_t ring_bytes,
+                             segment_t **out) {
   return map(name, 1, slots, ring_bytes, out);
 }
 
-int tide__shm_segment_open(const char *name, int slots, size_t ring_bytes,
-                           tide__shm_segment_t **out) {
+static int segment_open(const char *name, int slots, size_t ring_bytes,
+                           segment_t **out) {
   return map(name, 0, slots, ring_bytes, out);
 }
 
-void tide__shm_segment_unlink(const char *name) { shm_unlink(name); }
+static void segment_unlink(const char *name) { shm_unlink(name); }
 
-void tide__shm_segment_close(tide__shm_segment_t *seg) {
+static void segment_close(segment_t *seg) {
   if (seg == NULL) return;
   munmap(seg->base, seg->len);
   tide__free(seg);
 }
 
-_Atomic uint32_t *tide__shm_bell(tide__shm_segment_t *seg) {
+static _Atomic uint32_t *bell_of(segment_t *seg) {
   return &((seg_header_t *)seg->base)->bell;
 }
 
-_Atomic uint32_t *tide__shm_sleepers(tide__shm_segment_t *seg) {
+static _Atomic uint32_t *sleepers_of(segment_t *seg) {
   return &((seg_header_t *)seg->base)->sleepers;
 }
 
-void tide__shm_chan_init(tide__chan_t *chan, int peer, tide__shm_segment_t *mine,
-                         tide__shm_segment_t *theirs, int me_slot, int peer_slot) {
+static void chan_init(tide__chan_t *chan, int peer, segment_t *mine,
+                         segment_t *theirs, int me_slot, int peer_slot) {
   memset(chan, 0, sizeof *chan);
   chan->ops = &tide__shm_ops;
   chan->peer = peer;
@@ -154,17 +159,17 @@ void tide__shm_chan_init(tide__chan_t *chan, int peer, tide__shm_segment_t *mine
   chan->send_ring = ring_at(theirs, me_slot);
   chan->recv_ring = ring_at(mine, peer_slot);
   chan->ring_bytes = mine->ring_bytes;
-  chan->peer_bell = tide__shm_bell(theirs);
-  chan->peer_sleepers = tide__shm_sleepers(theirs);
+  chan->peer_bell = bell_of(theirs);
+  chan->peer_sleepers = sleepers_of(theirs);
 }
 
-void tide__shm_ring_bell(_Atomic uint32_t *bell, _Atomic uint32_t *sleepers) {
+static void ring_bell(_Atomic uint32_t *bell, _Atomic uint32_t *sleepers) {
   atomic_fetch_add_explicit(bell, 1, memory_order_seq_cst);
   if (atomic_load_explicit(sleepers, memory_order_seq_cst) != 0)
     syscall(SYS_futex, (uint32_t *)bell, FUTEX_WAKE, 1 << 30, NULL, NULL, 0);
 }
 
-void tide__shm_wait(tide__shm_segment_t *seg, uint32_t seen, int timeout_ms) {
+static void bell_wait(segment_t *seg, uint32_t seen, int timeout_ms) {
   seg_header_t *h = (seg_header_t *)seg->base;
   atomic_fetch_add_explicit(&h->sleepers, 1, memory_order_seq_cst);
   if (atomic_load_explicit(&h->bell, memory_order_seq_cst) == seen) {
@@ -205,7 +210,7 @@ static int shm_progress(tide__chan_t *chan, tide__p2p_t *op) {
       head += n;
       atomic_store_explicit(&ring->head, head, memory_order_release);
       op->done += copy;
-      tide__shm_ring_bell(chan->peer_bell, chan->peer_sleepers);
+      ring_bell(chan->peer_bell, chan->peer_sleepers);
       /* A producer computes: one piece per call lets the engine drain the
        * peer's ring between pieces, so neither side waits on a full ring. */
       if (op->produce != NULL) break;
@@ -234,7 +239,7 @@ static int shm_progress(tide__chan_t *chan, tide__p2p_t *op) {
       tail += n;
       atomic_store_explicit(&ring->tail, tail, memory_order_release);
       op->done += copy;
-      tide__shm_ring_bell(chan->peer_bell, chan->peer_sleepers);
+      ring_bell(chan->peer_bell, chan->peer_sleepers);
     }
   }
   return 0;
@@ -244,4 +249,93 @@ static void shm_close(tide__chan_t *chan) {
   chan->send_ring = chan->recv_ring = NULL;
 }
 
-const tide__transport_ops_t tide__shm_ops = {"shm", shm_progress, shm_close};
+static int shm_can_connect(const tide__link_t *link) {
+  return link->same_host && link->mpi_comm == NULL && tide__param_int(TIDE__PARAM_SHM) != 0;
+}
+
+/* A rank's host-wide state: its own segment and the local peers' (by
+ * local rank; NULL for itself and peers on other transports). */
+typedef struct {
+  segment_t *mine;
+  segment_t **peers;
+  int slots;
+} host_t;
+
+static void shm_host_close(void *state) {
+  host_t *host = state;
+  if (host == NULL) return;
+  for (int l = 0; host->peers != NULL && l < host->slots; l++) segment_close(host->peers[l]);
+  segment_close(host->mine);
+  tide__free(host->peers);
+  tide__free(host);
+}
+
+/* Creates our segment, publishes its name under ns, maps each peer's and
+ * connects the channels; then, once every peer has mapped ours, unlinks
+ * its name, so a crash later leaves nothing behind in /dev/shm. */
+static int shm_host_open(const tide__host_setup_t *setup, tide__chan_t *chans, void **state) {
+  size_t ring = (size_t)tide__param_int(TIDE__PARAM_SHM_RING_BYTES) & ~(size_t)63;
+  host_t *host = tide__calloc(1, sizeof *host);
+  if (host == NULL) return TIDE_ENOMEM;
+  *state = host;
+  host->slots = setup->local_size;
+  host->peers = tide__calloc((size_t)setup->local_size, sizeof *host->peers);
+  if (host->peers == NULL) return TIDE_ENOMEM;
+  char key[220];
+  segment_unlink(setup->name); /* a leftover from a killed run */
+  TIDE_CHECK(segment_create(setup->name, setup->local_size, ring, &host->mine));
+  snprintf(key, sizeof key, "%s/shm/%d", setup->ns, setup->rank);
+  int rc = tide_store_set(setup->store, key, setup->name, strlen(setup->name));
+  for (int p = 0; rc == 0 && p < setup->npeers; p++) {
+    int l = setup->peers[p], peer = setup->local_ranks[l];
+    char peer_name[260];
+    snprintf(key, sizeof key, "%s/shm/%d", setup->ns, peer);
+    rc = tide__store_get_string(setup->store, key, setup->timeout_ms, peer_name, sizeof peer_name);
+    if (rc == 0) rc = segment_open(peer_name, setup->local_size, ring, &host->peers[l]);
+    if (rc == 0) chan_init(&chans[peer], peer, host->mine, host->peers[l], setup->local_rank, l);
+  }
+  if (rc == 0) {
+    snprintf(key, sizeof key, "%s/mapped/%d", setup->ns, setup->rank);
+    rc = tide_store_set(setup->store, key, "1", 1);
+  }
+  for (int p = 0; rc == 0 && p < setup->npeers; p++) {
+    snprintf(key, sizeof key, "%s/mapped/%d", setup->ns, setup->local_ranks[setup->peers[p]]);
+    const char *keys[1] = {key};
+    rc = tide_store_wait(setup->store, keys, 1, setup->timeout_ms);
+  }
+  segment_unlink(setup->name);
+  return rc;
+}
+
+static void shm_wait_source(const tide__chan_t *chan, const tide__p2p_t *op, tide__wait_t *out) {
+  (void)chan;
+  (void)op;
+  *out = (tide__wait_t){TIDE__WAIT_BELL, -1, 0};
+}
+
+static uint32_t shm_bell_read(void *state) {
+  return atomic_load(bell_of(((host_t *)state)->mine));
+}
+
+static void shm_bell_sleep(void *state, uint32_t seen, int timeout_ms) {
+  bell_wait(((host_t *)state)->mine, seen, timeout_ms);
+}
+
+static void shm_bell_ring(void *state) {
+  segment_t *mine = ((host_t *)state)->mine;
+  ring_bell(bell_of(mine), sleepers_of(mine));
+}
+
+const tide__transport_ops_t tide__shm_ops = {
+    .name = "shm",
+    .hands_pieces = 1,
+    .can_connect = shm_can_connect,
+    .host_open = shm_host_open,
+    .host_close = shm_host_close,
+    .progress = shm_progress,
+    .wait_source = shm_wait_source,
+    .bell_read = shm_bell_read,
+    .bell_sleep = shm_bell_sleep,
+    .bell_ring = shm_bell_ring,
+    .close = shm_close,
+};

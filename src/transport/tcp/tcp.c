@@ -2,6 +2,7 @@
  * RECV_REDUCE receives into a staging buffer and reduces whole elements
  * out of it, keeping a partial element for the next round. */
 #include <errno.h>
+#include <poll.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -10,15 +11,19 @@
 
 #define STAGE_BYTES (512 * 1024)
 
-int tide__tcp_chan_init(tide__chan_t *chan, int peer, int fd) {
+static int tcp_can_connect(const tide__link_t *link) { return link->mpi_comm == NULL; }
+
+/* Takes ep->fd, a connected, authenticated socket: the channel owns it
+ * from here, even when set-up fails. */
+static int tcp_connect(tide__chan_t *chan, int peer, const tide__endpoint_t *ep) {
   memset(chan, 0, sizeof *chan);
   chan->ops = &tide__tcp_ops;
   chan->peer = peer;
-  chan->fd = fd;
+  chan->fd = ep->fd;
   int size = 4 << 20;
-  setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &size, sizeof size);
-  setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &size, sizeof size);
-  return tide__socket_tune(fd, 1);
+  setsockopt(chan->fd, SOL_SOCKET, SO_SNDBUF, &size, sizeof size);
+  setsockopt(chan->fd, SOL_SOCKET, SO_RCVBUF, &size, sizeof size);
+  return tide__socket_tune(chan->fd, 1);
 }
 
 /* Returns bytes moved (>= 0), or TIDE_EPEER. */
@@ -87,4 +92,15 @@ static void tcp_close(tide__chan_t *chan) {
   chan->stage = NULL;
 }
 
-const tide__transport_ops_t tide__tcp_ops = {"tcp", tcp_progress, tcp_close};
+static void tcp_wait_source(const tide__chan_t *chan, const tide__p2p_t *op, tide__wait_t *out) {
+  *out = (tide__wait_t){TIDE__WAIT_FD, chan->fd, op->kind == TIDE__P2P_SEND ? POLLOUT : POLLIN};
+}
+
+const tide__transport_ops_t tide__tcp_ops = {
+    .name = "tcp",
+    .can_connect = tcp_can_connect,
+    .connect = tcp_connect,
+    .progress = tcp_progress,
+    .wait_source = tcp_wait_source,
+    .close = tcp_close,
+};
