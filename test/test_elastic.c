@@ -168,14 +168,11 @@ static int worker(int rank, int size, void *arg) {
       if (rank == sc->kill_rank && !joiner && b.step == sc->kill_step) raise(SIGKILL);
       if (rank == sc->hang_rank && b.step == sc->hang_step && !joiner) sleep(3);
       if (sc->slow_rank > 0) {
-        /* Everyone computes about 1 ms; the straggler 20 ms. */
-        if (rank == sc->slow_rank && b.step >= sc->slow_step) {
-          usleep(20000);
-        } else {
-          int64_t until = tide__now_ns() + 1000000;
-          while (tide__now_ns() < until) {
-          }
-        }
+        /* Everyone "computes" 5 ms, the straggler 60 ms from slow_step on.
+         * Sleeping, not spinning: four spinning ranks on a 2-core machine
+         * take turns on the cores, and a rank descheduled for a few
+         * milliseconds looked like a straggler before the slowdown began. */
+        usleep(rank == sc->slow_rank && b.step >= sc->slow_step ? 60000 : 5000);
       }
       double loss = grad(w, b.indices, b.count, g);
       rc = tide_trainer_step(tr, loss, &st);
