@@ -14,6 +14,7 @@
   XX(ENOENT, -ENOENT, "no such key or file")                                        \
   XX(ECONNREFUSED, -ECONNREFUSED, "connection refused")                             \
   XX(ENOSYS, -ENOSYS, "not supported in this build")                                \
+  XX(EADDRINUSE, -EADDRINUSE, "address already in use (another process listens on that port)") \
   XX(EPEER, -3001, "a peer failed or disconnected; this communicator is unusable")  \
   XX(EMISMATCH, -3002, "collective calls do not match across ranks")                \
   XX(EABORTED, -3003, "communicator aborted")                                       \

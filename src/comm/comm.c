@@ -231,23 +231,27 @@ static int local_address(const tide_comm_t *comm, char *addr, size_t cap) {
     }
     return 0;
   }
-  /* A connected UDP socket sends nothing but tells which local address
-   * routes to the store's host. */
-  struct addrinfo hints, *ai;
-  memset(&hints, 0, sizeof hints);
-  hints.ai_family = AF_INET;
-  hints.ai_socktype = SOCK_DGRAM;
-  char port[16];
-  snprintf(port, sizeof port, "%d", comm->store_port);
-  if (getaddrinfo(comm->store_host, port, &hints, &ai) != 0) {
-    TIDE_ERROR("cannot resolve the store host \"%s\" (TIDE_RDZV)", comm->store_host);
+  return tide__publish_addr(comm->store_host, comm->store_port, addr, cap);
+}
+
+/* A rank on another host that published a loopback address cannot be
+ * reached: fail now, not after TIDE_TIMEOUT_MS. Hosts are compared by boot
+ * id and network namespace (the part after the host name); TIDE_HOST_ID
+ * (tests faking hosts on one machine) turns the check off. */
+static int check_reachable(const tide_comm_t *comm, const peer_info_t *peers) {
+  if (tide__param_str(TIDE__PARAM_HOST_ID)[0] != '\0') return 0;
+  const char *mine = strchr(peers[comm->rank].host, '/');
+  for (int r = 0; r < comm->size; r++) {
+    const char *theirs = strchr(peers[r].host, '/');
+    if (mine == NULL || theirs == NULL || strcmp(mine, theirs) == 0 || !tide__addr_is_loopback(peers[r].addr))
+      continue;
+    TIDE_ERROR("rank %d on another host published the loopback address %s: its host reaches the rendezvous host "
+               "\"%s\" through loopback (Debian maps a host's own name to 127.0.1.1); set TIDE_SOCKET_IFNAME to the "
+               "interface the hosts reach each other on (e.g. eth0) for every rank",
+               r, peers[r].addr, comm->store_host);
     return TIDE_EINVAL;
   }
-  int fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-  int rc = fd >= 0 && connect(fd, ai->ai_addr, ai->ai_addrlen) == 0 ? tide__sock_local_addr(fd, addr, cap) : TIDE_EIO;
-  freeaddrinfo(ai);
-  if (fd >= 0) close(fd);
-  return rc;
+  return 0;
 }
 
 /* ---- connecting -------------------------------------------------------- */
@@ -365,6 +369,7 @@ static int comm_connect(tide_comm_t *comm) {
     }
     keys[r] = placement;
   }
+  TIDE_CHECK_GOTO(check_reachable(comm, peers), rc, out);
   for (int r = 0; r < comm->size; r++) hosts[r] = peers[r].host;
   TIDE_CHECK_GOTO(tide__comm_set_hosts(comm, hosts, keys), rc, out);
   for (int r = 0; r < comm->size; r++) {
@@ -444,8 +449,9 @@ static tide_store_server_t *hosted_store;
 static _Atomic int open_comms;
 
 /* A derived token when another launcher started us without TIDE_JOB_TOKEN:
- * it keeps strangers' stray connections out but is no secret. */
-static char *derived_token(const char *rdzv) {
+ * it keeps strangers' stray connections out but is no secret. Rank 0 says
+ * so, once for the job. */
+static char *derived_token(const char *rdzv, int rank) {
   const char *parts[] = {"OMPI_MCA_ess_base_jobid", "PMIX_NAMESPACE", "SLURM_JOB_ID", "PMI_JOBID"};
   char text[512];
   int n = snprintf(text, sizeof text, "tide-derived:%s", rdzv);
@@ -453,9 +459,58 @@ static char *derived_token(const char *rdzv) {
     const char *v = getenv(parts[i]);
     if (v != NULL) n += snprintf(text + n, sizeof text - (size_t)n, ":%s", v);
   }
-  TIDE_WARN("TIDE_JOB_TOKEN is not set: using a token derived from the launcher's job id; export the "
-            "same random TIDE_JOB_TOKEN on every rank to authenticate connections");
+  if (rank == 0)
+    TIDE_WARN("TIDE_JOB_TOKEN is not set: the ranks authenticate with a token derived from the launcher's job id "
+              "and the rendezvous address. It keeps other jobs' ranks and stray connections out of this job; it "
+              "does not keep out anyone who can see the job id (squeue, ps) and reach the hosts. For that, export "
+              "the same random TIDE_JOB_TOKEN on every rank (e.g. TIDE_JOB_TOKEN=$(openssl rand -hex 16) before "
+              "srun)");
   return tide__strdup(text);
+}
+
+/* Under srun without TIDE_RDZV, rank 0 starts the store on the first of the
+ * step's derived ports that is free. */
+static int slurm_store_start(tide_comm_t *comm, const char *job) {
+  int rc = TIDE_EADDRINUSE;
+  for (int attempt = 0; attempt < TIDE__SLURM_PORT_TRIES && rc == TIDE_EADDRINUSE; attempt++) {
+    comm->store_port = tide__slurm_port(job, attempt);
+    tide__log_mute(1);
+    rc = tide_store_server_start(NULL, comm->store_port, comm->token, &hosted_store);
+    tide__log_mute(0);
+    if (rc == TIDE_EADDRINUSE)
+      TIDE_INFO("Slurm job %s: port %d is in use, trying the next", job, comm->store_port);
+  }
+  if (rc == TIDE_EADDRINUSE)
+    TIDE_ERROR("Slurm job %s: the %d ports derived from the job and step ids (%d, %d, ...) are all in use on %s; "
+               "export TIDE_RDZV=%s:PORT with a free PORT for every rank",
+               job, TIDE__SLURM_PORT_TRIES, tide__slurm_port(job, 0), tide__slurm_port(job, 1),
+               comm->store_host, comm->store_host);
+  else if (rc != 0)
+    TIDE_ERROR("Slurm job %s: cannot start the store on port %d: %s", job, comm->store_port, tide_strerror(rc));
+  return rc;
+}
+
+/* The other ranks try each derived port in turn until one holds a store that
+ * knows the job's token (another job's store refuses it). */
+static int slurm_store_connect(tide_comm_t *comm, const char *job) {
+  int64_t deadline = tide__deadline_after_ms(comm->timeout_ms);
+  int rc = TIDE_ETIMEDOUT;
+  for (int attempt = 0;; attempt = (attempt + 1) % TIDE__SLURM_PORT_TRIES) {
+    int port = tide__slurm_port(job, attempt);
+    tide__log_mute(1);
+    rc = tide_store_connect(comm->store_host, port, comm->token, 300, &comm->store);
+    tide__log_mute(0);
+    if (rc == 0) {
+      comm->store_port = port;
+      return 0;
+    }
+    if (rc == TIDE_EINVAL || tide__now_ns() >= deadline) break;
+  }
+  TIDE_ERROR("Slurm job %s: no store of this job answered on %s, ports %d, %d, ... (%d tried) within "
+             "TIDE_TIMEOUT_MS=%lld ms (last: %s): is rank 0 running, and does %s resolve to its host here?",
+             job, comm->store_host, tide__slurm_port(job, 0), tide__slurm_port(job, 1),
+             TIDE__SLURM_PORT_TRIES, (long long)comm->timeout_ms, tide_strerror(rc), comm->store_host);
+  return rc;
 }
 
 static int comm_join(tide_comm_t **out) {
@@ -473,38 +528,64 @@ static int comm_join(tide_comm_t **out) {
   comm->size = size;
   snprintf(comm->ns, sizeof comm->ns, "w%d", gen);
   const char *rdzv = tide__param_str(TIDE__PARAM_RDZV);
-  int rc = 0;
+  int rc = 0, slurm = 0;
+  char slurm_job[128] = "", rdzv_text[300];
   if (size == 1 && rdzv[0] == '\0') {
     comm->local_size = comm->node_count = 1;
     comm->uniform_nodes = 1;
     *out = comm;
     return 0;
   }
-  if (rdzv[0] == '\0') {
-    TIDE_ERROR("rank %d of %d: TIDE_RDZV is not set; start the job with tiderun, or export "
+  if (rdzv[0] == '\0' && !tiderun) {
+    slurm = tide__slurm_rdzv(comm->store_host, sizeof comm->store_host, slurm_job, sizeof slurm_job);
+    if (slurm < 0) {
+      rc = slurm;
+      goto fail;
+    }
+  }
+  if (slurm) {
+    snprintf(rdzv_text, sizeof rdzv_text, "slurm:%s:%s", comm->store_host, slurm_job);
+    TIDE_DEBUG("Slurm step %s: the store is on %s, ports from %d", slurm_job, comm->store_host,
+               tide__slurm_port(slurm_job, 0));
+  } else if (rdzv[0] == '\0') {
+    TIDE_ERROR("rank %d of %d: TIDE_RDZV is not set; start the job with tiderun or srun, or export "
                "TIDE_RDZV=host:port (rank 0's host) for every rank, or TIDE_BACKEND=mpi to join through MPI",
                rank, size);
     rc = TIDE_EINVAL;
     goto fail;
-  }
-  if (tide__parse_host_port(rdzv, comm->store_host, sizeof comm->store_host, &comm->store_port) != 0) {
+  } else if (tide__parse_host_port(rdzv, comm->store_host, sizeof comm->store_host, &comm->store_port) != 0) {
     TIDE_ERROR("TIDE_RDZV=\"%s\" is not host:port", rdzv);
     rc = TIDE_EINVAL;
     goto fail;
+  } else {
+    snprintf(rdzv_text, sizeof rdzv_text, "%s", rdzv);
   }
   const char *token = tide__param_str(TIDE__PARAM_JOB_TOKEN);
-  comm->token = token[0] != '\0' ? tide__strdup(token) : derived_token(rdzv);
+  comm->token = token[0] != '\0' ? tide__strdup(token) : derived_token(rdzv_text, gen == 0 ? rank : -1);
   if (comm->token == NULL) {
     rc = TIDE_ENOMEM;
     goto fail;
   }
   /* Under mpirun or srun nobody hosts the store: rank 0 does, for the
    * life of the process (later communicators meet there too). */
-  if (!tiderun && rank == 0 && hosted_store == NULL)
-    TIDE_CHECK_GOTO(tide_store_server_start(NULL, comm->store_port, comm->token, &hosted_store), rc, fail);
-  TIDE_CHECK_GOTO(tide_store_connect(comm->store_host, comm->store_port, comm->token, (int)comm->timeout_ms,
-                                     &comm->store),
-                  rc, fail);
+  if (slurm && rank == 0 && hosted_store == NULL) {
+    TIDE_CHECK_GOTO(slurm_store_start(comm, slurm_job), rc, fail);
+  } else if (slurm && rank == 0) {
+    comm->store_port = tide_store_server_port(hosted_store);
+  } else if (!tiderun && rank == 0 && hosted_store == NULL) {
+    rc = tide_store_server_start(NULL, comm->store_port, comm->token, &hosted_store);
+    if (rc == TIDE_EADDRINUSE)
+      TIDE_ERROR("TIDE_RDZV=%s: port %d is already in use on this host (another job's store?); give every rank "
+                 "a free port",
+                 rdzv, comm->store_port);
+    if (rc != 0) goto fail;
+  }
+  if (slurm && rank != 0)
+    TIDE_CHECK_GOTO(slurm_store_connect(comm, slurm_job), rc, fail);
+  else
+    TIDE_CHECK_GOTO(tide_store_connect(comm->store_host, comm->store_port, comm->token, (int)comm->timeout_ms,
+                                       &comm->store),
+                    rc, fail);
   atomic_fetch_add(&open_comms, 1);
   TIDE_CHECK_GOTO(comm_connect(comm), rc, fail);
   if (tide__param_int(TIDE__PARAM_ELASTIC)) TIDE_CHECK_GOTO(tide__membership_start(comm), rc, fail);

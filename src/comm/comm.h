@@ -161,6 +161,34 @@ tide_comm_t *tide__comm_alloc(void);
 int tide__comm_create(const char *host, int port, const char *token, const char *ns, int rank, int size,
                       int64_t connect_timeout_ms, tide_comm_t **out);
 
+/* ---- other launchers' environments (src/comm/launcher.c) ------------------- */
+
+/* Host n (from 0) of a Slurm hostlist ("node[01-03,7],gpu-a[1-2]b": ranges
+ * keep their zero padding; several bracket groups multiply, as Slurm's
+ * `scontrol show hostnames` expands them) into out (size cap); *count_out
+ * (may be NULL) gets the number of hosts. TIDE_EINVAL, with a message naming
+ * `what` (the variable), for bad syntax or n out of range. */
+int tide__hostlist_nth(const char *what, const char *list, int n, char *out, size_t cap, int *count_out);
+/* A Slurm step's rendezvous without TIDE_RDZV: its store is on the first
+ * host of the step's nodes, at one of TIDE__SLURM_PORT_TRIES ports derived
+ * from "JOBID.STEPID" (tide__slurm_port, attempt 0, 1 ...: rank 0
+ * takes the first one free, the others try each in turn). */
+enum { TIDE__SLURM_PORT_BASE = 20000, TIDE__SLURM_PORT_SPAN = 8000, TIDE__SLURM_PORT_TRIES = 8 };
+int tide__slurm_port(const char *job_step, int attempt);
+/* 1 under srun (SLURM_PROCID and SLURM_JOB_ID set): host gets rank 0's host
+ * and job_out "JOBID.STEPID"; 0 when not under Slurm; TIDE_EINVAL for a bad
+ * SLURM_JOB_NODELIST. */
+int tide__slurm_rdzv(char *host, size_t cap, char *job_out, size_t job_cap);
+/* The hosts the launcher says the job spans (Slurm's node counts, tiderun's
+ * TIDE_NNODES, Open MPI's sizes), 0 when it does not say. */
+int tide__launcher_hosts(void);
+int tide__addr_is_loopback(const char *addr);
+/* The address peers should use to reach this rank, from the route to the
+ * store: when that is loopback but the launcher says the job spans hosts,
+ * the address that reaches the launch host or this host's only other one;
+ * TIDE_EINVAL naming TIDE_SOCKET_IFNAME when it cannot tell. */
+int tide__publish_addr(const char *store_host, int store_port, char *addr, size_t cap);
+
 /* ---- elastic membership (src/comm/elastic.c) ------------------------------- */
 
 /* Joins a running elastic job as a new worker (TIDE_ELASTIC_JOIN=1):

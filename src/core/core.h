@@ -34,6 +34,9 @@ extern int tide__log_level;
 void tide__log_write(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* The rank shown in every log line ("-" until set). */
 void tide__log_set_rank(int rank);
+/* 1: this thread logs nothing until tide__log_mute(0) (probing ports whose
+ * failures are expected); other threads are not affected. */
+void tide__log_mute(int mute);
 
 /* Checks the level before formatting anything. */
 #define TIDE_LOG(level, ...)                                                             \

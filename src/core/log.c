@@ -14,9 +14,13 @@ int tide__log_level = TIDE__LOG_WARN;
 static int log_rank = -1;
 static const char *level_names[] = {"error", "warn", "info", "debug", "trace"};
 
+static _Thread_local int log_muted;
+
 void tide__log_set_rank(int rank) { log_rank = rank; }
+void tide__log_mute(int mute) { log_muted = mute; }
 
 static void log_vwrite(int level, unsigned long long suppressed, const char *fmt, va_list ap) {
+  if (log_muted) return;
   char host[64] = "?";
   gethostname(host, sizeof host - 1);
   char *dot = strchr(host, '.');

@@ -61,7 +61,7 @@ int tide__tcp_listen(const char *host, int port, int *fd_out, int *port_out) {
     TIDE_ERROR("cannot listen on %s:%d: %s", host && host[0] ? host : "*", port, strerror(err));
     freeaddrinfo(ai);
     close(fd);
-    return err == EADDRINUSE ? TIDE_EINVAL : TIDE_EIO;
+    return err == EADDRINUSE ? TIDE_EADDRINUSE : TIDE_EIO;
   }
   freeaddrinfo(ai);
   struct sockaddr_in sa;
