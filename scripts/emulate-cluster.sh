@@ -19,6 +19,7 @@ port=29500               # the store, on host 0
 usage() {
   cat <<'EOF'
 usage: scripts/emulate-cluster.sh [options] -- PROG [ARGS...]
+       scripts/emulate-cluster.sh --slurm [options] -- CMD [ARGS...]
        scripts/emulate-cluster.sh --cleanup
 
 Runs a tide job on H emulated hosts: each host is a network namespace holding
@@ -53,6 +54,18 @@ different hosts use TCP over a bridge whose links are shaped with tc.
   --no-prefix           do not prefix output lines with "[hostH] [RANK] "
   --tiderun-arg ARG     pass ARG to every host's tiderun (repeat it for several), e.g.
                         --tiderun-arg --elastic --tiderun-arg --max-np=4
+  --slurm               a real Slurm cluster on the hosts instead of tiderun
+                        (Debian's slurmctld, slurmd and munge, 22.05): host H is
+                        node emuH (CPUs = --ranks-per-host), slurmctld runs on a
+                        "head" host (10.213.0.254) on the same switch, and CMD
+                        runs there with SLURM_CONF set, so it can srun, sbatch,
+                        squeue, scontrol ... (partition "emu", the default).
+                        Each host's /etc/hosts (a private bind mount) maps its
+                        own name to 127.0.1.1 as Debian does. The cluster lives
+                        until CMD exits; its exit status is CMD's. In CMD:
+                        TIDE_EMU_SLURM_DIR (state, logs: slurmctld.log,
+                        slurmd-emuH.log) and TIDE_EMU_BUILD (the build).
+                        docs/slurm.md has examples
   --cleanup             remove the namespaces (and processes in them) left by
                         runs that were killed (SIGKILL); runs still alive are kept
   -h, --help            print this help
@@ -130,7 +143,7 @@ cleanup_stale() {
 # --- options ----------------------------------------------------------------
 
 hosts=2 ranks=2 bandwidth=1gbit latency=0.5ms delay_with=auto build=${TIDE_BUILD_DIR:-}
-timeout="" prefix=1 do_cleanup=0 storage="" storage_bandwidth=100mbit extra_tiderun=()
+timeout="" prefix=1 do_cleanup=0 storage="" storage_bandwidth=100mbit extra_tiderun=() slurm=0
 while [ $# -gt 0 ]; do
   case $1 in
     --hosts) [ $# -ge 2 ] || die_usage "$1 needs a value"; hosts=$2; shift 2 ;;
@@ -145,6 +158,7 @@ while [ $# -gt 0 ]; do
     --storage) [ $# -ge 2 ] || die_usage "$1 needs a value"; storage=$2; shift 2 ;;
     --storage-bandwidth) [ $# -ge 2 ] || die_usage "$1 needs a value"; storage_bandwidth=$2; shift 2 ;;
     --cleanup) do_cleanup=1; shift ;;
+    --slurm) slurm=1; shift ;;
     -h|--help) usage; exit 0 ;;
     --) shift; break ;;
     -*) die_usage "unknown option $1" ;;
@@ -396,6 +410,116 @@ fi
 
 log "$hosts host(s) x $ranks rank(s) on $subnet.0/24 (namespaces $ns_prefix-$run_id-h0..h$((hosts - 1))," \
   "switch $sw); uplink ${bandwidth}${rate_bps:+ (tbf)}; one-way latency $latency ($delay_how)"
+
+# --- --slurm: slurmctld on a head host, one slurmd per host, CMD on the head ----
+
+# in_host NS NAME HOSTS_FILE CMD...: runs CMD in namespace NS as host NAME,
+# with HOSTS_FILE as its /etc/hosts. nsenter, not `ip netns exec`: that
+# remounts /sys, hiding the cgroup mounts slurmd 22.05 needs.
+in_host() {
+  local ns=$1 name=$2 hosts_file=$3
+  shift 3
+  nsenter --net="/run/netns/$ns" -- unshare --uts --mount --propagation slave -- \
+    sh -c 'hostname "$1"; mount -n --bind "$2" /etc/hosts || exit 1; shift 2; exec "$@"' in_host "$name" "$hosts_file" "$@"
+}
+
+if [ "$slurm" = 1 ]; then
+  for tool in slurmctld slurmd munged srun sinfo nsenter unshare setpriv; do
+    command -v "$tool" >/dev/null || skip "--slurm needs $tool (scripts/install-deps.sh installs slurm-wlm, munge)"
+  done
+  id munge >/dev/null 2>&1 || skip "--slurm needs the munge user (apt-get install munge)"
+  sdir=$tmp/slurm
+  mkdir -p "$sdir/state" "$sdir/munge" "$sdir/spool" || exit 1
+  chmod 0711 "$tmp" "$sdir"
+  # munge: its own key, socket and files, run as the munge user; a Unix
+  # socket is not network-namespaced, so every host reaches it.
+  head -c 1024 /dev/urandom >"$sdir/munge/munge.key"
+  chown -R munge: "$sdir/munge" && chmod 0700 "$sdir/munge" && chmod 0400 "$sdir/munge/munge.key" || exit 1
+  setpriv --reuid munge --regid munge --clear-groups munged -F --force --socket="$sdir/munge/munge.sock" \
+    --key-file="$sdir/munge/munge.key" --pid-file="$sdir/munge/munged.pid" --log-file="$sdir/munge/munged.log" \
+    --seed-file="$sdir/munge/munged.seed" >"$sdir/munged.out" 2>&1 &
+  host_pids+=($!)
+  for ((i = 0; i < 50; i++)); do [ -S "$sdir/munge/munge.sock" ] && break; sleep 0.1; done
+  [ -S "$sdir/munge/munge.sock" ] || { log "munged did not start: $(tail -c 400 "$sdir/munged.out" "$sdir/munge/munged.log" 2>/dev/null)"; exit 1; }
+
+  head_ns=$ns_prefix-$run_id-head
+  run ip netns add "$head_ns" || exit 1
+  run ip -n "$sw" link add phead type veth peer name eth0 netns "$head_ns" || exit 1
+  run ip -n "$sw" link set phead master br0 up || exit 1
+  run ip -n "$head_ns" link set lo up || exit 1
+  run ip -n "$head_ns" addr add "$subnet.254/24" dev eth0 || exit 1
+  run ip -n "$head_ns" link set eth0 up || exit 1
+
+  # Each host's /etc/hosts: its own name on 127.0.1.1 (Debian's way), the others' addresses.
+  for ((h = -1; h < hosts; h++)); do
+    name=emu$h addr=$subnet.$((h + 1))
+    [ "$h" = -1 ] && name=head addr=$subnet.254
+    {
+      echo "127.0.0.1 localhost"
+      echo "127.0.1.1 $name"
+      [ "$name" = head ] || echo "$subnet.254 head"
+      for ((o = 0; o < hosts; o++)); do [ "$o" = "$h" ] || echo "$subnet.$((o + 1)) emu$o"; done
+    } >"$sdir/hosts-$name"
+  done
+  cpus=$ranks
+  {
+    echo "ClusterName=emu"
+    echo "SlurmctldHost=head($subnet.254)"
+    echo "SlurmUser=root"
+    echo "AuthType=auth/munge"
+    echo "AuthInfo=socket=$sdir/munge/munge.sock"
+    echo "CredType=cred/munge"
+    echo "ProctrackType=proctrack/linuxproc"
+    echo "TaskPlugin=task/none"
+    echo "JobAcctGatherType=jobacct_gather/none"
+    echo "SelectType=select/cons_tres"
+    echo "SelectTypeParameters=CR_Core"
+    echo "SlurmdParameters=config_overrides"
+    echo "ReturnToService=2"
+    echo "StateSaveLocation=$sdir/state"
+    echo "SlurmctldPidFile=$sdir/slurmctld.pid"
+    echo "SlurmctldLogFile=$sdir/slurmctld.log"
+    echo "SlurmdSpoolDir=$sdir/spool/%n"
+    echo "SlurmdPidFile=$sdir/slurmd-%n.pid"
+    echo "SlurmdLogFile=$sdir/slurmd-%n.log"
+    echo "MpiDefault=none"
+    echo "KillWait=2"
+    echo "MinJobAge=600"
+    for ((h = 0; h < hosts; h++)); do
+      echo "NodeName=emu$h NodeAddr=$subnet.$((h + 1)) CPUs=$cpus Sockets=1 CoresPerSocket=$cpus ThreadsPerCore=1 RealMemory=1000 State=UNKNOWN"
+    done
+    echo "PartitionName=emu Nodes=emu[0-$((hosts - 1))] Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO"
+  } >"$sdir/slurm.conf"
+  export SLURM_CONF=$sdir/slurm.conf
+
+  in_host "$head_ns" head "$sdir/hosts-head" slurmctld -D -i -f "$SLURM_CONF" >"$sdir/slurmctld.out" 2>&1 &
+  host_pids+=($!)
+  for ((h = 0; h < hosts; h++)); do
+    in_host "$ns_prefix-$run_id-h$h" "emu$h" "$sdir/hosts-emu$h" slurmd -D -f "$SLURM_CONF" >"$sdir/slurmd-emu$h.out" 2>&1 &
+    host_pids+=($!)
+  done
+  # Ready when every node is idle (about a second).
+  state=""
+  for ((i = 0; i < 150; i++)); do
+    state=$(in_host "$head_ns" head "$sdir/hosts-head" sinfo -h -N -o %T 2>/dev/null | sort | uniq -c | tr -s ' ' | tr '\n' ';')
+    [ "$state" = " $hosts idle;" ] && break
+    sleep 0.2
+  done
+  if [ "$state" != " $hosts idle;" ]; then
+    log "the Slurm nodes did not come up (sinfo: ${state:-nothing}); slurmctld: $(tail -n 5 "$sdir/slurmctld.log" "$sdir/slurmctld.out" 2>/dev/null)"
+    for ((h = 0; h < hosts; h++)); do log "slurmd emu$h: $(tail -n 3 "$sdir/slurmd-emu$h.log" "$sdir/slurmd-emu$h.out" 2>/dev/null)"; done
+    exit 1
+  fi
+  log "Slurm: slurmctld on head ($subnet.254), nodes emu[0-$((hosts - 1))] x $cpus CPUs idle; running $prog on head"
+  build_dir=$(cd "${build:-$(dirname "$(dirname "$tiderun")")}" && pwd)
+  in_host "$head_ns" head "$sdir/hosts-head" env -u TIDE_HOST_ID TIDE_EMU_SLURM_DIR="$sdir" TIDE_EMU_BUILD="$build_dir" \
+    "${storage_env[@]}" "$prog" "$@" &
+  cmd_pid=$!
+  wait "$cmd_pid"
+  status=$?
+  [ "$status" = 0 ] || log "$prog exited with status $status (Slurm's logs: slurmctld.log, slurmd-emuH.log)"
+  exit "$status"
+fi
 
 # --- the job ------------------------------------------------------------------
 

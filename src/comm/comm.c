@@ -536,6 +536,15 @@ static int comm_join(tide_comm_t **out) {
     *out = comm;
     return 0;
   }
+  /* A bad interface name fails every rank now, not only those that get as
+   * far as connecting to their peers (the others would wait for them). */
+  const char *ifname = tide__param_str(TIDE__PARAM_SOCKET_IFNAME);
+  char if_addr[64];
+  if (ifname[0] != '\0' && tide__ifname_addr(ifname, if_addr, sizeof if_addr) != 0) {
+    TIDE_ERROR("TIDE_SOCKET_IFNAME=%s: no IPv4 address on that interface (see `ip addr`)", ifname);
+    rc = TIDE_EINVAL;
+    goto fail;
+  }
   if (rdzv[0] == '\0' && !tiderun) {
     slurm = tide__slurm_rdzv(comm->store_host, sizeof comm->store_host, slurm_job, sizeof slurm_job);
     if (slurm < 0) {
