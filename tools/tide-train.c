@@ -80,7 +80,8 @@ static void usage(FILE *out) {
           "                           reached X (a fraction, e.g. 0.85), at any evaluation\n"
           "  --stop-at-target         end the run at the evaluation that reaches --target-accuracy\n"
           "  --elastic                an elastic job (tiderun --elastic): go on after a worker fails, take\n"
-          "                           workers that join, leave when released (docs/elastic.md)\n"
+          "                           workers that join, leave when released (docs/elastic.md);\n"
+          "                           implied by TIDE_ELASTIC=1, which tiderun --elastic sets\n"
           "  --save-params            at each data-epoch end write the parameters (float32) to\n"
           "                           runs/NAME/params-epochE.bin, their tensors to tensors.json\n"
           "  --seed N                 seed for initialisation and shuffling (default 1)\n"
@@ -206,6 +207,10 @@ static int parse_options(int argc, char **argv, options_t *o) {
     fprintf(stderr, "tide-train: unexpected argument \"%s\"\n", argv[optind]);
     return -1;
   }
+  /* Started by tiderun --elastic (or srun with TIDE_ELASTIC=1): elastic
+   * without being told twice. */
+  const char *elastic_env = getenv("TIDE_ELASTIC");
+  if (elastic_env != NULL && strcmp(elastic_env, "1") == 0) o->elastic = 1;
   if (strcmp(o->model, "mlp") != 0 && strcmp(o->model, "cnn") != 0) {
     fprintf(stderr, "tide-train: --model must be mlp or cnn, got \"%s\"\n", o->model);
     return -1;

@@ -688,12 +688,35 @@ static const char *signal_name(int sig, char *buf, size_t cap) {
   return buf;
 }
 
+static int elastic_want(job_t *job, int target);
+static int store_text(tide_store_t *store, const char *key, char *text, size_t cap);
+
+/* An elastic worker exited 0: training is over (torchrun's rule), unless it
+ * left because the job was asked to shrink (as many still run as wanted).
+ * So a program that does not say elastic/done itself still ends the job. */
+static void elastic_worker_done(job_t *job, const rank_t *r) {
+  if (job->finished || job->store == NULL || job->opts->nnodes > 1) return;
+  char text[32];
+  if (store_text(job->store, "elastic/done", text, sizeof text) == 0) {
+    job->finished = 1;
+    return;
+  }
+  int target = store_text(job->store, "elastic/target", text, sizeof text) == 0 ? atoi(text) : 0;
+  if (job->running >= elastic_want(job, target)) return; /* released by a shrink */
+  job->finished = 1;
+  fprintf(stderr, "tiderun: worker %d exited with status 0: training is over; no new workers are started\n",
+          r->rank);
+}
+
 /* A rank ended: report a failure unless tiderun or the user stopped it, and
  * start the grace period at the first one. */
 static void rank_ended(job_t *job, rank_t *r, int status) {
   r->running = 0;
   job->running--;
-  if (WIFEXITED(status) && WEXITSTATUS(status) == 0) return;
+  if (WIFEXITED(status) && WEXITSTATUS(status) == 0) {
+    if (job->opts->elastic && !job->stopping) elastic_worker_done(job, r);
+    return;
+  }
   if (job->stopping) return;
   char name[32];
   if (job->opts->elastic) {
@@ -1022,6 +1045,17 @@ static void elastic_poll_nodes(job_t *job, int target) {
   }
 }
 
+/* The workers a single-node elastic job should run: the request (tide ctl
+ * resize), else -np less the failures beyond --max-restarts. */
+static int elastic_want(job_t *job, int target) {
+  const options_t *opts = job->opts;
+  int unreplaced = job->failures > opts->max_restarts ? job->failures - opts->max_restarts : 0;
+  int want = target > 0 ? target : opts->nproc - unreplaced;
+  if (want > opts->max_np) want = opts->max_np;
+  if (want < opts->min_np) want = opts->min_np;
+  return want;
+}
+
 /* An elastic job's requests: starts workers while fewer run than asked for
  * (tide ctl resize, else -np), replacing failed or released ones, until the
  * workers say training is over. */
@@ -1041,11 +1075,7 @@ static void elastic_poll(job_t *job) {
   }
   /* Every worker failed: no member is left to admit new ones. */
   if (job->running == 0 && job->failures > 0) return;
-  /* Without a request: -np workers, less the failures beyond --max-restarts. */
-  int unreplaced = job->failures > opts->max_restarts ? job->failures - opts->max_restarts : 0;
-  int want = target > 0 ? target : opts->nproc - unreplaced;
-  if (want > opts->max_np) want = opts->max_np;
-  if (want < opts->min_np) want = opts->min_np;
+  int want = elastic_want(job, target);
   while (job->running < want && job->nranks < job->capacity) {
     int i = job->nranks;
     fprintf(stderr, "tiderun: starting worker %d to join the elastic job (%d running, %d wanted)\n", i,
