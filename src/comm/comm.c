@@ -640,9 +640,12 @@ void tide_comm_destroy(tide_comm_t *comm) {
   if (comm->store != NULL) atomic_fetch_sub(&open_comms, 1);
   tide_store_close(comm->store);
   /* Hosting the store, stay until the other ranks are done with it (their
-   * exit or destroy closes their connections), so they do not see it vanish. */
-  if (hosted_store != NULL && comm->store != NULL)
-    tide__store_server_wait_clients(hosted_store, 2 * (size_t)atomic_load(&open_comms), (int)comm->timeout_ms);
+   * exit or destroy closes their connections), so they do not see it vanish.
+   * Only when this process's last communicator goes: an elastic job's old
+   * epoch or a split, destroyed while the others go on in a newer one, must
+   * not wait for them (that waited TIDE_TIMEOUT_MS under srun). */
+  if (hosted_store != NULL && comm->store != NULL && atomic_load(&open_comms) == 0)
+    tide__store_server_wait_clients(hosted_store, 0, (int)comm->timeout_ms);
   if (comm->stop_fd >= 0) close(comm->stop_fd);
   if (comm->wake_fd >= 0) close(comm->wake_fd);
   pthread_mutex_destroy(&comm->error_lock);
