@@ -11,7 +11,12 @@
 #   4. TIDE_RDZV=emu0:PORT given by hand: rank 0's host resolves emu0 to
 #      127.0.1.1, yet it publishes an address the other host reaches;
 #   5. TIDE_SOCKET_IFNAME naming no interface: every rank fails at once with
-#      a message naming it (not a wait of TIDE_TIMEOUT_MS).
+#      a message naming it (not a wait of TIDE_TIMEOUT_MS);
+#   6. (only with TEST_SLURM_ELASTIC=1: it hangs in about 1 run of 2)
+#      an elastic job (TIDE_ELASTIC=1) of 2 nodes x 2 tasks shrunk to one node
+#      with `scontrol update NumNodes=1` goes on with 2 workers, trains to the
+#      end, and Slurm records it COMPLETED (the batch script exits with rank
+#      0's status: srun's is 137 for the killed tasks).
 # Exit 77 (skipped) where the hosts or Slurm cannot be made: not root, no
 # namespaces, Slurm or munge not installed (scripts/install-deps.sh).
 # usage: test/slurm_cluster.sh BUILD_DIR
@@ -87,4 +92,35 @@ cat out5
 [ "$rc" != 0 ] || fail "TIDE_SOCKET_IFNAME=nosuch0 should fail"
 n=$(grep -c "TIDE_SOCKET_IFNAME=nosuch0: no IPv4 address" out5)
 [ "$n" = 2 ] || fail "$n rank(s) of 2 named TIDE_SOCKET_IFNAME in their error (the others waited)"
+if [ "${TEST_SLURM_ELASTIC:-0}" != 1 ]; then
+  echo "-- 6. (the elastic shrink: TEST_SLURM_ELASTIC=1 runs it; it hangs in about 1 run of 2, docs/slurm.md)"
+  echo "slurm_cluster: ok"
+  exit 0
+fi
+echo "-- 6. an elastic job (2 nodes x 2 tasks) shrunk to 1 node with scontrol: recorded COMPLETED"
+# The recipe of docs/slurm.md: the batch script exits with rank 0's status,
+# since srun's is 137 for the tasks Slurm killed.
+cat >elastic.sh <<JOB
+#!/bin/bash
+#SBATCH -N 2
+#SBATCH --ntasks-per-node=2
+#SBATCH -o $work/out6
+export TIDE_ELASTIC=1
+srun bash -c '$train --model mlp --epochs 4 --batch 32 --subset 60000 --runs $work/runs; rc=\$?; [ "\$SLURM_PROCID" = 0 ] && echo \$rc >$work/rank0.\$SLURM_JOB_ID; exit \$rc'
+echo "srun exited \$?"
+exit \$(cat $work/rank0.\$SLURM_JOB_ID 2>/dev/null || echo 1)
+JOB
+jobid=$(sbatch --parsable elastic.sh) || fail "sbatch elastic.sh"
+for ((i = 0; i < 600; i++)); do grep -q "^epoch 1 (progress" out6 2>/dev/null && break; sleep 0.1; done
+scontrol update JobId="$jobid" NumNodes=1 || fail "scontrol update JobId=$jobid NumNodes=1"
+for ((i = 0; i < 1200; i++)); do
+  state=$(scontrol show job "$jobid" | sed -n 's/.*JobState=\([A-Z_]*\).*/\1/p')
+  case $state in PENDING|RUNNING|CONFIGURING|COMPLETING) sleep 0.1 ;; *) break ;; esac
+done
+grep -v "^epoch [0-9]\.[0-9]\|straggler" out6
+echo "job $jobid: $state"
+grep -q "2 worker(s) go on" out6 || fail "the elastic job did not go on with 2 workers after the shrink"
+grep -q "replicas identical: yes" out6 || fail "the shrunk elastic job did not train to the end"
+[ "$state" = COMPLETED ] || { scancel "$jobid"; fail "Slurm recorded the shrunk elastic job $jobid as $state, not COMPLETED"; }
+
 echo "slurm_cluster: ok"
