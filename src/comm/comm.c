@@ -222,15 +222,15 @@ static void host_identity(char *out, size_t cap) {
 
 /* The address peers should use to reach us: TIDE_SOCKET_IFNAME's, or the
  * one this host uses to reach the store. */
+static int ifname_address(const char *ifname, char *addr, size_t cap) {
+  if (tide__ifname_addr(ifname, addr, cap) == 0) return 0;
+  TIDE_ERROR("TIDE_SOCKET_IFNAME=%s: no IPv4 address on that interface (see `ip addr`)", ifname);
+  return TIDE_EINVAL;
+}
+
 static int local_address(const tide_comm_t *comm, char *addr, size_t cap) {
   const char *ifname = tide__param_str(TIDE__PARAM_SOCKET_IFNAME);
-  if (ifname[0] != '\0') {
-    if (tide__ifname_addr(ifname, addr, cap) != 0) {
-      TIDE_ERROR("TIDE_SOCKET_IFNAME=%s: no IPv4 address on that interface (see `ip addr`)", ifname);
-      return TIDE_EINVAL;
-    }
-    return 0;
-  }
+  if (ifname[0] != '\0') return ifname_address(ifname, addr, cap);
   return tide__publish_addr(comm->store_host, comm->store_port, addr, cap);
 }
 
@@ -540,11 +540,7 @@ static int comm_join(tide_comm_t **out) {
    * far as connecting to their peers (the others would wait for them). */
   const char *ifname = tide__param_str(TIDE__PARAM_SOCKET_IFNAME);
   char if_addr[64];
-  if (ifname[0] != '\0' && tide__ifname_addr(ifname, if_addr, sizeof if_addr) != 0) {
-    TIDE_ERROR("TIDE_SOCKET_IFNAME=%s: no IPv4 address on that interface (see `ip addr`)", ifname);
-    rc = TIDE_EINVAL;
-    goto fail;
-  }
+  if (ifname[0] != '\0') TIDE_CHECK_GOTO(ifname_address(ifname, if_addr, sizeof if_addr), rc, fail);
   if (rdzv[0] == '\0' && !tiderun) {
     slurm = tide__slurm_rdzv(comm->store_host, sizeof comm->store_host, slurm_job, sizeof slurm_job);
     if (slurm < 0) {
