@@ -12,7 +12,9 @@
 #      127.0.1.1, yet it publishes an address the other host reaches;
 #   5. TIDE_SOCKET_IFNAME naming no interface: every rank fails at once with
 #      a message naming it (not a wait of TIDE_TIMEOUT_MS);
-#   6. an elastic job (TIDE_ELASTIC=1, TIDE_ALGO=ring) of 2 nodes x 2 tasks shrunk to one node
+#   6. a launcher that does not say the job spans hosts (Slurm's node counts
+#      removed): rank 0's loopback address is caught by every rank at once;
+#   7. an elastic job (TIDE_ELASTIC=1, TIDE_ALGO=ring) of 2 nodes x 2 tasks shrunk to one node
 #      with `scontrol update NumNodes=1` goes on with 2 workers, trains to the
 #      end, and Slurm records it COMPLETED (the batch script exits with rank
 #      0's status: srun's is 137 for the killed tasks).
@@ -91,35 +93,47 @@ cat out5
 [ "$rc" != 0 ] || fail "TIDE_SOCKET_IFNAME=nosuch0 should fail"
 n=$(grep -c "TIDE_SOCKET_IFNAME=nosuch0: no IPv4 address" out5)
 [ "$n" = 2 ] || fail "$n rank(s) of 2 named TIDE_SOCKET_IFNAME in their error (the others waited)"
+echo "-- 6. a launcher that does not say the job spans hosts: a loopback address is caught at once"
+# Without Slurm's node counts tide cannot tell that rank 0's loopback route
+# is wrong; the address table then shows it, and every rank fails naming
+# TIDE_SOCKET_IFNAME instead of waiting TIDE_TIMEOUT_MS.
+TIDE_RDZV=emu0:29556 srun_ -N 2 -n 2 env -u SLURM_STEP_NUM_NODES -u SLURM_JOB_NUM_NODES -u SLURM_NNODES \
+  -u SLURM_LAUNCH_NODE_IPADDR "$train" "${args[@]}" >out7 2>&1
+rc=$?
+cat out7
+[ "$rc" != 0 ] || fail "a loopback address published for a 2-host job should fail"
+n=$(grep -c "published the loopback address .*TIDE_SOCKET_IFNAME" out7)
+[ "$n" = 2 ] || fail "$n rank(s) of 2 failed naming TIDE_SOCKET_IFNAME (the others waited)"
+
 # TIDE_ALGO=ring: with the hierarchical allreduce (tide-train's choice on 2
 # hosts x 2) a survivor can stay stuck in the local group's collective that
 # the other survivor left (docs/slurm.md, Limits); TEST_SLURM_ELASTIC_ALGO=hier
 # runs that case.
 algo=${TEST_SLURM_ELASTIC_ALGO:-ring}
-echo "-- 6. an elastic job (2 nodes x 2 tasks, TIDE_ALGO=$algo) shrunk to 1 node with scontrol: recorded COMPLETED"
+echo "-- 7. an elastic job (2 nodes x 2 tasks, TIDE_ALGO=$algo) shrunk to 1 node with scontrol: recorded COMPLETED"
 # The recipe of docs/slurm.md: the batch script exits with rank 0's status,
 # since srun's is 137 for the tasks Slurm killed.
 cat >elastic.sh <<JOB
 #!/bin/bash
 #SBATCH -N 2
 #SBATCH --ntasks-per-node=2
-#SBATCH -o $work/out6
+#SBATCH -o $work/out7e
 export TIDE_ELASTIC=1 TIDE_ALGO=$algo
 srun bash -c '$train --model mlp --epochs 4 --batch 32 --subset 60000 --runs $work/runs; rc=\$?; [ "\$SLURM_PROCID" = 0 ] && echo \$rc >$work/rank0.\$SLURM_JOB_ID; exit \$rc'
 echo "srun exited \$?"
 exit \$(cat $work/rank0.\$SLURM_JOB_ID 2>/dev/null || echo 1)
 JOB
 jobid=$(sbatch --parsable elastic.sh) || fail "sbatch elastic.sh"
-for ((i = 0; i < 600; i++)); do grep -q "^epoch 1 (progress" out6 2>/dev/null && break; sleep 0.1; done
+for ((i = 0; i < 600; i++)); do grep -q "^epoch 1 (progress" out7e 2>/dev/null && break; sleep 0.1; done
 scontrol update JobId="$jobid" NumNodes=1 || fail "scontrol update JobId=$jobid NumNodes=1"
 for ((i = 0; i < 1200; i++)); do
   state=$(scontrol show job "$jobid" | sed -n 's/.*JobState=\([A-Z_]*\).*/\1/p')
   case $state in PENDING|RUNNING|CONFIGURING|COMPLETING) sleep 0.1 ;; *) break ;; esac
 done
-grep -v "^epoch [0-9]\.[0-9]\|straggler" out6
+grep -v "^epoch [0-9]\.[0-9]\|straggler" out7e
 echo "job $jobid: $state"
-grep -q "2 worker(s) go on" out6 || fail "the elastic job did not go on with 2 workers after the shrink"
-grep -q "replicas identical: yes" out6 || fail "the shrunk elastic job did not train to the end"
+grep -q "2 worker(s) go on" out7e || fail "the elastic job did not go on with 2 workers after the shrink"
+grep -q "replicas identical: yes" out7e || fail "the shrunk elastic job did not train to the end"
 [ "$state" = COMPLETED ] || { scancel "$jobid"; fail "Slurm recorded the shrunk elastic job $jobid as $state, not COMPLETED"; }
 
 echo "slurm_cluster: ok"

@@ -7,6 +7,8 @@
  * never a loopback address published for a multi-host job. */
 #include <arpa/inet.h>
 #include <fcntl.h>
+#include <ifaddrs.h>
+#include <net/if.h>
 #include <netinet/in.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -182,6 +184,18 @@ static int occupy(int port) {
   return fd;
 }
 
+/* Whether this machine has an IPv4 address other than loopback, up. */
+static int has_other_address(void) {
+  struct ifaddrs *list;
+  int found = 0;
+  if (getifaddrs(&list) != 0) return 0;
+  for (struct ifaddrs *it = list; it != NULL; it = it->ifa_next)
+    found |= it->ifa_addr != NULL && it->ifa_addr->sa_family == AF_INET && (it->ifa_flags & IFF_UP) &&
+             !(it->ifa_flags & IFF_LOOPBACK);
+  freeifaddrs(list);
+  return found;
+}
+
 int main(int argc, char **argv) {
   (void)argc;
   if (getenv("TEST_SLURM_RANK") != NULL) return rank_main();
@@ -262,10 +276,11 @@ int main(int argc, char **argv) {
   CHECK_OK(tide__publish_addr("127.0.0.1", 9, addr, sizeof addr));
   CHECK(tide__addr_is_loopback(addr)); /* one host (the launcher says nothing): loopback is right */
   setenv("SLURM_JOB_NUM_NODES", "2", 1);
-  int rc = tide__publish_addr("127.0.0.1", 9, addr, sizeof addr);
-  fprintf(stderr, "   2 hosts, the store host resolving to loopback: %s %s\n", tide_err_name(rc),
-          rc == 0 ? addr : "(refused, naming TIDE_SOCKET_IFNAME)");
-  CHECK(rc == TIDE_EINVAL || (rc == 0 && !tide__addr_is_loopback(addr)));
+  CHECK_OK(tide__publish_addr("127.0.0.1", 9, addr, sizeof addr));
+  int has_other = has_other_address();
+  fprintf(stderr, "   2 hosts, the store host resolving to loopback: publishes %s (%s)\n", addr,
+          has_other ? "this machine has a non-loopback address" : "this machine has only loopback: kept");
+  CHECK(!has_other || !tide__addr_is_loopback(addr));
   unsetenv("SLURM_JOB_NUM_NODES");
   fprintf(stderr, "ok\n");
   return 0;

@@ -235,21 +235,25 @@ static int local_address(const tide_comm_t *comm, char *addr, size_t cap) {
 }
 
 /* A rank on another host that published a loopback address cannot be
- * reached: fail now, not after TIDE_TIMEOUT_MS. Hosts are compared by boot
- * id and network namespace (the part after the host name); TIDE_HOST_ID
- * (tests faking hosts on one machine) turns the check off. */
+ * reached, nor can it reach a peer's loopback: every rank sees the whole
+ * table, so every rank fails now, not after TIDE_TIMEOUT_MS. Hosts are
+ * compared by boot id and network namespace (the part after the host name);
+ * TIDE_HOST_ID (tests faking hosts on one machine) turns the check off. */
 static int check_reachable(const tide_comm_t *comm, const peer_info_t *peers) {
   if (tide__param_str(TIDE__PARAM_HOST_ID)[0] != '\0') return 0;
-  const char *mine = strchr(peers[comm->rank].host, '/');
-  for (int r = 0; r < comm->size; r++) {
-    const char *theirs = strchr(peers[r].host, '/');
-    if (mine == NULL || theirs == NULL || strcmp(mine, theirs) == 0 || !tide__addr_is_loopback(peers[r].addr))
-      continue;
-    TIDE_ERROR("rank %d on another host published the loopback address %s: its host reaches the rendezvous host "
-               "\"%s\" through loopback (Debian maps a host's own name to 127.0.1.1); set TIDE_SOCKET_IFNAME to the "
-               "interface the hosts reach each other on (e.g. eth0) for every rank",
-               r, peers[r].addr, comm->store_host);
-    return TIDE_EINVAL;
+  for (int a = 0; a < comm->size; a++) {
+    const char *host_a = strchr(peers[a].host, '/');
+    if (host_a == NULL || !tide__addr_is_loopback(peers[a].addr)) continue;
+    for (int b = 0; b < comm->size; b++) {
+      const char *host_b = strchr(peers[b].host, '/');
+      if (host_b == NULL || strcmp(host_a, host_b) == 0) continue;
+      TIDE_ERROR("rank %d published the loopback address %s but rank %d runs on another host: rank %d's host "
+                 "reaches the rendezvous host \"%s\" through loopback (Debian maps a host's own name to "
+                 "127.0.1.1); set TIDE_SOCKET_IFNAME to the interface the hosts reach each other on (e.g. eth0) "
+                 "for every rank",
+                 a, peers[a].addr, b, a, comm->store_host);
+      return TIDE_EINVAL;
+    }
   }
   return 0;
 }

@@ -251,30 +251,35 @@ int tide__publish_addr(const char *store_host, int store_port, char *addr, size_
     return 0;
   }
   struct ifaddrs *list;
-  if (getifaddrs(&list) != 0) return TIDE_EIO;
   int found = 0;
-  char names[256] = "";
-  for (struct ifaddrs *it = list; it != NULL; it = it->ifa_next) {
-    if (it->ifa_addr == NULL || it->ifa_addr->sa_family != AF_INET || !(it->ifa_flags & IFF_UP) ||
-        (it->ifa_flags & IFF_LOOPBACK))
-      continue;
-    char text[64];
-    inet_ntop(AF_INET, &((struct sockaddr_in *)it->ifa_addr)->sin_addr, text, sizeof text);
-    if (found++ == 0) snprintf(addr, cap, "%s", text);
-    size_t used = strlen(names);
-    snprintf(names + used, sizeof names - used, "%s%s %s", used ? ", " : "", it->ifa_name, text);
+  char only[64] = "";
+  if (getifaddrs(&list) == 0) {
+    for (struct ifaddrs *it = list; it != NULL; it = it->ifa_next) {
+      if (it->ifa_addr == NULL || it->ifa_addr->sa_family != AF_INET || !(it->ifa_flags & IFF_UP) ||
+          (it->ifa_flags & IFF_LOOPBACK))
+        continue;
+      if (found++ == 0) inet_ntop(AF_INET, &((struct sockaddr_in *)it->ifa_addr)->sin_addr, only, sizeof only);
+    }
+    freeifaddrs(list);
   }
-  freeifaddrs(list);
   if (found == 1) {
+    snprintf(addr, cap, "%s", only);
     TIDE_INFO("%s reaches this host through loopback; publishing %s, this host's only other address", store_host,
               addr);
     return 0;
   }
-  TIDE_ERROR("the job spans %d hosts but \"%s\" resolves to this host's loopback (Debian maps a host's own name to "
-             "127.0.1.1 in /etc/hosts) and %s: set TIDE_SOCKET_IFNAME to the interface the other hosts reach "
-             "(e.g. TIDE_SOCKET_IFNAME=eth0) on every rank",
-             tide__launcher_hosts(), store_host,
-             found == 0 ? "this host has no other IPv4 address" : "this host has several interfaces");
-  if (found > 1) TIDE_ERROR("this host's interfaces: %s", names);
-  return TIDE_EINVAL;
+  /* Several interfaces: the one the default route leaves by (a UDP
+   * connect to a TEST-NET address sends nothing). */
+  if (found > 1 && route_addr("192.0.2.1", 9, via, sizeof via) == 0 && !tide__addr_is_loopback(via)) {
+    snprintf(addr, cap, "%s", via);
+    TIDE_INFO("%s reaches this host through loopback; publishing %s, the address of the default route's "
+              "interface (set TIDE_SOCKET_IFNAME to choose another)",
+              store_host, addr);
+    return 0;
+  }
+  /* No other address (all "hosts" on one machine?): keep loopback. If a
+   * rank on another host sees it, every rank fails at start-up naming
+   * TIDE_SOCKET_IFNAME (comm.c, check_reachable). */
+  TIDE_INFO("%s reaches this host through loopback and no other address fits; publishing %s", store_host, addr);
+  return 0;
 }
