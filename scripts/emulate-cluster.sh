@@ -124,7 +124,7 @@ remove_namespaces() {
 }
 
 cleanup_stale() {
-  local ids id removed=0 kept=0
+  local ids id removed=0 kept=0 pidfile pid
   ids=$(ip netns list 2>/dev/null | awk '{print $1}' | sed -n "s/^$ns_prefix-\([0-9][0-9]*\)-.*/\1/p" | sort -u)
   for id in $ids; do
     if alive "$id" && tr '\0' ' ' <"/proc/$id/cmdline" 2>/dev/null | grep -q "$me"; then
@@ -133,6 +133,12 @@ cleanup_stale() {
       continue
     fi
     remove_namespaces "$ns_prefix-$id-"
+    # --slurm's munged runs outside the namespaces: its pid file is in the run's directory.
+    for pidfile in "${TMPDIR:-/tmp}/$me.$id."*/slurm/munge/munged.pid; do
+      [ -f "$pidfile" ] || continue
+      pid=$(cat "$pidfile")
+      tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -q "$me.$id." && kill -KILL "$pid" 2>/dev/null
+    done
     rm -rf "${TMPDIR:-/tmp}/$me.$id."*
     log "removed the namespaces of run $id"
     removed=$((removed + 1))
@@ -269,6 +275,8 @@ cleanup() {
       sed 's/^/emulate-cluster: storage: lighttpd: /' >&2
   fi
   remove_namespaces "$ns_prefix-$run_id-"
+  # What ran outside the namespaces and ignored SIGTERM (--slurm's munged).
+  for pid in "${host_pids[@]}"; do alive "$pid" && kill -KILL "$pid" 2>/dev/null; done
   for pid in "${sed_pids[@]}"; do wait "$pid" 2>/dev/null; done
   rm -rf "$tmp"
   exit "$rc"
