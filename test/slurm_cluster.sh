@@ -7,6 +7,8 @@
 #      SLURM_STEP_NODELIST and the job and step ids); the derived-token
 #      warning is printed once;
 #   2. an sbatch job of 2 nodes x 2 tasks completes (Slurm records COMPLETED);
+#      a batch script running tide-train itself, without srun, fails at once
+#      saying to use srun;
 #   3. two jobs at once with the same first node both train;
 #   4. TIDE_RDZV=emu0:PORT given by hand: rank 0's host resolves emu0 to
 #      127.0.1.1, yet it publishes an address the other host reaches;
@@ -68,6 +70,13 @@ grep -q "replicas identical: yes" out2 || fail "the sbatch job did not train to 
 state=$(scontrol show job "$jobid" | sed -n 's/.*JobState=\([A-Z_]*\).*/\1/p')
 echo "job $jobid: $state"
 [ "$state" = COMPLETED ] || fail "Slurm recorded job $jobid as $state, not COMPLETED"
+
+echo "-- 2b. sbatch running tide-train itself, without srun: a clear error at once, not a wait"
+timeout 150 sbatch --parsable --wait -N 2 --ntasks-per-node=2 -o "$work/out2b" --wrap "$train ${args[*]}" >/dev/null
+rc=$?
+cat out2b
+[ "$rc" != 0 ] || fail "tide-train run by the batch script itself with SLURM_NTASKS=4 should fail"
+grep -q "start the program with srun" out2b || fail "the error does not say to start the program with srun"
 
 echo "-- 3. two jobs at once, both with first node emu0"
 srun_ -N 2 --ntasks-per-node=1 -w emu0,emu1 "$train" "${args[@]}" --runs "$work/runs-a" >out3a 2>&1 &

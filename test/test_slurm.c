@@ -3,8 +3,9 @@
  * hostnames` when installed), the ports derived from the job and step ids,
  * ranks that find their rendezvous with no TIDE_RDZV (also when the first
  * derived ports are taken and when two jobs share a first host), a port in
- * use reported as such, the derived-token warning printed once per job, and
- * never a loopback address published for a multi-host job. */
+ * use reported as such, the derived-token warning printed once per job, a
+ * batch script's environment (no SLURM_STEP_ID) refused at once, and never a
+ * loopback address published for a multi-host job. */
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <ifaddrs.h>
@@ -128,7 +129,7 @@ static void job_start(job_t *job, const char *self, const char *log_prefix) {
     snprintf(text, sizeof text, "%d", job->np);
     setenv("SLURM_NTASKS", text, 1);
     setenv("SLURM_JOB_ID", job->job, 1);
-    setenv("SLURM_STEP_ID", "0", 1);
+    if (getenv("TEST_SLURM_NO_STEP") == NULL) setenv("SLURM_STEP_ID", "0", 1);
     setenv("SLURM_JOB_NODELIST", job->nodelist, 1);
     setenv("SLURM_JOB_NUM_NODES", "1", 1);
     if (job->rdzv != NULL) setenv("TIDE_RDZV", job->rdzv, 1);
@@ -270,6 +271,16 @@ int main(int argc, char **argv) {
   job_t d = {job_a, "node[1-", NULL, 2, {0}};
   job_start(&d, argv[0], NULL);
   CHECK(job_wait(&d) == 11);
+
+  fprintf(stderr, "-- a batch script's environment (no SLURM_STEP_ID): every rank fails at once, naming srun\n");
+  setenv("TEST_SLURM_NO_STEP", "1", 1);
+  job_t e = {job_a, "localhost", NULL, 2, {0}};
+  job_start(&e, argv[0], logs);
+  failed = job_wait(&e);
+  int named = count_in_files(logs, 2, "start the program with srun");
+  CHECK(failed == 11);
+  CHECK(named == 2);
+  unsetenv("TEST_SLURM_NO_STEP");
 
   fprintf(stderr, "-- a job on 2 hosts never publishes a loopback address\n");
   char addr[64];

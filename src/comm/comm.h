@@ -177,7 +177,7 @@ enum { TIDE__SLURM_PORT_BASE = 20000, TIDE__SLURM_PORT_SPAN = 8000, TIDE__SLURM_
 int tide__slurm_port(const char *job_step, int attempt);
 /* 1 under srun (SLURM_PROCID and SLURM_JOB_ID set): host gets rank 0's host
  * and job_out "JOBID.STEPID"; 0 when not under Slurm; TIDE_EINVAL for a bad
- * SLURM_JOB_NODELIST. */
+ * SLURM_JOB_NODELIST or a batch script's environment (no SLURM_STEP_ID). */
 int tide__slurm_rdzv(char *host, size_t cap, char *job_out, size_t job_cap);
 /* The hosts the launcher says the job spans (Slurm's node counts, tiderun's
  * TIDE_NNODES, Open MPI's sizes), 0 when it does not say. */

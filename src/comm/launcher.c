@@ -189,7 +189,17 @@ int tide__slurm_rdzv(char *host, size_t cap, char *job_out, size_t job_cap) {
   }
   TIDE_CHECK(tide__hostlist_nth(what, nodes, 0, host, cap, NULL));
   const char *step = env_first("SLURM_STEP_ID", "SLURM_STEPID");
-  snprintf(job_out, job_cap, "%s.%s", job, step != NULL ? step : "batch");
+  if (step == NULL) {
+    /* sbatch gives the batch script SLURM_PROCID=0 and the job's
+     * SLURM_NTASKS: the other ranks would never come. */
+    const char *ntasks = getenv("SLURM_NTASKS");
+    TIDE_ERROR("SLURM_PROCID and SLURM_NTASKS=%s are the batch script's, not an srun step's (no SLURM_STEP_ID): "
+               "start the program with srun in the script (srun PROGRAM ...), or unset SLURM_NTASKS to run one "
+               "process",
+               ntasks != NULL ? ntasks : "?");
+    return TIDE_EINVAL;
+  }
+  snprintf(job_out, job_cap, "%s.%s", job, step);
   return 1;
 }
 
