@@ -1437,6 +1437,13 @@ int tide_trace_app_time(const tide_trace_app_t *app, const int *counts, int node
  * made `progress` (AdaScale's gain from the noise statistics of that epoch,
  * at least 1); NaN for bad arguments. */
 double tide_trace_app_gain(const tide_trace_app_t *app, double batch, double progress);
+/* The gradient noise statistics at global batch `batch` when the job has
+ * made `progress` (those of that epoch, interpolated between the measured
+ * batches): *grad_sqr = |G|^2 and *grad_var = the gradient's variance at
+ * the base batch (so a micro-batch of m samples has variance
+ * grad_var * base_batch / m). TIDE_EINVAL for bad arguments. */
+int tide_trace_app_noise(const tide_trace_app_t *app, double batch, double progress, double *grad_sqr,
+                         double *grad_var);
 /* The progress that completes the application (its last epoch's). */
 double tide_trace_app_total(const tide_trace_app_t *app);
 

@@ -54,7 +54,7 @@ cleanup() {
 trap cleanup EXIT
 replay() { # NAME WORK: submits a trace-replay job of cifar10 at 5x
   "$tools/tide" submit --dir "$dir" --min-np 1 --max-np 4 --name "$1" -- "$tools/tide-replay" --app cifar10 \
-    --traces "$traces" --speed 5 --work "$2" --log-every 5 --name "$mark$1"
+    --traces "$traces" --speed 5 --work "$2" --grad-floats 65536 --log-every 5 --name "$mark$1"
 }
 
 # Bad input and no scheduler.
@@ -116,7 +116,9 @@ wait_for 30 grep -q "job $a (a) runs on 4 worker(s), .* after the decision" <(ta
   fail "the restarted scheduler did not give a the slots back"
 [ "$(keeper_of "$a")" = "$keeper_a" ] || fail "a was restarted (keeper $keeper_a, now $(keeper_of "$a"))"
 
-# a finishes.
+# A worker of a dies: the others go on (tiderun's elastic recovery) and a finishes.
+victim=$(pgrep -f -- "[t]ide-replay .*--name ${mark}a" | tail -1)
+[ -n "$victim" ] && kill -9 "$victim" || fail "no worker of a to kill"
 wait_for 60 is_state "$a" done || fail "a did not finish: $(state_of "$a"); $(tail -3 "$dir/jobs/$a/log")"
 wait_for 10 gone "$mark" "$keeper_a" || fail "processes of the jobs outlived them"
 "$tools/tide" cancel --dir "$dir" a 2> "$tmp/err"; rc=$?

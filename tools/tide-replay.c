@@ -7,7 +7,10 @@
  *   - each step exchanges a real gradient-sized buffer (--grad-floats,
  *     scaled down) through the step API (tide_trainer_step), so the
  *     exchange, the policies (--adapt, the Pollux agent) and the elastic
- *     paths are tide's own;
+ *     paths are tide's own. The gradient has the trace's noise statistics
+ *     at that epoch (a fixed mean of norm^2 grad_sqr plus Gaussian noise of
+ *     variance grad_var * base_batch / micro-batch, drawn per rank), so the
+ *     trainer's noise-scale monitor and the agent see the application's;
  *   - progress advances by the statistical efficiency of the step's global
  *     batch (tide_trace_app_gain), and the job exits when it has made the
  *     trace's progress times --work.
@@ -18,6 +21,7 @@
  *   tiderun --elastic --min-np 1 --max-np 4 -np 2 tide-replay --app cifar10 --speed 20 --work 0.01
  */
 #include <errno.h>
+#include <stdint.h>
 #include <limits.h>
 #include <math.h>
 #include <stdio.h>
@@ -123,6 +127,48 @@ static void sleep_s(double s) {
   }
 }
 
+#define NOISE_SHIFTS 4096
+
+/* A uniform double in (0, 1) from an xorshift64* stream. */
+static double uniform(uint64_t *state) {
+  uint64_t x = *state;
+  x ^= x >> 12, x ^= x << 25, x ^= x >> 27;
+  *state = x;
+  return ((double)((x * 0x2545F4914F6CDD1DULL) >> 11) + 0.5) / 9007199254740992.0;
+}
+
+/* d + NOISE_SHIFTS standard normal values (Box-Muller), drawn once per
+ * rank: a micro-batch's noise is the window at a random shift, so no two
+ * micro-batches or ranks of a step share it element for element, at the
+ * cost of one multiply-add per element instead of a logarithm. */
+static float *noise_table(size_t d, int rank) {
+  size_t n = d + NOISE_SHIFTS;
+  float *t = malloc(n * sizeof *t);
+  if (t == NULL) return NULL;
+  uint64_t state = 0x9E3779B97F4A7C15ULL ^ ((uint64_t)(rank + 1) << 32);
+  for (size_t k = 0; k < n; k += 2) {
+    double r = sqrt(-2 * log(uniform(&state))), a = 2 * M_PI * uniform(&state);
+    t[k] = (float)(r * cos(a));
+    if (k + 1 < n) t[k + 1] = (float)(r * sin(a));
+  }
+  return t;
+}
+
+/* The micro-batch's mean gradient with the trace's statistics: every
+ * element sqrt(grad_sqr / d) plus N(0, grad_var * base_batch / (count * d)). */
+static void synthetic_gradient(const tide_trace_app_t *app, const tide_pollux_limits_t *limits, const float *noise,
+                               uint64_t *state, const tide_batch_t *b, double progress, float *g, size_t d) {
+  double sqr = 0, var = 0;
+  double batch = (double)b->count * (b->micro_count > 0 ? b->micro_count : 1);
+  if (b->count == 0 || tide_trace_app_noise(app, batch, progress, &sqr, &var) != 0) {
+    memset(g, 0, d * sizeof *g);
+    return;
+  }
+  float mean = (float)sqrt(sqr / (double)d), sigma = (float)sqrt(var * limits->base_batch / ((double)b->count * (double)d));
+  const float *z = noise + (size_t)(uniform(state) * NOISE_SHIFTS) % NOISE_SHIFTS;
+  for (size_t k = 0; k < d; k++) g[k] = mean + sigma * z[k];
+}
+
 int main(int argc, char **argv) {
   options_t o;
   int rc = parse(argc, argv, &o);
@@ -181,8 +227,9 @@ int main(int argc, char **argv) {
     fprintf(stderr, "tide-replay: cannot take part in the elastic job: %s\n", tide_strerror(rc));
     return 1;
   }
-  int done = 0;
-  unsigned seed = 12345;
+  int done = 0, noise_rank = -1;
+  float *noise = NULL;
+  uint64_t rng = 0;
   for (;;) {
     tide_batch_t b;
     rc = tide_trainer_next(tr, &b);
@@ -197,10 +244,19 @@ int main(int argc, char **argv) {
       double step_s, sync_s;
       if (b.count > 0 && tide_trace_app_time(app, counts, nodes, (double)b.count, &step_s, &sync_s) == 0)
         sleep_s((step_s - sync_s) / o.speed);
-      for (size_t k = PROGRESS_SLOTS; k < n; k++) {
-        seed = seed * 1103515245u + 12345u;
-        grads[k] = (float)((seed >> 8) & 0xffff) * 1e-5f - 0.3f;
+      int rank = tide_comm_rank(cm);
+      if (noise == NULL || rank != noise_rank) {
+        free(noise);
+        noise_rank = rank;
+        rng = 0x2545F4914F6CDD1DULL ^ (uint64_t)(rank + 1);
+        if ((noise = noise_table(n - PROGRESS_SLOTS, rank)) == NULL) {
+          fprintf(stderr, "tide-replay: out of memory for the gradient noise\n");
+          rc = TIDE_ENOMEM;
+          break;
+        }
       }
+      synthetic_gradient(app, &limits, noise, &rng, &b, progress_get(params), grads + PROGRESS_SLOTS,
+                         n - PROGRESS_SLOTS);
       for (int k = 0; k < PROGRESS_SLOTS; k++) grads[k] = 0;
       tide_step_stats_t st;
       rc = tide_trainer_step(tr, 0.0, &st);
@@ -210,8 +266,8 @@ int main(int argc, char **argv) {
         done = progress >= target;
         int rank = tide_comm_rank(tide_trainer_comm(tr));
         if (rank == 0 && o.log_every > 0 && (st.step % o.log_every == 0 || done))
-          printf("tide-replay %s: step %ld workers %d batch %ld progress %.1f of %.1f\n", o.name, st.step, st.ranks,
-                 st.global_batch, progress, target),
+          printf("tide-replay %s: step %ld workers %d batch %ld progress %.1f of %.1f noise_scale %.0f\n", o.name,
+                 st.step, st.ranks, st.global_batch, progress, target, st.noise_scale),
               fflush(stdout);
         if (done) break;
       }
@@ -226,6 +282,7 @@ int main(int argc, char **argv) {
   if (!elastic) tide_comm_destroy(comm); /* an elastic trainer owned its communicator */
   free(params);
   free(grads);
+  free(noise);
   tide_trace_app_close(app);
   return rc == 0 ? 0 : 1;
 }

@@ -63,12 +63,17 @@ static int epoch_of(const tide__sim_app_t *a, double progress) {
   return e;
 }
 
+int tide_trace_app_noise(const tide_trace_app_t *app, double batch, double progress, double *grad_sqr,
+                         double *grad_var) {
+  if (app == NULL || !(batch > 0) || !(progress >= 0) || grad_sqr == NULL || grad_var == NULL) return TIDE_EINVAL;
+  tide__sim_app_grad(&app->app, batch, epoch_of(&app->app, progress), grad_sqr, grad_var);
+  return 0;
+}
+
 double tide_trace_app_gain(const tide_trace_app_t *app, double batch, double progress) {
-  if (app == NULL || !(batch > 0)) return NAN;
-  const tide__sim_app_t *a = &app->app;
   double sqr, var;
-  tide__sim_app_grad(a, batch, epoch_of(a, progress), &sqr, &var);
-  double gain = tide_adascale_gain(var, sqr, batch / a->init_batch);
+  if (tide_trace_app_noise(app, batch, progress, &sqr, &var) != 0) return NAN;
+  double gain = tide_adascale_gain(var, sqr, batch / app->app.init_batch);
   return gain >= 1 ? gain : 1; /* as the simulator */
 }
 
