@@ -161,7 +161,7 @@ static int read_all(int fd, char **out, size_t *len, int timeout_ms) {
       }
       buf = b, cap *= 2;
     }
-    int left = (int)((deadline - tide__now_ns()) / 1000000);
+    int left = tide__ms_left(deadline);
     struct pollfd pfd = {.fd = fd, .events = POLLIN};
     if (left <= 0 || poll(&pfd, 1, left) == 0) {
       tide__free(buf);
@@ -483,12 +483,8 @@ static int free_port(void) {
 
 static int random_token(char *out, size_t cap) {
   unsigned char bytes[16];
-  int fd = open("/dev/urandom", O_RDONLY | O_CLOEXEC);
-  if (fd < 0 || read(fd, bytes, sizeof bytes) != (ssize_t)sizeof bytes) {
-    if (fd >= 0) close(fd);
-    return TIDE_EIO;
-  }
-  close(fd);
+  int rc = tide__random_bytes(bytes, sizeof bytes);
+  if (rc != 0) return rc;
   for (size_t i = 0; i < sizeof bytes && 2 * i + 2 < cap; i++) snprintf(out + 2 * i, 3, "%02x", bytes[i]);
   return 0;
 }
@@ -1029,6 +1025,15 @@ static int check_options(const tide_cluster_options_t *o) {
     TIDE_ERROR("tide sched: the pool has %d hosts, but this tide sched runs jobs on the local host only (one "
                "host in the hostfile); several hosts need a per-node agent, not built yet",
                o->nodes);
+    return TIDE_EINVAL;
+  }
+  char self[256] = "";
+  gethostname(self, sizeof self - 1);
+  if (o->hosts != NULL && o->hosts[0] != NULL && strcmp(o->hosts[0], "localhost") != 0 &&
+      strncmp(o->hosts[0], "127.", 4) != 0 && strcmp(o->hosts[0], self) != 0) {
+    TIDE_ERROR("tide sched: host %s is not this host (%s): the jobs run where tide sched runs; name it "
+               "localhost or %s in the hostfile",
+               o->hosts[0], self, self);
     return TIDE_EINVAL;
   }
   for (int n = 0; n < o->nodes; n++)
