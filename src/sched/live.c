@@ -876,7 +876,7 @@ static void jobs_table(daemon_t *d, text_t *t) {
         snprintf(speedup, sizeof speedup, "%d(linear)", j->alloc);
     }
     if (j->state >= JOB_DONE) snprintf(exit_code, sizeof exit_code, "%d", j->exit_code);
-    if (j->resizes > 0) snprintf(lat, sizeof lat, "%.3f", j->max_latency);
+    if (j->max_latency > 0) snprintf(lat, sizeof lat, "%.3f", j->max_latency);
     double time_s = (j->state >= JOB_DONE ? j->finish : now) - j->submit;
     char slots[16], workers[16];
     snprintf(slots, sizeof slots, "%d", j->state == JOB_RUNNING || j->state == JOB_CANCELLING ? j->alloc : 0);
