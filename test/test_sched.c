@@ -398,6 +398,30 @@ static void test_trace_app(void) {
   CHECK(isnan(tide_trace_app_gain(app, 0, 0)));
   tide_trace_app_close(app);
   tide_trace_app_close(NULL);
+  /* tide sim's optional sixth column: a job that runs part of its application (as a live
+   * trace-replay job with --work does) completes sooner; a work out of (0, 1] is refused. */
+  char path[600];
+  double finish[2];
+  for (int k = 0; k < 2; k++) {
+    write_file(dir, "part.csv", k == 0 ? "name,time,application,num_replicas,batch_size,work\nt0,0,toy,2,64,0.5\n"
+                                       : "name,time,application,num_replicas,batch_size,work\nt0,0,toy,2,64,1\n");
+    snprintf(path, sizeof path, "%s/part.csv", dir);
+    tide_sim_options_t o;
+    tide_sim_options_init(&o);
+    o.nodes = 1, o.slots = 4, o.resize_cost = 0, o.sched.policy = TIDE_SCHED_FIFO;
+    tide_sim_result_t *r;
+    CHECK_OK(tide_sim_run(&o, dir, path, &r));
+    const tide_sim_job_t *jobs;
+    CHECK(tide_sim_result_jobs(r, &jobs) == 1 && jobs[0].finish > 0);
+    finish[k] = jobs[0].finish - jobs[0].start;
+    tide_sim_result_free(r);
+  }
+  CHECK(close_to(finish[0], finish[1] / 2, 0.05));
+  write_file(dir, "part.csv", "name,time,application,num_replicas,batch_size,work\nt0,0,toy,2,64,1.5\n");
+  tide_sim_options_t o;
+  tide_sim_options_init(&o);
+  tide_sim_result_t *r;
+  CHECK_RC(tide_sim_run(&o, dir, path, &r), TIDE_EINVAL);
   printf("trace app: ok\n");
 }
 
