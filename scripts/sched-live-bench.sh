@@ -4,7 +4,8 @@
 # under each policy; prints each run's average JCT (from the jobs' state
 # files: finish - submit), the reallocations and the longest time from a
 # decision to the membership that has it.
-# Usage: scripts/sched-live-bench.sh BUILD_DIR [POLICIES (default pollux,fifo)] [RUNS (default 1)] [SLOTS (default 8)]
+# Usage: [SPEED=10] [WORK_SCALE=1] [INTERVAL=2] scripts/sched-live-bench.sh BUILD_DIR [POLICIES (default
+#        pollux,fifo)] [RUNS (default 1)] [SLOTS (default 8)]
 set -eu
 build=${1:?usage: sched-live-bench.sh BUILD_DIR [POLICIES] [RUNS] [SLOTS]}
 policies=${2:-pollux,fifo}
@@ -12,7 +13,8 @@ runs=${3:-1}
 slots=${4:-8}
 tools=$(cd "$build/tools" && pwd)
 traces=$(cd "$(dirname "$0")/../../shared/data/pollux-osdi21/traces" && pwd)
-speed=${SPEED:-10}
+speed=${SPEED:-10}           # the replay jobs' --speed
+work_scale=${WORK_SCALE:-1}  # their --work times this
 # name arrival_s app work requested_np (the fixed size FIFO runs it at)
 jobs_list="j1 0 cifar10 0.04 4
 j2 5 bert 0.02 2
@@ -32,7 +34,7 @@ run_one() { # POLICY RUN
   while read -r name at app work np; do
     while [ "$(echo "$(date +%s.%N) - $t0 < $at" | bc)" = 1 ]; do sleep 0.1; done
     "$tools/tide" submit --dir "$dir/d" --min-np 1 --max-np "$slots" --np "$np" --name "$name" -- \
-      "$tools/tide-replay" --app "$app" --traces "$traces" --speed "$speed" --work "$work" --grad-floats 65536 \
+      "$tools/tide-replay" --app "$app" --traces "$traces" --speed "$speed" --work "$(echo "$work * $work_scale" | bc -l)" --grad-floats 65536 \
       --log-every 50 --name "bench-$name" > /dev/null
   done <<< "$jobs_list"
   local n

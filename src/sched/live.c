@@ -59,6 +59,7 @@ typedef struct {
   int alloc;  /* slots it has (one node) */
   int np0;    /* workers it started with (epoch 0's members) */
   pid_t keeper;
+  unsigned long long keeper_start; /* its start time (/proc), against pid reuse */
   int port;
   char token[40];
   int resizes;
@@ -300,9 +301,9 @@ static int save_job(const daemon_t *d, const job_t *j) {
     return TIDE_EIO;
   }
   fprintf(f, "name %s\nmin %d\nmax %d\nnp %d\nsubmit %.6f\nstart %.6f\nfinish %.6f\nstate %s\nexit %d\n"
-             "alloc %d\nnp0 %d\nkeeper %d\nport %d\nresizes %d\nattained %.3f\nlatency %.6f\nmax_latency %.6f\n",
+             "alloc %d\nnp0 %d\nkeeper %d\nkeeper_start %llu\nport %d\nresizes %d\nattained %.3f\nlatency %.6f\nmax_latency %.6f\n",
           j->name, j->min_np, j->max_np, j->np, j->submit, j->start, j->finish, state_names[j->state], j->exit_code,
-          j->alloc, j->np0, (int)j->keeper, j->port, j->resizes, j->attained, j->last_latency, j->max_latency);
+          j->alloc, j->np0, (int)j->keeper, j->keeper_start, j->port, j->resizes, j->attained, j->last_latency, j->max_latency);
   if (fclose(f) != 0 || rename(tmp, path) != 0) {
     TIDE_ERROR("tide sched: cannot write %s: %s", path, strerror(errno));
     return TIDE_EIO;
@@ -330,6 +331,7 @@ static int load_job(const daemon_t *d, job_t *j) {
     else if (strcmp(key, "np0") == 0) j->np0 = atoi(value);
     else if (strcmp(key, "keeper") == 0) j->keeper = (pid_t)atoi(value);
     else if (strcmp(key, "port") == 0) j->port = atoi(value);
+    else if (strcmp(key, "keeper_start") == 0) j->keeper_start = strtoull(value, NULL, 10);
     else if (strcmp(key, "resizes") == 0) j->resizes = atoi(value);
     else if (strcmp(key, "attained") == 0) j->attained = atof(value);
     else if (strcmp(key, "latency") == 0) j->last_latency = atof(value);
@@ -465,6 +467,38 @@ static void job_read_hints(job_t *j) {
   j->hints = h;
   j->has_hints = 1;
   snprintf(j->hints_text, sizeof j->hints_text, "%s", text);
+}
+
+/* A process's start time (clock ticks after boot, /proc/PID/stat field 22)
+ * and whether it is a zombie; 0 when it does not exist or there is no /proc. */
+static unsigned long long proc_start(pid_t pid, int *zombie) {
+  char path[64], text[1024];
+  snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+  *zombie = 0;
+  FILE *f = fopen(path, "r");
+  if (f == NULL) return 0;
+  size_t n = fread(text, 1, sizeof text - 1, f);
+  fclose(f);
+  text[n] = '\0';
+  char *p = strrchr(text, ')'); /* after the command name, which may hold spaces */
+  if (p == NULL) return 0;
+  char state;
+  unsigned long long start = 0;
+  if (sscanf(p + 1, " %c %*s %*s %*s %*s %*s %*s %*s %*s %*s %*s %*s %*s %*s %*s %*s %*s %*s %*s %llu", &state,
+             &start) != 2)
+    return 0;
+  *zombie = state == 'Z';
+  return start;
+}
+
+/* The job's keeper is still the process it was (a pid reused by another
+ * process does not count, nor a zombie: it wrote its exit status first). */
+static int keeper_alive(const job_t *j) {
+  if (j->keeper <= 0 || (kill(j->keeper, 0) != 0 && errno == ESRCH)) return 0;
+  int zombie;
+  unsigned long long start = proc_start(j->keeper, &zombie);
+  if (j->keeper_start == 0) return !zombie; /* no /proc when it started */
+  return start == j->keeper_start && !zombie;
 }
 
 /* ---- keepers ---------------------------------------------------------------------- */
@@ -667,6 +701,8 @@ static int start_job(daemon_t *d, job_t *j, int slots) {
     return TIDE_EIO;
   }
   j->keeper = pid;
+  int zombie;
+  j->keeper_start = proc_start(pid, &zombie);
   if (!d->o->quiet)
     fprintf(stderr, "tide sched: job %llu (%s) starts on %d slot(s)\n", (unsigned long long)j->id, j->name, slots);
   return save_job(d, j);
@@ -776,7 +812,7 @@ static void tick(daemon_t *d) {
     char path[4200];
     job_path(d, j, "exit", path, sizeof path);
     int ok, code = read_int_file(path, &ok);
-    int gone = !ok && (j->keeper <= 0 || (kill(j->keeper, 0) != 0 && errno == ESRCH));
+    int gone = !ok && !keeper_alive(j);
     if (gone) { /* the keeper may have written it just before it exited */
       code = read_int_file(path, &ok);
       gone = !ok;
