@@ -646,6 +646,9 @@ static void __attribute__((noreturn)) keeper_main(const char *tiderun, const cha
       break;
     }
   }
+  free(args);
+  free(env);
+  free_spec(s);
   char tmp[4500];
   snprintf(path, sizeof path, "%s/exit", job_dir);
   snprintf(tmp, sizeof tmp, "%s.tmp", path);
