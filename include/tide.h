@@ -1464,7 +1464,8 @@ typedef struct {
   double interval;        /* s between allocation rounds (> 0) */
   tide_sched_options_t sched; /* policy, p, seed ... */
   const char *tiderun;    /* the launcher's path */
-  double resize_cost;     /* s a change costs a job (the allocator's penalty), default 0.1 */
+  double resize_cost;     /* s a change costs a job (the allocator's penalty) until the job's
+                             own is measured (decision to membership), default 0.1 */
   int quiet;              /* 1: no line per decision on stderr */
 } tide_cluster_options_t;
 

@@ -757,7 +757,8 @@ static void allocate(daemon_t *d) {
     map[k] = j;
     sj[k] = (tide_sched_job_t){.id = j->id, .submit_time = j->submit, .min_slots = j->min_np,
                                .max_slots = j->max_np, .requested = j->np, .attained = j->attained,
-                               .resize_cost = d->o->resize_cost, .resizes = j->resizes, .remaining = 1,
+                               .resize_cost = j->last_latency > 0 ? j->last_latency : d->o->resize_cost,
+                               .resizes = j->resizes, .remaining = 1,
                                .speedup = j->speedup ? tide_speedup_cb : NULL, .speedup_arg = j->speedup};
     cur[k] = j->state == JOB_RUNNING ? j->alloc : 0;
     k++;
