@@ -599,10 +599,10 @@ static void __attribute__((noreturn)) keeper_main(const char *tiderun, const cha
   const char *fixed[] = {tiderun, "--elastic", "--rdzv", rdzv, "--min-np", min_np, "--max-np", max_np, "-np",
                          nps, "--bind", "none", "--"};
   int nfixed = (int)(sizeof fixed / sizeof fixed[0]);
-  char **args = calloc((size_t)(nfixed + argc + 1), sizeof *args);
+  char **args = tide__calloc((size_t)(nfixed + argc + 1), sizeof *args);
   int nenv = 0;
   while (s->envp[nenv] != NULL) nenv++;
-  char **env = calloc((size_t)nenv + 3, sizeof *env);
+  char **env = tide__calloc((size_t)nenv + 3, sizeof *env);
   if (args == NULL || env == NULL) _exit(1);
   for (int i = 0; i < nfixed; i++) args[i] = (char *)fixed[i];
   for (int i = 0; i < argc; i++) args[nfixed + i] = s->argv[i];
@@ -646,8 +646,8 @@ static void __attribute__((noreturn)) keeper_main(const char *tiderun, const cha
       break;
     }
   }
-  free(args);
-  free(env);
+  tide__free(args);
+  tide__free(env);
   free_spec(s);
   char tmp[4500];
   snprintf(path, sizeof path, "%s/exit", job_dir);
