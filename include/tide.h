@@ -1467,15 +1467,15 @@ typedef struct {
   double resize_cost;     /* s a change costs a job (the allocator's penalty) until the job's
                              own is measured (decision to membership), default 0.1 */
   int quiet;              /* 1: no line per decision on stderr */
-} tide_cluster_options_t;
+} tide_sched_daemon_options_t;
 
-void tide_cluster_options_init(tide_cluster_options_t *opts);
+void tide_sched_daemon_options_init(tide_sched_daemon_options_t *opts);
 /* Runs the daemon until SIGINT or SIGTERM (the jobs go on; a new daemon
  * on the same dir takes them over). TIDE_EINVAL names a bad option;
  * TIDE_ESTATE when another daemon serves dir; TIDE_EIO naming a file or
  * socket it cannot use. Call from the main thread of a process that has
  * no other threads (it forks the jobs' keepers). */
-int tide_cluster_serve(const tide_cluster_options_t *opts);
+int tide_sched_serve(const tide_sched_daemon_options_t *opts);
 /* The client's side, for any process: a request to the daemon serving
  * dir. submit: argv[0..argc) run in cwd with envp (NULL-terminated) as
  * one elastic job of min_np..max_np workers, np the fixed size it asks
@@ -1485,16 +1485,16 @@ int tide_cluster_serve(const tide_cluster_options_t *opts);
  * job `job` (its id or name) and every process of it. TIDE_ENOENT with a
  * message when no daemon serves dir; TIDE_EINVAL with the daemon's message
  * for a request it refuses. */
-int tide_cluster_submit(const char *dir, const char *name, int min_np, int max_np, int np, const char *cwd, int argc,
+int tide_sched_submit(const char *dir, const char *name, int min_np, int max_np, int np, const char *cwd, int argc,
                         char *const *argv, char *const *envp, char *id, size_t cap);
-int tide_cluster_jobs(const char *dir, char **text);
-int tide_cluster_cancel(const char *dir, const char *job);
+int tide_sched_jobs(const char *dir, char **text);
+int tide_sched_cancel(const char *dir, const char *job);
 /* The state of job `job` (id or name) as one word in buf: pending,
  * running, cancelling, done, failed or cancelled. */
-int tide_cluster_job_state(const char *dir, const char *job, char *buf, size_t cap);
+int tide_sched_job_state(const char *dir, const char *job, char *buf, size_t cap);
 /* The default state directory: $XDG_RUNTIME_DIR/tide-sched, else
  * /tmp/tide-sched-$USER. */
-int tide_cluster_default_dir(char *buf, size_t cap);
+int tide_sched_default_dir(char *buf, size_t cap);
 
 /* ---- burst-parallel planning (DeepPool; docs/burst-parallel.md) ----------- */
 

@@ -1,9 +1,9 @@
 /* The live scheduler's library calls (src/sched/live.c) with a job that
- * publishes hints: tide_cluster_serve in a child process on 2 slots, a job
- * submitted with tide_cluster_submit, hints written to its store under
- * TIDE_SCHED_HINTS_KEY as its Pollux agent would; tide_cluster_jobs then
+ * publishes hints: tide_sched_serve in a child process on 2 slots, a job
+ * submitted with tide_sched_submit, hints written to its store under
+ * TIDE_SCHED_HINTS_KEY as its Pollux agent would; tide_sched_jobs then
  * shows the batch, goodput and speedup from them (not "linear"), the
- * allocator uses them, and tide_cluster_cancel ends the job. Also: the
+ * allocator uses them, and tide_sched_cancel ends the job. Also: the
  * client calls without a daemon, and bad options. (test/sched_live.sh runs
  * the commands end to end with trace-replay jobs.) */
 #include <signal.h>
@@ -37,10 +37,10 @@ static void job_field(const char *dir, const char *id, const char *key, char *ou
   fclose(f);
 }
 
-/* The row of job `id` in tide_cluster_jobs' table. */
+/* The row of job `id` in tide_sched_jobs' table. */
 static int job_row(const char *dir, const char *id, char *row, size_t cap) {
   char *text;
-  if (tide_cluster_jobs(dir, &text) != 0) return -1;
+  if (tide_sched_jobs(dir, &text) != 0) return -1;
   row[0] = 0;
   size_t idlen = strlen(id);
   for (char *line = text; line != NULL && *line; line = strchr(line, '\n') ? strchr(line, '\n') + 1 : NULL)
@@ -64,34 +64,34 @@ int main(void) {
 
   /* no daemon yet; bad options */
   char *text;
-  CHECK_RC(tide_cluster_jobs(dir, &text), TIDE_ENOENT);
-  CHECK_RC(tide_cluster_cancel(dir, "1"), TIDE_ENOENT);
-  tide_cluster_options_t o;
-  tide_cluster_options_init(&o);
+  CHECK_RC(tide_sched_jobs(dir, &text), TIDE_ENOENT);
+  CHECK_RC(tide_sched_cancel(dir, "1"), TIDE_ENOENT);
+  tide_sched_daemon_options_t o;
+  tide_sched_daemon_options_init(&o);
   int slots = 2;
   o.dir = dir, o.slots = &slots, o.tiderun = tiderun, o.interval = 0.3, o.quiet = 1;
   o.interval = 0;
-  CHECK_RC(tide_cluster_serve(&o), TIDE_EINVAL);
+  CHECK_RC(tide_sched_serve(&o), TIDE_EINVAL);
   o.interval = 0.3;
   o.tiderun = "/nonexistent/tiderun";
-  CHECK_RC(tide_cluster_serve(&o), TIDE_EINVAL);
+  CHECK_RC(tide_sched_serve(&o), TIDE_EINVAL);
   o.tiderun = tiderun;
-  CHECK_RC(tide_cluster_serve(NULL), TIDE_EINVAL);
+  CHECK_RC(tide_sched_serve(NULL), TIDE_EINVAL);
 
   pid_t daemon = fork();
   CHECK(daemon >= 0);
-  if (daemon == 0) _exit(tide_cluster_serve(&o) == 0 ? 0 : 1);
+  if (daemon == 0) _exit(tide_sched_serve(&o) == 0 ? 0 : 1);
   int up = 0;
-  for (int i = 0; i < 100 && !up; i++, nap_ms(50)) up = tide_cluster_jobs(dir, &text) == 0;
+  for (int i = 0; i < 100 && !up; i++, nap_ms(50)) up = tide_sched_jobs(dir, &text) == 0;
   CHECK(up);
   tide_free(text);
 
   char cwd[512];
   CHECK(getcwd(cwd, sizeof cwd) != NULL);
   char *argv[] = {"sleep", "60", NULL};
-  CHECK_RC(tide_cluster_submit(dir, "toobig", 1, 3, 0, cwd, 2, argv, environ, id, sizeof id), TIDE_EINVAL);
-  CHECK_OK(tide_cluster_submit(dir, "hinted", 1, 2, 0, cwd, 2, argv, environ, id, sizeof id));
-  CHECK_OK(tide_cluster_job_state(dir, "hinted", buf, sizeof buf));
+  CHECK_RC(tide_sched_submit(dir, "toobig", 1, 3, 0, cwd, 2, argv, environ, id, sizeof id), TIDE_EINVAL);
+  CHECK_OK(tide_sched_submit(dir, "hinted", 1, 2, 0, cwd, 2, argv, environ, id, sizeof id));
+  CHECK_OK(tide_sched_job_state(dir, "hinted", buf, sizeof buf));
   CHECK(strcmp(buf, "running") == 0); /* its minimum at once */
 
   /* The job's store: port and token from its directory. */
@@ -134,13 +134,13 @@ int main(void) {
   tide_free(value);
   tide_store_close(store);
 
-  CHECK_OK(tide_cluster_cancel(dir, "hinted"));
+  CHECK_OK(tide_sched_cancel(dir, "hinted"));
   int ended = 0;
   for (int i = 0; i < 200 && !ended; i++, nap_ms(50))
-    ended = tide_cluster_job_state(dir, id, buf, sizeof buf) == 0 && strcmp(buf, "cancelled") == 0;
+    ended = tide_sched_job_state(dir, id, buf, sizeof buf) == 0 && strcmp(buf, "cancelled") == 0;
   CHECK(ended);
-  CHECK_RC(tide_cluster_cancel(dir, "hinted"), TIDE_EINVAL); /* already ended */
-  CHECK_RC(tide_cluster_cancel(dir, "nosuchjob"), TIDE_EINVAL);
+  CHECK_RC(tide_sched_cancel(dir, "hinted"), TIDE_EINVAL); /* already ended */
+  CHECK_RC(tide_sched_cancel(dir, "nosuchjob"), TIDE_EINVAL);
   char keeper[32];
   job_field(dir, id, "keeper", keeper, sizeof keeper);
   int keeper_gone = 0; /* reaped by the daemon within its next tick */

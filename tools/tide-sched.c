@@ -1,5 +1,5 @@
 /* tide sched, submit, jobs, cancel: the live cluster scheduler's commands
- * (linked into `tide`; the work is tide_cluster_* in src/sched/live.c). */
+ * (linked into `tide`; the work is tide_sched_serve, _submit, _jobs, _cancel in src/sched/live.c). */
 #include <errno.h>
 #include <limits.h>
 #include <signal.h>
@@ -76,7 +76,7 @@ static int to_double(const char *text, double *out) {
 }
 
 static const char *default_dir(char *buf, size_t cap) {
-  if (tide_cluster_default_dir(buf, cap) != 0) fail_usage("sched", "no default --dir: give one");
+  if (tide_sched_default_dir(buf, cap) != 0) fail_usage("sched", "no default --dir: give one");
   return buf;
 }
 
@@ -108,8 +108,8 @@ static int read_hostfile(const char *path, char ***hosts, int **slots) {
 }
 
 int tide_cli_sched(int argc, char **argv) {
-  tide_cluster_options_t o;
-  tide_cluster_options_init(&o);
+  tide_sched_daemon_options_t o;
+  tide_sched_daemon_options_init(&o);
   char dir[4096], tiderun[4096];
   o.dir = NULL;
   int slots = 0;
@@ -176,7 +176,7 @@ int tide_cli_sched(int argc, char **argv) {
     strcpy(slash ? slash + 1 : tiderun, "tiderun");
     o.tiderun = tiderun;
   }
-  int rc = tide_cluster_serve(&o);
+  int rc = tide_sched_serve(&o);
   if (hosts != NULL)
     for (int i = 0; i < o.nodes; i++) free(hosts[i]);
   free(hosts);
@@ -228,7 +228,7 @@ int tide_cli_submit(int argc, char **argv) {
   if (dir == NULL) dir = default_dir(dir_buf, sizeof dir_buf);
   if (getcwd(cwd, sizeof cwd) == NULL) fail_usage("submit", "cannot read the current directory");
   /* A relative program is found from here, as a shell would. */
-  int rc = tide_cluster_submit(dir, name, min_np, max_np, np, cwd, argc - i, argv + i, environ, id, sizeof id);
+  int rc = tide_sched_submit(dir, name, min_np, max_np, np, cwd, argc - i, argv + i, environ, id, sizeof id);
   if (rc != 0) return rc == TIDE_EINVAL ? EXIT_USAGE : 1;
   printf("%s\n", id);
   return 0;
@@ -241,7 +241,7 @@ int tide_cli_jobs(int argc, char **argv) {
     if (!client_dir("jobs", argc, argv, &i, &dir)) fail_usage("jobs", "unknown argument '%s'", argv[i]);
   if (dir == NULL) dir = default_dir(dir_buf, sizeof dir_buf);
   char *text;
-  if (tide_cluster_jobs(dir, &text) != 0) return 1;
+  if (tide_sched_jobs(dir, &text) != 0) return 1;
   fputs(text, stdout);
   tide_free(text);
   return 0;
@@ -259,14 +259,14 @@ int tide_cli_cancel(int argc, char **argv) {
   }
   if (job == NULL) fail_usage("cancel", "which job? tide cancel JOB (an id or name from tide jobs)");
   if (dir == NULL) dir = default_dir(dir_buf, sizeof dir_buf);
-  int rc = tide_cluster_cancel(dir, job);
+  int rc = tide_sched_cancel(dir, job);
   if (rc != 0) return rc == TIDE_EINVAL ? EXIT_USAGE : 1;
   /* Until its processes are gone (the keeper gives tiderun's grace). */
   char state[32] = "cancelling";
   for (int k = 0; wait && k < 300 && strcmp(state, "cancelling") == 0; k++) {
     struct timespec ts = {0, 50 * 1000 * 1000};
     nanosleep(&ts, NULL);
-    if (tide_cluster_job_state(dir, job, state, sizeof state) != 0) return 1;
+    if (tide_sched_job_state(dir, job, state, sizeof state) != 0) return 1;
   }
   printf("job %s: %s\n", job, wait ? state : "cancelling");
   return 0;

@@ -16,7 +16,7 @@
  * State directory: lock (flock: one daemon), sock (the clients' Unix
  * socket), jobs/ID/{state,spec,token,log,exit}.
  *
- * Threads: tide_cluster_serve runs on one thread and forks; the client
+ * Threads: tide_sched_serve runs on one thread and forks; the client
  * calls may be called from any thread. */
 #include <dirent.h>
 #include <errno.h>
@@ -76,7 +76,7 @@ typedef struct {
 } job_t;
 
 typedef struct {
-  const tide_cluster_options_t *o;
+  const tide_sched_daemon_options_t *o;
   int total;                    /* slots in the pool */
   job_t *jobs;
   int njobs, cap;
@@ -96,7 +96,7 @@ static double wall_s(void) {
 
 static double mono_s(void) { return (double)tide__now_ns() * 1e-9; }
 
-void tide_cluster_options_init(tide_cluster_options_t *opts) {
+void tide_sched_daemon_options_init(tide_sched_daemon_options_t *opts) {
   if (opts == NULL) return;
   memset(opts, 0, sizeof *opts);
   opts->nodes = 1;
@@ -105,7 +105,7 @@ void tide_cluster_options_init(tide_cluster_options_t *opts) {
   tide_sched_options_init(&opts->sched);
 }
 
-int tide_cluster_default_dir(char *buf, size_t cap) {
+int tide_sched_default_dir(char *buf, size_t cap) {
   const char *xdg = getenv("XDG_RUNTIME_DIR");
   const char *user = getenv("USER");
   int n;
@@ -224,10 +224,10 @@ static int request(const char *dir, const char *const *fields, int n, char **rep
   return 0;
 }
 
-int tide_cluster_submit(const char *dir, const char *name, int min_np, int max_np, int np, const char *cwd, int argc,
+int tide_sched_submit(const char *dir, const char *name, int min_np, int max_np, int np, const char *cwd, int argc,
                         char *const *argv, char *const *envp, char *id, size_t cap) {
   if (dir == NULL || cwd == NULL || argc < 1 || argv == NULL || id == NULL || cap == 0) {
-    TIDE_ERROR("tide_cluster_submit: dir, cwd, a program (argc >= 1) and id must be given");
+    TIDE_ERROR("tide_sched_submit: dir, cwd, a program (argc >= 1) and id must be given");
     return TIDE_EINVAL;
   }
   int nenv = 0;
@@ -259,13 +259,13 @@ int tide_cluster_submit(const char *dir, const char *name, int min_np, int max_n
   return 0;
 }
 
-int tide_cluster_jobs(const char *dir, char **text) {
+int tide_sched_jobs(const char *dir, char **text) {
   if (dir == NULL || text == NULL) return TIDE_EINVAL;
   const char *f[] = {"jobs"};
   return request(dir, f, 1, text);
 }
 
-int tide_cluster_cancel(const char *dir, const char *job) {
+int tide_sched_cancel(const char *dir, const char *job) {
   if (dir == NULL || job == NULL) return TIDE_EINVAL;
   const char *f[] = {"cancel", job};
   char *reply;
@@ -274,7 +274,7 @@ int tide_cluster_cancel(const char *dir, const char *job) {
   return rc;
 }
 
-int tide_cluster_job_state(const char *dir, const char *job, char *buf, size_t cap) {
+int tide_sched_job_state(const char *dir, const char *job, char *buf, size_t cap) {
   if (dir == NULL || job == NULL || buf == NULL || cap == 0) return TIDE_EINVAL;
   const char *f[] = {"state", job};
   char *reply;
@@ -1052,7 +1052,7 @@ static void serve_client(daemon_t *d) {
 
 /* ---- the daemon ------------------------------------------------------------------- */
 
-static int check_options(const tide_cluster_options_t *o) {
+static int check_options(const tide_sched_daemon_options_t *o) {
   if (o->dir == NULL || o->dir[0] == 0) {
     TIDE_ERROR("tide sched: no state directory (--dir)");
     return TIDE_EINVAL;
@@ -1096,7 +1096,7 @@ static int check_options(const tide_cluster_options_t *o) {
   return 0;
 }
 
-int tide_cluster_serve(const tide_cluster_options_t *opts) {
+int tide_sched_serve(const tide_sched_daemon_options_t *opts) {
   if (opts == NULL) return TIDE_EINVAL;
   int rc = check_options(opts);
   if (rc != 0) return rc;
