@@ -1417,6 +1417,85 @@ int tide_sim_write_summary(const tide_sim_result_t *const *runs, int n, const ch
  * TIDE_EIO names a file it cannot write. */
 int tide_sim_plot(const tide_sim_result_t *const *runs, int n, const char *dir, int *plotted);
 
+/* One application of the Pollux traces (TRACES/NAME/placements.csv,
+ * scalability.csv, validation-B.csv) for a live job that replays it
+ * (tools/tide-replay.c): the same step times and progress the simulator
+ * uses. One thread at a time per object. */
+typedef struct tide_trace_app tide_trace_app_t;
+/* TIDE_ENOENT names a missing file, TIDE_EINVAL file:line of a bad one. */
+int tide_trace_app_open(const char *traces_dir, const char *name, tide_trace_app_t **out);
+void tide_trace_app_close(tide_trace_app_t *app);
+/* Its batch limits: base (smallest measured) and largest global batch,
+ * micro-batch bounds per worker. */
+int tide_trace_app_limits(const tide_trace_app_t *app, tide_pollux_limits_t *out);
+/* Seconds of one step (*step_s, the gradient exchange included) and of
+ * its exchange (*sync_s) with `local` samples per worker and counts[n]
+ * workers on node n of `nodes`. TIDE_EINVAL for a count < 1. */
+int tide_trace_app_time(const tide_trace_app_t *app, const int *counts, int nodes, double local, double *step_s,
+                        double *sync_s);
+/* The progress one step of global batch `batch` makes when the job has
+ * made `progress` (AdaScale's gain from the noise statistics of that epoch,
+ * at least 1); NaN for bad arguments. */
+double tide_trace_app_gain(const tide_trace_app_t *app, double batch, double progress);
+/* The gradient noise statistics at global batch `batch` when the job has
+ * made `progress` (those of that epoch, interpolated between the measured
+ * batches): *grad_sqr = |G|^2 and *grad_var = the gradient's variance at
+ * the base batch (so a micro-batch of m samples has variance
+ * grad_var * base_batch / m). TIDE_EINVAL for bad arguments. */
+int tide_trace_app_noise(const tide_trace_app_t *app, double batch, double progress, double *grad_sqr,
+                         double *grad_var);
+/* The progress that completes the application (its last epoch's). */
+double tide_trace_app_total(const tide_trace_app_t *app);
+
+/* ---- the live cluster scheduler (tide sched; docs/scheduling.md) ---------- */
+
+/* `tide sched`: a daemon that shares a pool of slots among elastic jobs
+ * (each run by `tiderun --elastic` under a keeper process that outlives
+ * the daemon), reallocating them every interval with tide_sched_allocate
+ * and applying each change in place (tide_elastic_request). Its state is
+ * in dir (jobs/ID/: the submission, state, log, exit status), so a
+ * restarted daemon finds its jobs again; clients talk to it over the Unix
+ * socket dir/sock. */
+typedef struct {
+  const char *dir;        /* state directory (created, mode 0700) */
+  int nodes;              /* hosts in the pool (only 1, the local host, is run today) */
+  const int *slots;       /* slots per host */
+  const char *const *hosts; /* host names (NULL: "localhost") */
+  double interval;        /* s between allocation rounds (> 0) */
+  tide_sched_options_t sched; /* policy, p, seed ... */
+  const char *tiderun;    /* the launcher's path */
+  double resize_cost;     /* s a change costs a job (the allocator's penalty) until the job's
+                             own is measured (decision to membership), default 0.1 */
+  int quiet;              /* 1: no line per decision on stderr */
+} tide_sched_daemon_options_t;
+
+void tide_sched_daemon_options_init(tide_sched_daemon_options_t *opts);
+/* Runs the daemon until SIGINT or SIGTERM (the jobs go on; a new daemon
+ * on the same dir takes them over). TIDE_EINVAL names a bad option;
+ * TIDE_ESTATE when another daemon serves dir; TIDE_EIO naming a file or
+ * socket it cannot use. Call from the main thread of a process that has
+ * no other threads (it forks the jobs' keepers). */
+int tide_sched_serve(const tide_sched_daemon_options_t *opts);
+/* The client's side, for any process: a request to the daemon serving
+ * dir. submit: argv[0..argc) run in cwd with envp (NULL-terminated) as
+ * one elastic job of min_np..max_np workers, np the fixed size it asks
+ * for (FIFO and Tiresias run it at that size; 0: max_np); *id gets its id
+ * (cap bytes).
+ * jobs: *text (free with tide_free) gets a table of the jobs. cancel: ends
+ * job `job` (its id or name) and every process of it. TIDE_ENOENT with a
+ * message when no daemon serves dir; TIDE_EINVAL with the daemon's message
+ * for a request it refuses. */
+int tide_sched_submit(const char *dir, const char *name, int min_np, int max_np, int np, const char *cwd, int argc,
+                        char *const *argv, char *const *envp, char *id, size_t cap);
+int tide_sched_jobs(const char *dir, char **text);
+int tide_sched_cancel(const char *dir, const char *job);
+/* The state of job `job` (id or name) as one word in buf: pending,
+ * running, cancelling, done, failed or cancelled. */
+int tide_sched_job_state(const char *dir, const char *job, char *buf, size_t cap);
+/* The default state directory: $XDG_RUNTIME_DIR/tide-sched, else
+ * /tmp/tide-sched-$USER. */
+int tide_sched_default_dir(char *buf, size_t cap);
+
 /* ---- burst-parallel planning (DeepPool; docs/burst-parallel.md) ----------- */
 
 /* A per-layer profile: for each layer of a model its inputs (the graph),

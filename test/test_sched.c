@@ -69,13 +69,22 @@ static void test_speedup(void) {
   printf("speedup: ok\n");
 }
 
+/* Field by field: the structs' padding bytes are not part of the value. */
+static int same_hints(const tide_sched_hints_t *a, const tide_sched_hints_t *b) {
+  return memcmp(&a->model, &b->model, sizeof a->model) == 0 && a->fitted == b->fitted &&
+         a->grad_sqr == b->grad_sqr && a->grad_var == b->grad_var && a->limits.base_batch == b->limits.base_batch &&
+         a->limits.max_batch == b->limits.max_batch && a->limits.min_atomic == b->limits.min_atomic &&
+         a->limits.max_atomic == b->limits.max_atomic && a->limits.max_passes == b->limits.max_passes &&
+         a->max_replicas_seen == b->max_replicas_seen;
+}
+
 static void test_hints(void) {
   tide_sched_hints_t h = hints_for(7, 16), back;
   h.model.alpha_c = 0.1 + 1e-17; /* not a short decimal: must round-trip exactly */
   char text[TIDE_SCHED_HINTS_MAX], small[40];
   CHECK_OK(tide_sched_hints_encode(&h, text, sizeof text));
   CHECK_OK(tide_sched_hints_decode(text, &back));
-  CHECK(memcmp(&h, &back, sizeof h) == 0);
+  CHECK(same_hints(&h, &back));
   CHECK_RC(tide_sched_hints_encode(&h, small, sizeof small), TIDE_EINVAL);
   CHECK_RC(tide_sched_hints_decode("tide-hints 2 fitted=1", &back), TIDE_EINVAL);
   CHECK_RC(tide_sched_hints_decode("tide-hints 1 fitted=1", &back), TIDE_EINVAL); /* fields missing */
@@ -88,7 +97,7 @@ static void test_hints(void) {
   g[6] = 'x';
   CHECK_RC(tide_sched_hints_decode(bad, &back), TIDE_EINVAL);
   CHECK_RC(tide_sched_hints_decode(NULL, &back), TIDE_EINVAL);
-  CHECK(memcmp(&h, &back, sizeof h) == 0); /* untouched by the failures */
+  CHECK(same_hints(&h, &back)); /* untouched by the failures */
   printf("hints: ok\n");
 }
 
@@ -361,11 +370,67 @@ static void test_sim(void) {
   printf("sim: ok\n");
 }
 
+/* One application as the trace-replay worker reads it (tide_trace_app_*):
+ * the toy's step times, limits, progress and gain, and bad arguments. */
+static void test_trace_app(void) {
+  char dir[] = "/tmp/tide-test-sched-XXXXXX";
+  CHECK(mkdtemp(dir) != NULL);
+  write_toy(dir);
+  tide_trace_app_t *app;
+  CHECK_RC(tide_trace_app_open("/nonexistent/traces", "toy", &app), TIDE_ENOENT);
+  CHECK_RC(tide_trace_app_open(dir, "../toy", &app), TIDE_EINVAL);
+  CHECK_OK(tide_trace_app_open(dir, "toy", &app));
+  tide_pollux_limits_t l;
+  CHECK_OK(tide_trace_app_limits(app, &l));
+  CHECK(l.base_batch == 32 && l.max_batch == 256 && l.min_atomic == 8 && l.max_atomic == 64);
+  double step, sync;
+  int two[] = {2}, ones[] = {1, 1}, none[] = {0};
+  CHECK_OK(tide_trace_app_time(app, two, 1, 16, &step, &sync));
+  CHECK(close_to(step, 0.02 + 0.002 * 16 + 0.02, 1e-9) && close_to(sync, 0.02, 1e-9));
+  CHECK_OK(tide_trace_app_time(app, ones, 2, 16, &step, &sync));
+  CHECK(close_to(step, 0.02 + 0.002 * 16 + 0.064, 1e-9) && close_to(sync, 0.064, 1e-9));
+  CHECK_RC(tide_trace_app_time(app, none, 1, 16, &step, &sync), TIDE_EINVAL);
+  CHECK_RC(tide_trace_app_time(app, two, 1, 0, &step, &sync), TIDE_EINVAL);
+  CHECK(tide_trace_app_total(app) == 6000); /* the least of the last epoch's progress */
+  CHECK(tide_trace_app_gain(app, 32, 0) == 1);
+  CHECK(close_to(tide_trace_app_gain(app, 256, 0), tide_adascale_gain(22, 1.0, 8), 1e-9));
+  CHECK(close_to(tide_trace_app_gain(app, 256, 4500), tide_adascale_gain(22, 0.2, 8), 1e-9));
+  CHECK(isnan(tide_trace_app_gain(app, 0, 0)));
+  tide_trace_app_close(app);
+  tide_trace_app_close(NULL);
+  /* tide sim's optional sixth column: a job that runs part of its application (as a live
+   * trace-replay job with --work does) completes sooner; a work out of (0, 1] is refused. */
+  char path[600];
+  double finish[2];
+  for (int k = 0; k < 2; k++) {
+    write_file(dir, "part.csv", k == 0 ? "name,time,application,num_replicas,batch_size,work\nt0,0,toy,2,64,0.5\n"
+                                       : "name,time,application,num_replicas,batch_size,work\nt0,0,toy,2,64,1\n");
+    snprintf(path, sizeof path, "%s/part.csv", dir);
+    tide_sim_options_t o;
+    tide_sim_options_init(&o);
+    o.nodes = 1, o.slots = 4, o.resize_cost = 0, o.sched.policy = TIDE_SCHED_FIFO;
+    tide_sim_result_t *r;
+    CHECK_OK(tide_sim_run(&o, dir, path, &r));
+    const tide_sim_job_t *jobs;
+    CHECK(tide_sim_result_jobs(r, &jobs) == 1 && jobs[0].finish > 0);
+    finish[k] = jobs[0].finish - jobs[0].start;
+    tide_sim_result_free(r);
+  }
+  CHECK(close_to(finish[0], finish[1] / 2, 0.05));
+  write_file(dir, "part.csv", "name,time,application,num_replicas,batch_size,work\nt0,0,toy,2,64,1.5\n");
+  tide_sim_options_t o;
+  tide_sim_options_init(&o);
+  tide_sim_result_t *r;
+  CHECK_RC(tide_sim_run(&o, dir, path, &r), TIDE_EINVAL);
+  printf("trace app: ok\n");
+}
+
 int main(void) {
   test_speedup();
   test_hints();
   test_fit();
   test_allocator();
   test_sim();
+  test_trace_app();
   return 0;
 }

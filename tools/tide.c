@@ -74,6 +74,11 @@ static const char usage_text[] =
     "  sim [options] WORKLOAD.csv...\n"
     "                           simulate a cluster scheduler over a workload of the Pollux\n"
     "                           traces (see tide help sim; docs/scheduling.md)\n"
+    "  sched (--slots N | --hostfile F) [--dir DIR] [--interval S] [--policy P]\n"
+    "                           the live scheduler: shares the slots among elastic jobs and\n"
+    "                           resizes them in place (see tide help sched)\n"
+    "  submit --min-np N --max-np M [--np K] [--name J] -- PROGRAM ARGS\n"
+    "                           run a job under tide sched; jobs: list them; cancel JOB\n"
     "  profile --model mlp|cnn [--batches 1,2,4,...] --out FILE\n"
     "                           measure each layer of tide's nn engine (forward, backward)\n"
     "                           at each per-worker batch (see tide help profile)\n"
@@ -1501,6 +1506,13 @@ out:
   return rc == 0 ? 0 : 1;
 }
 
+/* tools/tide-sched.c: the live scheduler's commands. */
+extern const char tide_cli_sched_usage[];
+int tide_cli_sched(int argc, char **argv);
+int tide_cli_submit(int argc, char **argv);
+int tide_cli_jobs(int argc, char **argv);
+int tide_cli_cancel(int argc, char **argv);
+
 int main(int argc, char **argv) {
   if (argc < 2 || strcmp(argv[1], "help") == 0 || strcmp(argv[1], "--help") == 0 ||
       strcmp(argv[1], "-h") == 0) {
@@ -1508,6 +1520,10 @@ int main(int argc, char **argv) {
       fputs(bench_usage_text, stdout);
     else if (argc >= 3 && strcmp(argv[1], "help") == 0 && strcmp(argv[2], "sim") == 0)
       fputs(sim_usage_text, stdout);
+    else if (argc >= 3 && strcmp(argv[1], "help") == 0 &&
+             (strcmp(argv[2], "sched") == 0 || strcmp(argv[2], "submit") == 0 || strcmp(argv[2], "jobs") == 0 ||
+              strcmp(argv[2], "cancel") == 0))
+      fputs(tide_cli_sched_usage, stdout);
     else if (argc >= 3 && strcmp(argv[1], "help") == 0 && strcmp(argv[2], "plan") == 0)
       fputs(plan_usage_text, stdout);
     else if (argc >= 3 && strcmp(argv[1], "help") == 0 && strcmp(argv[2], "profile") == 0)
@@ -1524,6 +1540,10 @@ int main(int argc, char **argv) {
   if (strcmp(argv[1], "data") == 0) return cmd_data(argc - 2, argv + 2);
   if (strcmp(argv[1], "ctl") == 0) return cmd_ctl(argc - 2, argv + 2);
   if (strcmp(argv[1], "sim") == 0) return cmd_sim(argc - 2, argv + 2);
+  if (strcmp(argv[1], "sched") == 0) return tide_cli_sched(argc - 2, argv + 2);
+  if (strcmp(argv[1], "submit") == 0) return tide_cli_submit(argc - 2, argv + 2);
+  if (strcmp(argv[1], "jobs") == 0) return tide_cli_jobs(argc - 2, argv + 2);
+  if (strcmp(argv[1], "cancel") == 0) return tide_cli_cancel(argc - 2, argv + 2);
   if (strcmp(argv[1], "profile") == 0) return cmd_profile(argc - 2, argv + 2);
   if (strcmp(argv[1], "plan") == 0) return cmd_plan(argc - 2, argv + 2);
   fprintf(stderr, "tide: unknown command '%s' (see tide help)\n", argv[1]);

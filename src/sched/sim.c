@@ -25,6 +25,7 @@ typedef struct {
   int app;
   int requested;       /* the workload's size */
   double fixed_batch;  /* the workload's batch (0: the agent chooses) */
+  double work;         /* the fraction of its application's progress it runs (optional column, 1) */
   int *row;            /* slots per node now */
   int nodes, slots;    /* of row */
   double atomic;
@@ -85,18 +86,21 @@ static int read_workload(sim_t *s, const char *dir, const char *path) {
     if (no == 1 && strncmp(line, "name,", 5) == 0) continue;
     if (line[strspn(line, " \r\n")] == 0) continue;
     char name[64], app[32], *save = NULL;
-    char *fields[5];
+    char *fields[6];
     int nf = 0;
-    for (char *t = strtok_r(line, ",\r\n", &save); t != NULL && nf < 5; t = strtok_r(NULL, ",\r\n", &save))
+    for (char *t = strtok_r(line, ",\r\n", &save); t != NULL && nf < 6; t = strtok_r(NULL, ",\r\n", &save))
       fields[nf++] = t;
-    char *end1, *end2, *end3;
-    double time = nf == 5 ? strtod(fields[1], &end1) : 0;
-    long replicas = nf == 5 ? strtol(fields[3], &end2, 10) : 0;
-    double batch = nf == 5 ? strtod(fields[4], &end3) : 0;
-    if (nf != 5 || *end1 != 0 || *end2 != 0 || *end3 != 0 || !(time >= 0) || replicas < 1 || replicas > 1 << 20 ||
-        !(batch > 0) || strlen(fields[0]) >= sizeof name || strlen(fields[2]) >= sizeof app) {
-      TIDE_ERROR("sim: %s:%d: expected name,time,application,num_replicas,batch_size with time >= 0, "
-                 "num_replicas >= 1 and batch_size > 0",
+    char *end1, *end2, *end3, *end4 = "";
+    int ok = nf == 5 || nf == 6;
+    double time = ok ? strtod(fields[1], &end1) : 0;
+    long replicas = ok ? strtol(fields[3], &end2, 10) : 0;
+    double batch = ok ? strtod(fields[4], &end3) : 0;
+    double work = nf == 6 ? strtod(fields[5], &end4) : 1;
+    if (!ok || *end1 != 0 || *end2 != 0 || *end3 != 0 || *end4 != 0 || !(time >= 0) || replicas < 1 ||
+        replicas > 1 << 20 || !(batch > 0) || !(work > 0 && work <= 1) || strlen(fields[0]) >= sizeof name ||
+        strlen(fields[2]) >= sizeof app) {
+      TIDE_ERROR("sim: %s:%d: expected name,time,application,num_replicas,batch_size[,work] with time >= 0, "
+                 "num_replicas >= 1, batch_size > 0 and work in (0, 1]",
                  path, no);
       rc = TIDE_EINVAL;
       break;
@@ -119,7 +123,7 @@ static int read_workload(sim_t *s, const char *dir, const char *path) {
         s->jobs = j;
       }
       job_t *j = &s->jobs[s->njobs++];
-      *j = (job_t){.app = a, .requested = (int)replicas, .fixed_batch = batch};
+      *j = (job_t){.app = a, .requested = (int)replicas, .fixed_batch = batch, .work = work};
       if (s->opts->copies > 1) snprintf(j->out.name, sizeof j->out.name, "%.50s#%d", name, c);
       else snprintf(j->out.name, sizeof j->out.name, "%s", name);
       snprintf(j->out.application, sizeof j->out.application, "%s", app);
@@ -236,6 +240,10 @@ static void run_job(sim_t *s, job_t *j, double seconds, double slow, int *counts
     double total = step + j->accum * (step - sync);
     double rate = gain / total * (1 - slow);
     double next = tide__sim_app_progress(app, j->epoch + 1);
+    /* A job that runs part of its application ends at that part's progress. */
+    double target = j->work * tide__sim_app_progress(app, app->max_epochs);
+    int last = j->work < 1 && next >= target;
+    if (last) next = target;
     if (j->progress + rate * seconds < next) {
       j->progress += rate * seconds;
       j->attained += seconds * j->slots;
@@ -247,7 +255,7 @@ static void run_job(sim_t *s, job_t *j, double seconds, double slow, int *counts
     j->attained += dt * j->slots;
     t += dt;
     seconds -= dt;
-    if (j->epoch >= app->max_epochs) {
+    if (last || j->epoch >= app->max_epochs) {
       j->done = 1;
       j->out.finish = t;
       break;
