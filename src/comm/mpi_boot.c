@@ -177,7 +177,7 @@ static int setup(tide_comm_t *comm, MPI_Comm dup) {
     comm->chans[r].fd = -1;
     if (r != comm->rank) TIDE_CHECK_GOTO(tide__mpi_chan_init(&comm->chans[r], r, &m->comm), rc, out);
   }
-  comm->spin_us = tide__param_int(TIDE__PARAM_SPIN_US);
+  comm->spin_us = tide__wait_spin_us();
   tide__mpi_lock();
   post_ctrl(m);
   tide__mpi_unlock();

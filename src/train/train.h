@@ -135,6 +135,9 @@ struct tide_trainer {
   tide__kfac_t *kfac; /* NULL: no K-FAC */
   /* Elastic jobs (src/train/elastic.c): NULL until tide_trainer_elastic. */
   struct tide__elastic_trainer *elastic;
+  /* Multiplexing (src/train/multiplex.c): NULL unless TIDE_FOREGROUND or
+   * TIDE_HOSTS_BACKGROUND. */
+  struct tide__multiplex *multiplex;
 };
 
 /* x[i] *= c over [0, n); returns sum x[i]^2 after scaling (train.c). */
@@ -177,6 +180,22 @@ void tide__trainer_elastic_request(tide_trainer_t *tr, int world_size);
 void tide__trainer_elastic_done(tide_trainer_t *tr);
 /* Frees the elastic state and the communicator the trainer owns. */
 void tide__trainer_elastic_fini(tide_trainer_t *tr);
+
+/* ---- multiplexing (src/train/multiplex.c) --------------------------------- */
+
+/* At creation: a foreground's publisher (TIDE_HOSTS_BACKGROUND, rank 0) or
+ * a background's guard (TIDE_FOREGROUND); nothing otherwise. Not
+ * collective (a guard that cannot reach the foreground logs why and lets
+ * the job run unguarded). */
+int tide__multiplex_open(tide_trainer_t *tr);
+/* Background, at a step boundary: waits while the guard on rank 0 says
+ * pause (collective: rank 0 broadcasts each decision). */
+int tide__multiplex_boundary(tide_trainer_t *tr);
+/* After each step: a foreground publishes its step times (rank 0); both
+ * write their figures into tr->stats. */
+void tide__multiplex_step_end(tide_trainer_t *tr);
+/* A foreground says it is done; a running background leaves the count. */
+void tide__multiplex_close(tide_trainer_t *tr);
 
 /* Records the message of a failure (also logged). */
 int tide__trainer_fail(tide_trainer_t *tr, int rc, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
