@@ -22,7 +22,8 @@
  *     the limit;
  *   - the foreground done or its store gone: run unguarded.
  * The guard also leaves its own progress in the foreground's store, under
- * KEY_BACKGROUND + its TIDE_JOB_ID: "STEP running|paused PAUSES".
+ * KEY_BACKGROUND + its own store's address (TIDE_RDZV, which names the job
+ * to whoever watches the foreground): "STEP running|paused PAUSES".
  * While paused, rank 0 asks again every POLL_MS and broadcasts each answer,
  * so the other ranks' waits stay far inside TIDE_TIMEOUT_MS. */
 #include <math.h>
@@ -35,7 +36,7 @@
 
 #define KEY_FOREGROUND "multiplex/foreground"
 #define KEY_ACTIVE "multiplex/active"
-#define KEY_BACKGROUND "multiplex/background/" /* + the job id: "STEP running|paused PAUSES" */
+#define KEY_BACKGROUND "multiplex/background/" /* + its own store's HOST:PORT: "STEP running|paused PAUSES" */
 #define SOLO_KEEP 16
 #define RECENT_KEEP 3
 #define SKIP_STEPS 2 /* the first steps (start-up, warm-up) are no solo sample */
@@ -59,7 +60,7 @@ struct tide__multiplex {
   int running, started, unguarded, warned;
   long mark, backoff, pauses;
   double paused_s;
-  char key[128];      /* KEY_BACKGROUND + job id */
+  char key[400];      /* KEY_BACKGROUND + TIDE_RDZV */
   long shown_step;    /* what KEY_BACKGROUND says now */
   int shown_running;
 };
@@ -115,8 +116,7 @@ int tide__multiplex_open(tide_trainer_t *tr) {
   m->solo_s = NAN;
   m->mark = -BACKOFF_MAX;
   snprintf(m->where, sizeof m->where, "%s", where);
-  const char *job = getenv("TIDE_JOB_ID");
-  snprintf(m->key, sizeof m->key, "%s%s", KEY_BACKGROUND, job != NULL && job[0] != '\0' ? job : "job");
+  snprintf(m->key, sizeof m->key, "%s%s", KEY_BACKGROUND, tide__param_str(TIDE__PARAM_RDZV));
   m->shown_step = -1;
   tr->multiplex = m;
   if (tr->rank != 0) return 0;
