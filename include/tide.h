@@ -951,6 +951,7 @@ typedef struct {
   double paused_s;       /* background: this step's wait at the boundary (0: none) */
   long pauses;           /* background: pauses so far (rank 0; 0 on the others) */
   double solo_step_s;    /* foreground: median step time while no background ran */
+  int background_jobs;   /* foreground: background jobs running at this step's end (rank 0) */
 } tide_step_stats_t;
 
 /* After the caller's forward/backward of the micro-batch tide_trainer_next

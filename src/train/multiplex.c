@@ -56,6 +56,7 @@ struct tide__multiplex {
   long steps;
   int64_t active_before; /* background jobs running at the previous step's end */
   double solo_s;
+  int active_now;
   /* Background. */
   int running, started, unguarded, warned;
   long mark, backoff, pauses;
@@ -156,6 +157,7 @@ static void publish(struct tide__multiplex *m, double step_s) {
   long index = m->steps++;
   if (index >= SKIP_STEPS && active == 0 && m->active_before == 0) push(m->solo, SOLO_KEEP, &m->nsolo, index, step_s);
   m->active_before = active;
+  m->active_now = (int)active;
   push(m->recent, RECENT_KEEP, &m->nrecent, index, step_s);
   if (m->nsolo >= 3) m->solo_s = median(m->solo, m->nsolo);
   char line[96];
@@ -169,6 +171,7 @@ void tide__multiplex_step_end(tide_trainer_t *tr) {
   if (m->foreground) {
     if (m->store != NULL) publish(m, tr->stats.step_s);
     tr->stats.solo_step_s = m->solo_s;
+    tr->stats.background_jobs = m->active_now;
   } else {
     tr->stats.paused_s = m->paused_s;
     tr->stats.pauses = m->pauses;
