@@ -8,11 +8,18 @@
  * steps taken while no background job ran, before and after) and its
  * recent one (the median of its last RECENT_KEEP steps); "done" at the end.
  *
- * The background (TIDE_FOREGROUND=HOST:PORT): at each step boundary its
- * rank 0 reads that line from the foreground's store and decides; the
- * decision is broadcast over the background's own communicator, so every
- * rank pauses or goes on at the same boundary (a pause only delays the next
- * step: none is lost or repeated). Rules, in the foreground's steps:
+ * The background (TIDE_FOREGROUND=HOST:PORT): in each step, before the
+ * gradient exchange, its rank 0 reads that line from the foreground's store
+ * and decides; the decision travels in the exchange's statistics
+ * (TIDE__SLOT_GUARD), so every rank learns it without another message, and
+ * all pause at the same boundary, the next one (a pause only delays the
+ * next step: none is lost or repeated). While paused (and before the first
+ * step) rank 0 asks again every POLL_MS and broadcasts each answer over the
+ * background's own communicator until it says go, so the other ranks'
+ * waits stay far inside TIDE_TIMEOUT_MS. A running background therefore
+ * sends nothing more than its training does: on a link the foreground
+ * fills, each extra round trip would cost it (and the foreground) dearly.
+ * Rules, in the foreground's steps:
  *   - paused until the solo time is known; then it runs;
  *   - running, once JUDGE_STEPS foreground steps ran since it started (or
  *     last judged): pause when RECENT > TIDE_GUARD_PERCENT% of SOLO (and
@@ -21,11 +28,12 @@
  *   - paused: resume once the back-off has passed and RECENT is back under
  *     the limit;
  *   - the foreground done or its store gone: run unguarded.
+ * A pause decided in step s takes effect at the boundary after it, one
+ * background step late.
  * The guard also leaves its own progress in the foreground's store, under
  * KEY_BACKGROUND + its own store's address (TIDE_RDZV, which names the job
  * to whoever watches the foreground): "STEP running|paused PAUSES".
- * While paused, rank 0 asks again every POLL_MS and broadcasts each answer,
- * so the other ranks' waits stay far inside TIDE_TIMEOUT_MS. */
+ */
 #include <math.h>
 #include <poll.h>
 #include <stdio.h>
@@ -59,11 +67,13 @@ struct tide__multiplex {
   int active_now;
   /* Background. */
   int running, started, unguarded, warned;
+  int hold; /* the last exchange voted to pause (and before the first step) */
   long mark, backoff, pauses;
   double paused_s;
   char key[400];      /* KEY_BACKGROUND + TIDE_RDZV */
   long shown_step;    /* what KEY_BACKGROUND says now */
   int shown_running;
+  int64_t shown_ns;
 };
 
 static int compare_double(const void *a, const void *b) {
@@ -119,6 +129,7 @@ int tide__multiplex_open(tide_trainer_t *tr) {
   snprintf(m->where, sizeof m->where, "%s", where);
   snprintf(m->key, sizeof m->key, "%s%s", KEY_BACKGROUND, tide__param_str(TIDE__PARAM_RDZV));
   m->shown_step = -1;
+  m->hold = 1;
   tr->multiplex = m;
   if (tr->rank != 0) return 0;
   int rc = tide_store_connect(host, port, token, CONNECT_MS, &m->store);
@@ -186,10 +197,14 @@ static void set_running(struct tide__multiplex *m, int running, long fg_step) {
   m->mark = fg_step;
 }
 
-/* Rank 0 of a background job: its progress into the foreground's store
- * when it changed. */
+/* Rank 0 of a background job, at a step boundary: its progress into the
+ * foreground's store when it paused or resumed, else at most once a second. */
 static void show(struct tide__multiplex *m, long step) {
-  if (m->unguarded || (step == m->shown_step && m->running == m->shown_running)) return;
+  int64_t now = tide__now_ns();
+  if (m->unguarded || (step == m->shown_step && m->running == m->shown_running) ||
+      (m->running == m->shown_running && now - m->shown_ns < 1000000000))
+    return;
+  m->shown_ns = now;
   char line[96];
   int n = snprintf(line, sizeof line, "%ld %s %ld", step, m->running ? "running" : "paused", m->pauses);
   if (tide_store_set(m->store, m->key, line, (size_t)n) == 0) {
@@ -263,9 +278,24 @@ static int decide(struct tide__multiplex *m, double waited_s) {
   return m->running;
 }
 
+float tide__multiplex_vote(tide_trainer_t *tr) {
+  struct tide__multiplex *m = tr->multiplex;
+  if (m->foreground || tr->rank != 0) return 0;
+  return decide(m, 0) ? 0.0f : 1.0f;
+}
+
+void tide__multiplex_voted(tide_trainer_t *tr, float vote) {
+  struct tide__multiplex *m = tr->multiplex;
+  if (!m->foreground) m->hold = vote > 0.5f;
+}
+
 int tide__multiplex_boundary(tide_trainer_t *tr) {
   struct tide__multiplex *m = tr->multiplex;
   if (m->foreground) return 0;
+  if (!m->hold) {
+    if (tr->rank == 0) show(m, tr->step);
+    return 0;
+  }
   int64_t start = tide__now_ns();
   int held = 0;
   for (;;) {
@@ -283,5 +313,6 @@ int tide__multiplex_boundary(tide_trainer_t *tr) {
     if (tr->rank == 0) poll(NULL, 0, POLL_MS);
   }
   if (held) m->paused_s += (double)(tide__now_ns() - start) * 1e-9;
+  m->hold = 0;
   return 0;
 }

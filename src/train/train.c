@@ -464,6 +464,7 @@ int tide_trainer_step(tide_trainer_t *tr, double loss, tide_step_stats_t *stats)
   slots[TIDE__SLOT_FULL_MICRO] = (float)tr->full_micro;
   slots[TIDE__SLOT_EXCHANGE_S] = (float)tr->prev_exchange_s;
   slots[TIDE__SLOT_STEP_S] = (float)tr->prev_step_s;
+  if (tr->multiplex != NULL) slots[TIDE__SLOT_GUARD] = tide__multiplex_vote(tr);
   slots[TIDE__SLOT_TIMES + tr->rank] = (float)tr->compute_s;
   float *tensor_slots = slots + TIDE__SLOT_TIMES + tr->ranks;
   if (tr->config.tensor_stats)
@@ -476,6 +477,7 @@ int tide_trainer_step(tide_trainer_t *tr, double loss, tide_step_stats_t *stats)
   int64_t t2 = tide__now_ns();
 
   /* Statistics. */
+  if (tr->multiplex != NULL) tide__multiplex_voted(tr, slots[TIDE__SLOT_GUARD]);
   double total = slots[TIDE__SLOT_COUNT];
   if (!(total > 0))
     return tide__trainer_fail(tr, TIDE_EPROTO, "step %ld carried %g samples over all ranks", tr->step, total);

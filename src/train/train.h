@@ -19,6 +19,7 @@ enum {
   TIDE__SLOT_FULL_MICRO,  /* number of full micro-batches */
   TIDE__SLOT_EXCHANGE_S,  /* previous step's exchange time */
   TIDE__SLOT_STEP_S,      /* previous step's wall time */
+  TIDE__SLOT_GUARD,       /* a background job's rank 0: 1 to pause at the next boundary */
   TIDE__SLOT_TIMES        /* ranks entries, then ntensors */
 };
 
@@ -188,8 +189,14 @@ void tide__trainer_elastic_fini(tide_trainer_t *tr);
  * collective (a guard that cannot reach the foreground logs why and lets
  * the job run unguarded). */
 int tide__multiplex_open(tide_trainer_t *tr);
-/* Background, at a step boundary: waits while the guard on rank 0 says
- * pause (collective: rank 0 broadcasts each decision). */
+/* Background, before a step's exchange: rank 0's guard's vote (1: pause at
+ * the next boundary), which travels in TIDE__SLOT_GUARD; 0 elsewhere. */
+float tide__multiplex_vote(tide_trainer_t *tr);
+/* After the exchange: the vote every rank received. */
+void tide__multiplex_voted(tide_trainer_t *tr, float vote);
+/* Background, at a step boundary: when the last exchange voted to pause
+ * (and before the first step), waits while the guard on rank 0 says pause
+ * (collective then: rank 0 broadcasts each decision). */
 int tide__multiplex_boundary(tide_trainer_t *tr);
 /* After each step: a foreground publishes its step times (rank 0); both
  * write their figures into tr->stats. */
