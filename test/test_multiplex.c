@@ -25,18 +25,9 @@
 
 static char tools[1024], runs[1024];
 
-static int run(const char *cmd, char *out, size_t cap) {
-  FILE *p = popen(cmd, "r");
-  CHECK(p != NULL);
-  size_t n = fread(out, 1, cap - 1, p);
-  out[n] = 0;
-  int status = pclose(p);
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 128;
-}
-
 static void run_ok(const char *cmd) {
   char out[65536];
-  int rc = run(cmd, out, sizeof out);
+  int rc = harness_shell(cmd, out, sizeof out);
   if (rc != 0) {
     fprintf(stderr, "%s\n-> exit %d\n%s\n", cmd, rc, out);
     exit(1);
@@ -46,22 +37,11 @@ static void run_ok(const char *cmd) {
 /* cmd must fail with a message containing expect. */
 static void refused(const char *cmd, const char *expect) {
   char out[65536];
-  int rc = run(cmd, out, sizeof out);
+  int rc = harness_shell(cmd, out, sizeof out);
   if (rc == 0 || strstr(out, expect) == NULL) {
     fprintf(stderr, "%s\n-> exit %d, wanted a failure saying \"%s\":\n%s\n", cmd, rc, expect, out);
     exit(1);
   }
-}
-
-static void slurp(const char *path, char *buf, size_t cap) {
-  FILE *f = fopen(path, "r");
-  if (f == NULL) {
-    fprintf(stderr, "cannot read %s\n", path);
-    exit(1);
-  }
-  size_t n = fread(buf, 1, cap - 1, f);
-  buf[n] = 0;
-  fclose(f);
 }
 
 static double number_after(const char *text, const char *key) {
@@ -73,7 +53,7 @@ static double number_after(const char *text, const char *key) {
 static void checksum(const char *name, char out[17]) {
   char path[2048], summary[8192];
   snprintf(path, sizeof path, "%s/%s/summary.json", runs, name);
-  slurp(path, summary, sizeof summary);
+  harness_slurp(path, summary, sizeof summary);
   const char *at = strstr(summary, "\"checksum\":\"");
   CHECK(at != NULL);
   snprintf(out, 17, "%.16s", at + 12);
@@ -113,6 +93,18 @@ static int steps_in_order(const char *name, long *pauses, double *paused_s, doub
 
 #define BG_ARGS "--model mlp --epochs 3 --batch 32 --subset 2000 --threads 1 --seed 3"
 #define BG_STEPS 96 /* 3 x 2000 images / (2 x 32) */
+
+/* Waits for a job started with popen(cmd): it must exit 0. */
+static void finish(FILE *job, const char *cmd) {
+  char out[65536];
+  size_t n = fread(out, 1, sizeof out - 1, job);
+  out[n] = 0;
+  int status = pclose(job);
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+    fprintf(stderr, "%s\n-> %d\n%s\n", cmd, status, out);
+    exit(1);
+  }
+}
 
 /* The scripted foreground: a store, and what the guard reads from it. */
 static tide_store_t *fg;
@@ -198,14 +190,7 @@ static void scripted_foreground(const char *solo) {
           resumed_at, solo);
   CHECK(resumed_at >= paused_at);
   say("done");
-  char out[65536];
-  size_t n = fread(out, 1, sizeof out - 1, bg);
-  out[n] = 0;
-  int status = pclose(bg);
-  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-    fprintf(stderr, "%s\n-> %d\n%s\n", cmd, status, out);
-    exit(1);
-  }
+  finish(bg, cmd);
   tide_store_close(fg);
   kill(store_pid, SIGTERM);
   waitpid(store_pid, NULL, 0);
@@ -234,14 +219,7 @@ static void real_foreground(const char *solo) {
   FILE *bg = popen(bg_cmd, "r");
   CHECK(bg != NULL);
   run_ok(fg_cmd);
-  char out[65536];
-  size_t n = fread(out, 1, sizeof out - 1, bg);
-  out[n] = 0;
-  int status = pclose(bg);
-  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-    fprintf(stderr, "%s\n-> %d\n%s\n", bg_cmd, status, out);
-    exit(1);
-  }
+  finish(bg, bg_cmd);
   long pauses;
   double paused_s, first, solo_s;
   int fg_steps = steps_in_order("foreground", &pauses, &paused_s, &first, &solo_s);
@@ -282,18 +260,18 @@ int main(void) {
   /* SCHED_IDLE is policy 5 in /proc/PID/stat's 41st field; nice 19 the 19th. */
   snprintf(cmd, sizeof cmd, "%s/tiderun -np 2 --background -- sh -c 'cut -d\" \" -f19,41 /proc/self/stat' 2>&1",
            tools);
-  CHECK(run(cmd, out, sizeof out) == 0);
+  CHECK(harness_shell(cmd, out, sizeof out) == 0);
   fprintf(stderr, "tiderun --background: nice and policy of each rank: %s", out);
   CHECK(strstr(out, "0 5\n0 5\n") != NULL || strstr(out, "19 0\n19 0\n") != NULL);
   snprintf(cmd, sizeof cmd, "%s/tiderun -np 1 -- sh -c 'cut -d\" \" -f41 /proc/self/stat' 2>&1", tools);
-  CHECK(run(cmd, out, sizeof out) == 0 && strcmp(out, "0\n") == 0);
+  CHECK(harness_shell(cmd, out, sizeof out) == 0 && strcmp(out, "0\n") == 0);
 
   snprintf(cmd, sizeof cmd,
            "TIDE_FOREGROUND_TOKEN=x %s/tiderun --background --foreground 127.0.0.1:7 -- sh -c "
            "'echo $TIDE_BACKGROUND $TIDE_FOREGROUND' 2>&1", tools);
-  CHECK(run(cmd, out, sizeof out) == 0 && strcmp(out, "1 127.0.0.1:7\n") == 0);
+  CHECK(harness_shell(cmd, out, sizeof out) == 0 && strcmp(out, "1 127.0.0.1:7\n") == 0);
   snprintf(cmd, sizeof cmd, "%s/tiderun --hosts-background -- sh -c 'echo $TIDE_HOSTS_BACKGROUND' 2>&1", tools);
-  CHECK(run(cmd, out, sizeof out) == 0 && strcmp(out, "1\n") == 0);
+  CHECK(harness_shell(cmd, out, sizeof out) == 0 && strcmp(out, "1\n") == 0);
   snprintf(cmd, sizeof cmd, "%s/tiderun --foreground 127.0.0.1:1 true 2>&1", tools);
   refused(cmd, "--foreground needs --background");
   snprintf(cmd, sizeof cmd, "TIDE_FOREGROUND_TOKEN= %s/tiderun --background --foreground 127.0.0.1:1 true 2>&1",

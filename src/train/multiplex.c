@@ -60,7 +60,7 @@ struct tide__multiplex {
   char where[300];     /* HOST:PORT of that store */
   /* Foreground. */
   double solo[SOLO_KEEP], recent[RECENT_KEEP];
-  int nsolo, nrecent;
+  long nsolo, nrecent; /* values pushed into each ring */
   long steps;
   int64_t active_before; /* background jobs running at the previous step's end */
   double solo_s;
@@ -88,10 +88,13 @@ static double median(const double *v, int n) {
   return n % 2 ? sorted[n / 2] : 0.5 * (sorted[n / 2 - 1] + sorted[n / 2]);
 }
 
-static void push(double *ring, int cap, int *n, long index, double v) {
-  ring[index % cap] = v;
-  if (*n < cap) (*n)++;
+/* Appends v to a ring of cap values; *pushed counts every value so far. */
+static void push(double *ring, int cap, long *pushed, double v) {
+  ring[*pushed % cap] = v;
+  (*pushed)++;
 }
+
+static int held(long pushed, int cap) { return pushed < cap ? (int)pushed : cap; }
 
 int tide__multiplex_open(tide_trainer_t *tr) {
   const char *foreground = tide__param_str(TIDE__PARAM_FOREGROUND);
@@ -166,14 +169,14 @@ static void publish(struct tide__multiplex *m, double step_s) {
   int64_t active = 0;
   if (tide_store_add(m->store, KEY_ACTIVE, 0, &active) != 0) return;
   long index = m->steps++;
-  if (index >= SKIP_STEPS && active == 0 && m->active_before == 0) push(m->solo, SOLO_KEEP, &m->nsolo, index, step_s);
+  if (index >= SKIP_STEPS && active == 0 && m->active_before == 0) push(m->solo, SOLO_KEEP, &m->nsolo, step_s);
   m->active_before = active;
   m->active_now = (int)active;
-  push(m->recent, RECENT_KEEP, &m->nrecent, index, step_s);
-  if (m->nsolo >= 3) m->solo_s = median(m->solo, m->nsolo);
+  push(m->recent, RECENT_KEEP, &m->nrecent, step_s);
+  if (m->nsolo >= 3) m->solo_s = median(m->solo, held(m->nsolo, SOLO_KEEP));
   char line[96];
   int n = snprintf(line, sizeof line, "%ld %.6g %.6g", m->steps, m->nsolo >= 3 ? m->solo_s : 0.0,
-                   median(m->recent, m->nrecent));
+                   median(m->recent, held(m->nrecent, RECENT_KEEP)));
   tide_store_set(m->store, KEY_FOREGROUND, line, (size_t)n);
 }
 
