@@ -4,7 +4,9 @@
 # (scripts/emulate-cluster.sh, 1 rank each, 100 Mbit/s, 0.5 ms):
 #   fg-solo       the foreground alone: tide-train MLP, dense allreduce
 #   fg-solo-block the same with its waits blocking (TIDE_SPIN_US=0)
-#   bg-solo       the background alone: tide-train CNN, topk:0.01, normal priority
+#   bg-solo       the background alone: tide-train CNN, topk:0.01, normal priority,
+#                 before the pairs and again after them (bg-solo-after): the
+#                 reference is their mean
 #   bg-solo-idle  the same with tiderun --background (SCHED_IDLE)
 #   mux           both: fg --hosts-background (blocks while it waits), bg
 #                 --background --foreground (SCHED_IDLE, guarded at 110%)
@@ -16,12 +18,13 @@
 # The foreground's step time is its median over the steps that ended while
 # the background ran; the background's throughput counts its steps that ended
 # while the foreground ran (images / the sum of their step_s, pauses
-# included). One JSON line per configuration, then a table.
+# included), against the mean of bg-solo and bg-solo-after. One JSON line per
+# configuration, then a table.
 #
 # usage: scripts/bench-multiplex.sh [--build DIR] [--out DIR] [--bandwidth RATE] [--latency TIME]
 #                                   [--only LIST]   (comma-separated configurations)
 #                                   [--quick]       (shorter jobs: a check of the script, not the bar)
-# Needs root (emulate-cluster.sh) and Fashion-MNIST. About 6 minutes.
+# Needs root (emulate-cluster.sh) and Fashion-MNIST. About 12 minutes.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 build=${TIDE_BUILD_DIR:-$here/../build}
@@ -40,7 +43,7 @@ while [ $# -gt 0 ]; do
     --only) only=$2; shift 2 ;;
     --quick) fg_args=(--model mlp --epochs 1 --subset 19200 --threads 1)
              bg_args=(--model cnn --epochs 1 --subset 3200 --threads 1 --grad topk:0.01); shift ;;
-    -h|--help) sed -n '2,25p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,27p' "$0"; exit 0 ;;
     *) echo "bench-multiplex: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -104,6 +107,9 @@ wanted bg-solo-idle && solo bg-solo-idle --tiderun-arg --background -- tide-trai
 for mode in mux mux-spin mux-normal equal; do
   if wanted "$mode"; then pair "$mode"; fi
 done
+# The background alone again: on a shared machine its solo rate drifts with
+# the load, so the reference is the mean of the runs before and after.
+wanted bg-solo && solo bg-solo-after -- tide-train "${bg_args[@]}"
 
 python3 - "$out" "$only" <<'EOF'
 import json, os, statistics, sys
@@ -126,13 +132,14 @@ def rate(steps):
 
 have = lambda n: os.path.exists(os.path.join(out, n, "metrics.jsonl"))
 fg_solo = med(load("fg-solo")[0]) if have("fg-solo") else float("nan")
-bg_solo = rate(load("bg-solo")[0]) if have("bg-solo") else float("nan")
+solos = [rate(load(n)[0]) for n in ("bg-solo", "bg-solo-after") if have(n)]
+bg_solo = sum(solos) / len(solos) if solos else float("nan")
 rows = []
 for name in ("fg-solo", "fg-solo-block"):
     if have(name):
         st = load(name)[0]
         rows.append(dict(config=name, fg_step_s=med(st), fg_ratio=med(st) / fg_solo))
-for name in ("bg-solo", "bg-solo-idle"):
+for name in ("bg-solo", "bg-solo-after", "bg-solo-idle"):
     if have(name):
         st = load(name)[0]
         rows.append(dict(config=name, bg_images_per_s=rate(st), bg_share=rate(st) / bg_solo))

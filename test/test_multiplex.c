@@ -13,7 +13,8 @@
  *     so that every judgement pauses it): both finish, neither loses or
  *     repeats a step,
  *     the foreground published its solo step time, and the background's
- *     parameters equal the solo run's. */
+ *     parameters equal the solo run's;
+ *   - tide report prints each job's multiplexing line and draws multiplex.png. */
 #include <poll.h>
 #include <signal.h>
 #include <string.h>
@@ -303,6 +304,19 @@ int main(void) {
 
   scripted_foreground(solo);
   real_foreground(solo);
+  /* tide report shows both jobs' multiplexing (when gnuplot is there to draw). */
+  const char *expect[][2] = {{"guarded", "multiplexing: background job, 96 steps, 1 pauses"},
+                             {"foreground", "multiplexing: foreground job, solo step 0."}};
+  for (int i = 0; i < 2; i++) {
+    snprintf(cmd, sizeof cmd, "%s/tide report %s/%s 2>&1", tools, runs, expect[i][0]);
+    char report[8192];
+    int rc = harness_shell(cmd, report, sizeof report);
+    if (strstr(report, "gnuplot not found") != NULL) break;
+    if (rc != 0 || strstr(report, expect[i][1]) == NULL || strstr(report, "multiplex}.png") == NULL) {
+      fprintf(stderr, "%s\n-> exit %d, wanted \"%s\":\n%s\n", cmd, rc, expect[i][1], report);
+      return 1;
+    }
+  }
   snprintf(cmd, sizeof cmd, "rm -rf %s", runs);
   return system(cmd) == 0 ? 0 : 1;
 }
