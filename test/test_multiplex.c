@@ -5,8 +5,9 @@
  *     test writes the foreground's step times into a store) waits for the
  *     solo time, runs, pauses at a step boundary when the foreground's
  *     recent step time is too long, stays paused while it is, resumes when
- *     it is back, and ends with the same parameters (checksum) as the same
- *     job run alone, with every step counted once;
+ *     it is back, pauses again, goes on unguarded when the foreground's store
+ *     dies, and ends with the same parameters (checksum) as the same job run
+ *     alone, with every step counted once;
  *   - a real foreground tide-train (--hosts-background) beside a background
  *     one (TIDE_FOREGROUND, at normal priority: under SCHED_IDLE on 2 busy
  *     cores it might not run until the foreground ended; TIDE_GUARD_PERCENT=1
@@ -190,11 +191,16 @@ static void scripted_foreground(const char *solo) {
   fprintf(stderr, "scripted foreground: paused at step %ld, resumed at step %ld (solo %s)\n", paused_at,
           resumed_at, solo);
   CHECK(resumed_at >= paused_at);
-  say("done");
-  finish(bg, cmd);
+  /* Slow again after its window: a second pause; then the foreground's
+   * store goes away (the foreground died): the background goes on unguarded
+   * and finishes. */
+  say("50 0.01 0.02");
+  long second = wait_state("paused");
+  CHECK(second >= resumed_at && second < BG_STEPS);
   tide_store_close(fg);
-  kill(store_pid, SIGTERM);
+  kill(store_pid, SIGKILL);
   waitpid(store_pid, NULL, 0);
+  finish(bg, cmd);
   char sum[17];
   checksum("guarded", sum);
   long pauses;
@@ -202,7 +208,7 @@ static void scripted_foreground(const char *solo) {
   CHECK(steps_in_order("guarded", &pauses, &paused_s, &first, &solo_s) == BG_STEPS);
   fprintf(stderr, "guarded background: %d steps, %ld pause(s), %.2f s paused, checksum %s (solo %s)\n", BG_STEPS,
           pauses, paused_s, sum, solo);
-  CHECK(pauses == 1 && first > 0 && paused_s > first);
+  CHECK(pauses == 2 && first > 0 && paused_s > first);
   CHECK(strcmp(sum, solo) == 0);
 }
 
@@ -305,7 +311,7 @@ int main(void) {
   scripted_foreground(solo);
   real_foreground(solo);
   /* tide report shows both jobs' multiplexing (when gnuplot is there to draw). */
-  const char *expect[][2] = {{"guarded", "multiplexing: background job, 96 steps, 1 pauses"},
+  const char *expect[][2] = {{"guarded", "multiplexing: background job, 96 steps, 2 pauses"},
                              {"foreground", "multiplexing: foreground job, solo step 0."}};
   for (int i = 0; i < 2; i++) {
     snprintf(cmd, sizeof cmd, "%s/tide report %s/%s 2>&1", tools, runs, expect[i][0]);
