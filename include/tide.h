@@ -63,6 +63,17 @@ void tide_params_print(FILE *out, int markdown);
  * TIDE_EINVAL and logs which variable and why. Called by tide_comm_init. */
 int tide_params_load(void);
 
+/* ---- background jobs (docs/elastic.md, "Multiplexing") ------------------- */
+
+/* Makes this process a background job's: every thread it has now, and
+ * those it starts later, run at the lowest CPU priority the kernel allows
+ * (SCHED_IDLE: they run only on a core nothing else wants; where SCHED_IDLE
+ * is refused, nice 19, with one warning). tide_comm_init calls it when
+ * TIDE_BACKGROUND=1 (tiderun --background). *policy (may be NULL) gets
+ * "idle" or "nice19". Returns 0, or TIDE_ENOSYS when neither could be set.
+ * Any thread; the first call does the work, later ones return its result. */
+int tide_background_enter(const char **policy);
+
 /* ---- rendezvous store ---------------------------------------------------- */
 
 /* A key-value server for rendezvous and membership. Every connection must
@@ -932,6 +943,15 @@ typedef struct {
                             factor allreduce, eigendecompositions, preconditioning, sharing; all but
                             the add calls are inside optim_s); 0 without */
   double data_s;         /* this rank: time the step waited for its data (tide_trainer_data_wait) */
+  /* Multiplexing (docs/elastic.md, "Multiplexing"): a background job
+   * (TIDE_FOREGROUND) counts the time its guard held this step back at the
+   * step boundary and the pauses so far; a foreground (TIDE_HOSTS_BACKGROUND)
+   * its solo step time as it publishes it (NaN until measured, and on ranks
+   * other than 0). */
+  double paused_s;       /* background: this step's wait at the boundary (0: none) */
+  long pauses;           /* background: pauses so far (rank 0; 0 on the others) */
+  double solo_step_s;    /* foreground: median step time while no background ran */
+  int background_jobs;   /* foreground: background jobs running at this step's end (rank 0) */
 } tide_step_stats_t;
 
 /* After the caller's forward/backward of the micro-batch tide_trainer_next

@@ -169,3 +169,23 @@ int harness_free_port(void) {
   close(fd);
   return port;
 }
+
+int harness_shell(const char *cmd, char *out, size_t cap) {
+  FILE *p = popen(cmd, "r");
+  CHECK(p != NULL);
+  size_t n = fread(out, 1, cap - 1, p);
+  out[n] = 0;
+  int status = pclose(p);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128;
+}
+
+void harness_slurp(const char *path, char *buf, size_t cap) {
+  FILE *f = fopen(path, "r");
+  if (f == NULL) {
+    fprintf(stderr, "cannot read %s\n", path);
+    exit(1);
+  }
+  size_t n = fread(buf, 1, cap - 1, f);
+  buf[n] = 0;
+  fclose(f);
+}

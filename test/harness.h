@@ -58,6 +58,14 @@ int harness_free_port(void);
  * process exits. */
 int harness_http_serve(void *(*conn)(void *fd));
 
+/* Runs a shell command, its output (stdout; add 2>&1 for stderr) in
+ * out[0..cap) NUL-terminated; returns its exit status (128 when killed). */
+int harness_shell(const char *cmd, char *out, size_t cap);
+
+/* Reads a whole (small) file into buf, NUL-terminated; exits the test
+ * after saying which file when it cannot. */
+void harness_slurp(const char *path, char *buf, size_t cap);
+
 /* Starts a store server process; returns its port, writes its pid. */
 int harness_store_start(const char *token, int *pid_out);
 

@@ -690,7 +690,15 @@ static void log_step(job_t *job, const tide_step_stats_t *s) {
   json_number(f, "rank_compute_median_s", s->compute_median_s);
   json_number(f, "rank_compute_max_s", s->compute_max_s);
   json_number(f, "data_s", s->data_s);
-  fprintf(f, ",\"slowest_rank\":%d}\n", s->slowest_rank);
+  json_number(f, "paused_s", s->paused_s); /* multiplexing: a background job's pause */
+  json_number(f, "solo_step_s", s->solo_step_s);
+  /* The wall clock, to line up two jobs that share hosts (scripts/bench-multiplex.sh),
+   * and each line flushed: a background job stopped with its foreground keeps its steps. */
+  struct timespec wall;
+  clock_gettime(CLOCK_REALTIME, &wall);
+  fprintf(f, ",\"pauses\":%ld,\"background_jobs\":%d,\"unix_s\":%.3f,\"slowest_rank\":%d}\n", s->pauses,
+          s->background_jobs, (double)wall.tv_sec + wall.tv_nsec * 1e-9, s->slowest_rank);
+  fflush(f);
   if (elapsed - job->last_print < (job->tty ? 0.2 : 10.0) && !s->epoch_end) return;
   job->last_print = elapsed;
   double done = s->epochs_done / job->o.epochs, eta = done > 0 ? elapsed / done - elapsed : 0;

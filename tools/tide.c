@@ -665,8 +665,79 @@ static double json_number(const char *line, const char *key) {
   return end == at + strlen(pattern) ? NAN : v; /* null */
 }
 
+/* Multiplexing (docs/elastic.md): a background job's pauses, or a
+ * foreground's step time while background jobs ran against its solo one. */
+typedef struct {
+  const char *role; /* "background", "foreground" or NULL: neither */
+  long steps, pauses;
+  double step_total_s, paused_s, solo_s;
+  double *shared_s; /* a foreground's step_s while a background ran */
+  size_t nshared, cap;
+} multiplex_t;
+
+static void multiplex_add(multiplex_t *m, const char *line) {
+  double paused = json_number(line, "paused_s"), solo = json_number(line, "solo_step_s"),
+         jobs = json_number(line, "background_jobs"), step_s = json_number(line, "step_s"),
+         pauses = json_number(line, "pauses");
+  m->steps++;
+  if (step_s > 0) m->step_total_s += step_s;
+  if (paused > 0 || pauses > 0) m->role = "background";
+  if (paused > 0) m->paused_s += paused;
+  if (pauses > 0) m->pauses = (long)pauses;
+  if (solo > 0) {
+    m->role = "foreground";
+    m->solo_s = solo;
+  }
+  if (jobs > 0 && step_s > 0) {
+    if (m->nshared == m->cap) {
+      size_t cap = m->cap ? 2 * m->cap : 256;
+      double *grown = realloc(m->shared_s, cap * sizeof *grown);
+      if (grown == NULL) return;
+      m->shared_s = grown;
+      m->cap = cap;
+    }
+    m->shared_s[m->nshared++] = step_s;
+  }
+}
+
+/* multiplex.png: step time per step, with the pauses (background) or the
+ * solo step time and its 110% guard (foreground). Columns as cmd_report
+ * writes them: 15 step_s, 16 paused_s, 17 solo_step_s, 18 background_jobs. */
+static void multiplex_plot(FILE *gp, const multiplex_t *m, const char *dir) {
+  fprintf(gp, "set output '%s/multiplex.png'\nset terminal pngcairo size 900,560 noenhanced\nset yrange [0:*]\n"
+              "set xlabel 'step'\nset ylabel 'seconds'\n", dir);
+  if (strcmp(m->role, "background") == 0)
+    fprintf(gp, "set title 'background job: step time and time paused by the guard (%ld pauses)'\n"
+                "plot s u 1:15 w l lc rgb '#0000c0' t 'step_s', s u 1:16 w l lc rgb '#c00000' t 'paused_s'\n",
+            m->pauses);
+  else
+    fprintf(gp, "set title 'foreground job: step time, solo step time and the guard (110%%)'\n"
+                "plot s u 1:15 w l lc rgb '#c0c0ff' t 'step_s', s u 1:17 w l lw 2 lc rgb '#008000' t 'solo', "
+                "s u 1:($17 * 1.1) w l lc rgb '#c00000' t 'solo x 1.1', "
+                "s u 1:($18 > 0 ? $15 : 1/0) w p pt 7 ps 0.4 lc rgb '#0000c0' t 'with a background job'\n");
+}
+
+static void multiplex_print(multiplex_t *m) {
+  if (m->role != NULL && strcmp(m->role, "background") == 0)
+    printf("multiplexing: background job, %ld steps, %ld pauses, %.1f s paused of %.1f s of steps (%.0f%%)\n",
+           m->steps, m->pauses, m->paused_s, m->step_total_s,
+           m->step_total_s > 0 ? 100 * m->paused_s / m->step_total_s : 0.0);
+  if (m->role != NULL && strcmp(m->role, "foreground") == 0) {
+    double shared = NAN;
+    if (m->nshared > 0) {
+      qsort(m->shared_s, m->nshared, sizeof *m->shared_s, cmp_double);
+      shared = m->shared_s[m->nshared / 2];
+    }
+    printf("multiplexing: foreground job, solo step %.4f s; median step %.4f s (%.3fx) over the %zu of %ld steps "
+           "that ended while a background job ran\n",
+           m->solo_s, shared, shared / m->solo_s, m->nshared, m->steps);
+  }
+  free(m->shared_s);
+}
+
 /* Draws runs/NAME's metrics with gnuplot: loss and accuracy against time and
- * steps, throughput, and the share of time spent communicating. */
+ * steps, throughput, and the share of time spent communicating; with
+ * multiplexing, the pauses or the step time against the solo one. */
 static int cmd_report(int argc, char **argv) {
   if (argc != 1 || argv[0][0] == '-') {
     fprintf(stderr, "usage: tide report RUN_DIR   (e.g. tide report runs/mlp-np4)\n");
@@ -699,8 +770,10 @@ static int cmd_report(int argc, char **argv) {
   char line[4096];
   long nsteps = 0, nepochs = 0;
   double comm_sum = 0, compute_sum = 0;
+  multiplex_t mux = {.solo_s = NAN};
   while (fgets(line, sizeof line, in) != NULL) {
     if (strstr(line, "\"type\":\"step\"") != NULL) {
+      multiplex_add(&mux, line);
       double c = json_number(line, "comm_s"), k = json_number(line, "compute_s");
       comm_sum += c;
       compute_sum += k;
@@ -710,7 +783,8 @@ static int cmd_report(int argc, char **argv) {
               json_number(line, "lr_factor"), json_number(line, "gain_ratio"),
               json_number(line, "rank_compute_min_s"), json_number(line, "rank_compute_median_s"),
               json_number(line, "rank_compute_max_s"));
-      fprintf(steps, "%g %g\n", json_number(line, "data_s"), json_number(line, "step_s"));
+      fprintf(steps, "%g %g %g %g %g\n", json_number(line, "data_s"), json_number(line, "step_s"),
+              json_number(line, "paused_s"), json_number(line, "solo_step_s"), json_number(line, "background_jobs"));
       nsteps++;
     } else if (strstr(line, "\"type\":\"epoch\"") != NULL || strstr(line, "\"type\":\"eval\"") != NULL ||
                strstr(line, "\"type\":\"final\"") != NULL) {
@@ -728,6 +802,7 @@ static int cmd_report(int argc, char **argv) {
   fclose(epochs);
   if (nsteps == 0) {
     fprintf(stderr, "tide report: %s has no step records\n", path);
+    free(mux.shared_s);
     return 1;
   }
   char script_path[4096];
@@ -747,7 +822,7 @@ static int cmd_report(int argc, char **argv) {
           "set output '%s/loss_steps.png'\nset xlabel 'step'\n"
           "plot s u 1:3 w l lc rgb '#c0c0ff' t 'per step', s u 1:3 smooth bezier lw 2 lc rgb '#0000c0' t 'trend'%s\n"
           "set output '%s/accuracy.png'\nset title 'test accuracy'\nset ylabel 'accuracy (%%)'\nset xlabel 'seconds'\n"
-          "plot e u 3:5 w lp pt 7 lw 2 t 'test accuracy'\n"
+          "%s\n"
           "set output '%s/throughput.png'\nset title 'throughput'\nset xlabel 'step'\nset ylabel 'images/s'\n"
           "plot s u 1:4 w l lc rgb '#c0e0c0' t 'per step', s u 1:4 smooth bezier lw 2 lc rgb '#008000' t 'trend'\n"
           "set output '%s/comm_share.png'\nset title sprintf('share of step time communicating (mean %%.1f%%%%)', %g)\n"
@@ -772,8 +847,14 @@ static int cmd_report(int argc, char **argv) {
           "plot s u 1:($15 > 0 ? $14 / $15 : 0) w l lc rgb '#c08000' t 'data_s / step_s'\n",
           steps_path, epochs_path, dir,
           nepochs > 0 ? ", e u 3:4 w lp pt 7 lw 2 lc rgb '#c00000' t 'test loss'" : "", dir,
-          nepochs > 0 ? ", e u 2:4 w lp pt 7 lw 2 lc rgb '#c00000' t 'test loss'" : "", dir, dir, dir,
+          nepochs > 0 ? ", e u 2:4 w lp pt 7 lw 2 lc rgb '#c00000' t 'test loss'" : "", dir,
+          /* a run stopped before its first evaluation (a background job stopped with its foreground) */
+          nepochs > 0 ? "plot e u 3:5 w lp pt 7 lw 2 t 'test accuracy'"
+                      : "set label 1 'no test evaluation' at graph 0.5,0.5 center\nplot [0:1] [0:1] 1/0 notitle\n"
+                        "unset label 1",
+          dir, dir,
           100 * comm_sum / (comm_sum + compute_sum), dir, dir);
+  if (mux.role != NULL) multiplex_plot(gp, &mux, dir);
   fclose(gp);
   char cmd[8300];
   snprintf(cmd, sizeof cmd, "gnuplot '%s'", script_path);
@@ -784,8 +865,9 @@ static int cmd_report(int argc, char **argv) {
   remove(script_path);
   remove(steps_path);
   remove(epochs_path);
-  printf("tide report: %s/{loss_time,loss_steps,accuracy,throughput,comm_share,adaptation,data_wait}.png (%ld steps, %ld epochs)\n", dir,
-         nsteps, nepochs);
+  printf("tide report: %s/{loss_time,loss_steps,accuracy,throughput,comm_share,adaptation,data_wait%s}.png (%ld steps, %ld epochs)\n", dir,
+         mux.role != NULL ? ",multiplex" : "", nsteps, nepochs);
+  multiplex_print(&mux);
   return 0;
 }
 

@@ -82,6 +82,18 @@ static const char usage_text[] =
     "                             start (default M)\n"
     "  --max-restarts R           elastic: failed workers replaced at most R times (default 3);\n"
     "                             after that the job goes on with fewer, down to --min-np\n"
+    "  --background               a background job (docs/elastic.md, \"Multiplexing\"): its\n"
+    "                             ranks run at the lowest CPU priority (SCHED_IDLE, else\n"
+    "                             nice 19) and block instead of spinning while they wait\n"
+    "                             (sets TIDE_BACKGROUND=1)\n"
+    "  --foreground HOST:PORT     with --background: the foreground job's store; the\n"
+    "                             trainer pauses at step boundaries while the foreground's\n"
+    "                             recent step time exceeds TIDE_GUARD_PERCENT (110) of its\n"
+    "                             solo step time (needs TIDE_FOREGROUND_TOKEN, the\n"
+    "                             foreground's job token)\n"
+    "  --hosts-background         a foreground job that hosts background jobs: its trainer\n"
+    "                             publishes its step times, its waits block instead of\n"
+    "                             spinning (sets TIDE_HOSTS_BACKGROUND=1)\n"
     "  -h, --help                 print this help\n"
     "\n"
     "One host:   tiderun -np 4 ./train\n"
@@ -113,6 +125,8 @@ typedef struct {
   int bind;      /* TIDE__BIND_*; -1 until set */
   char **argv;   /* the program and its arguments */
   int elastic, min_np, max_np, max_restarts, np_given;
+  int background, hosts_background;
+  const char *foreground; /* --foreground HOST:PORT, or NULL */
 } options_t;
 
 /* One output stream of a rank in --prefix mode: the read end of its pipe and
@@ -180,7 +194,8 @@ static int parse_int(const char *option, const char *text, long min, long max, i
 }
 
 enum { OPT_NPROC, OPT_NNODES, OPT_NODE_RANK, OPT_RDZV, OPT_PREFIX, OPT_GRACE, OPT_TIMEOUT, OPT_BIND, OPT_HELP,
-       OPT_ELASTIC, OPT_MIN_NP, OPT_MAX_NP, OPT_MAX_RESTARTS };
+       OPT_ELASTIC, OPT_MIN_NP, OPT_MAX_NP, OPT_MAX_RESTARTS, OPT_BACKGROUND, OPT_FOREGROUND,
+       OPT_HOSTS_BACKGROUND };
 
 static const struct {
   const char *name;
@@ -196,6 +211,8 @@ static const struct {
     {"--help", OPT_HELP, 0},
     {"--elastic", OPT_ELASTIC, 0}, {"--min-np", OPT_MIN_NP, 1},
     {"--max-np", OPT_MAX_NP, 1},   {"--max-restarts", OPT_MAX_RESTARTS, 1},
+    {"--background", OPT_BACKGROUND, 0}, {"--foreground", OPT_FOREGROUND, 1},
+    {"--hosts-background", OPT_HOSTS_BACKGROUND, 0},
 };
 
 /* Fills opts from argv. Returns 0 to run, 1 when help was printed, -1 after
@@ -289,6 +306,9 @@ static int parse_args(int argc, char **argv, options_t *opts) {
         if ((rc = tide__bind_parse(value, TIDE__BIND_CORE, &opts->bind)) != 0)
           fprintf(stderr, "tiderun: --bind must be core, numa or none, got \"%s\"\n", value);
         break;
+      case OPT_BACKGROUND: opts->background = 1; break;
+      case OPT_FOREGROUND: opts->foreground = value; break;
+      case OPT_HOSTS_BACKGROUND: opts->hosts_background = 1; break;
       case OPT_HELP: usage(stdout); return 1;
     }
     if (rc != 0) return -1;
@@ -301,6 +321,29 @@ static int parse_args(int argc, char **argv, options_t *opts) {
   if (opts->node_rank >= opts->nnodes) {
     fprintf(stderr, "tiderun: --node-rank must be between 0 and %d (--nnodes %d), got %d\n",
             opts->nnodes - 1, opts->nnodes, opts->node_rank);
+    return -1;
+  }
+  if (opts->foreground != NULL) {
+    char host[256];
+    int port;
+    if (!opts->background) {
+      fprintf(stderr, "tiderun: --foreground needs --background (it names the foreground of a background job)\n");
+      return -1;
+    }
+    if (tide__parse_host_port(opts->foreground, host, sizeof host, &port) != 0) {
+      fprintf(stderr, "tiderun: --foreground expects HOST:PORT with PORT in 1..65535, got \"%s\"\n",
+              opts->foreground);
+      return -1;
+    }
+    const char *token = getenv("TIDE_FOREGROUND_TOKEN");
+    if (token == NULL || token[0] == '\0') {
+      fprintf(stderr, "tiderun: --foreground needs TIDE_FOREGROUND_TOKEN in the environment: the foreground "
+                      "job's TIDE_JOB_TOKEN, which its store asks for\n");
+      return -1;
+    }
+  }
+  if (opts->background && opts->hosts_background) {
+    fprintf(stderr, "tiderun: --background and --hosts-background exclude each other\n");
     return -1;
   }
   if (!opts->elastic && (opts->min_np || opts->max_np)) {
@@ -623,6 +666,19 @@ static void child_write(const char *text) {
   (void)rc;
 }
 
+/* --background: says once, before the ranks start, when the kernel refuses
+ * SCHED_IDLE (they then run at nice 19), by trying it in a throwaway child. */
+static void warn_if_no_idle(void) {
+  pid_t pid = fork();
+  if (pid == 0) {
+    struct sched_param idle = {.sched_priority = 0};
+    _exit(sched_setscheduler(0, SCHED_IDLE, &idle) == 0 ? 0 : 1);
+  }
+  int status = 0;
+  if (pid > 0 && waitpid(pid, &status, 0) == pid && WIFEXITED(status) && WEXITSTATUS(status) == 0) return;
+  fprintf(stderr, "tiderun: warning: the kernel refused SCHED_IDLE; the background ranks run at nice 19\n");
+}
+
 /* In the child after fork: only async-signal-safe calls (the store server
  * thread may hold locks that the child's copy will never release). */
 static void exec_rank(const options_t *opts, const cpu_set_t *cpus, char **env, const int out_pipe[2],
@@ -633,6 +689,11 @@ static void exec_rank(const options_t *opts, const cpu_set_t *cpus, char **env, 
   if (getppid() != parent) _exit(127);
   if (cpus != NULL && sched_setaffinity(0, sizeof *cpus, cpus) != 0)
     child_write("tiderun: warning: cannot bind a rank to its CPUs; it runs unbound\n");
+  if (opts->background) {
+    /* Inherited through exec by every thread the program starts. */
+    struct sched_param idle = {.sched_priority = 0};
+    if (sched_setscheduler(0, SCHED_IDLE, &idle) != 0) setpriority(PRIO_PROCESS, 0, 19);
+  }
   int null_fd = open("/dev/null", O_RDONLY);
   if (null_fd >= 0 && null_fd != 0) {
     dup2(null_fd, 0);
@@ -1189,6 +1250,12 @@ int main(int argc, char **argv) {
   job.job_id = id_buf;
   job.old_mask = &old_mask;
   job.old_sigpipe = &old_sigpipe;
+  if (opts.background) {
+    setenv("TIDE_BACKGROUND", "1", 1);
+    warn_if_no_idle();
+  }
+  if (opts.foreground != NULL) setenv("TIDE_FOREGROUND", opts.foreground, 1);
+  if (opts.hosts_background) setenv("TIDE_HOSTS_BACKGROUND", "1", 1);
   if (opts.elastic) {
     /* The workers learn the job is elastic from the environment they inherit. */
     char text[32];

@@ -148,7 +148,10 @@ class StepStats(ctypes.Structure):
                 ("step_s", c_double), ("compute_min_s", c_double), ("compute_median_s", c_double),
                 ("compute_max_s", c_double), ("slowest_rank", c_int), ("comm_share", c_double),
                 ("mean_step_s", c_double), ("throughput", c_double), ("kfac_s", c_double),
-                ("data_s", c_double)]
+                ("data_s", c_double),
+                # multiplexing (docs/elastic.md)
+                ("paused_s", c_double), ("pauses", c_long), ("solo_step_s", c_double),
+                ("background_jobs", c_int)]
 
 
 class TopkOpts(ctypes.Structure):

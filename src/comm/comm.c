@@ -391,7 +391,7 @@ static int comm_connect(tide_comm_t *comm) {
   TIDE_CHECK_GOTO(connect_host(comm, local_ranks, picked), rc, out);
   TIDE_CHECK_GOTO(connect_sockets(comm, listen_fd, peers, by_socket), rc, out);
 
-  comm->spin_us = tide__param_int(TIDE__PARAM_SPIN_US);
+  comm->spin_us = tide__wait_spin_us();
 
   char name[200];
   snprintf(name, sizeof name, "%s:%d", comm->ns, comm->rank);
@@ -611,6 +611,8 @@ int tide_comm_init(tide_comm_t **out) {
   int rc = comm_join(out);
   /* Now that the local rank is known: TIDE_BIND under mpirun or srun. */
   if (rc == 0) tide__place_self((*out)->local_rank, (*out)->local_size);
+  /* After the joining threads started, so that they are lowered too. */
+  if (rc == 0 && tide__param_int(TIDE__PARAM_BACKGROUND)) tide_background_enter(NULL);
   return rc;
 }
 

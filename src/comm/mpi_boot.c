@@ -180,7 +180,7 @@ static int setup(tide_comm_t *comm, MPI_Comm dup) {
     tide__endpoint_t ep = {-1, &m->comm};
     TIDE_CHECK_GOTO(tide__transport_pick(&link)->connect(&comm->chans[r], r, &ep), rc, out);
   }
-  comm->spin_us = tide__param_int(TIDE__PARAM_SPIN_US);
+  comm->spin_us = tide__wait_spin_us();
   tide__mpi_lock();
   post_ctrl(m);
   tide__mpi_unlock();

@@ -172,7 +172,25 @@ int tide__array_bytes(const char *fn, const char *arg, size_t count, size_t size
      "path of libnvrtc.so, tried before libnvrtc.so, .so.13 and .so.12 (GPU top-k)")     \
   XX(STRAGGLER, ENUM, "report", 0, 0,                                                    \
      "an elastic trainer's answer to a rank whose compute is persistently slow: off, "   \
-     "report (log it, tide_trainer_straggler) or remove (also take it out of the job)")
+     "report (log it, tide_trainer_straggler) or remove (also take it out of the job)")    \
+  XX(BACKGROUND, INT, "0", 0, 1,                                                         \
+     "1: a background job (tiderun --background; docs/elastic.md, \"Multiplexing\"): its " \
+     "threads run at the lowest CPU priority (SCHED_IDLE, else nice 19) and its waits "   \
+     "block instead of spinning")                                                        \
+  XX(FOREGROUND, STR, "", 0, 0,                                                          \
+     "a background job's foreground: HOST:PORT of the foreground job's store; the "       \
+     "trainer then pauses at step boundaries while the foreground is slowed (tiderun "    \
+     "--foreground)")                                                                     \
+  XX(FOREGROUND_TOKEN, STR, "", 0, 0,                                                    \
+     "the foreground job's TIDE_JOB_TOKEN, which the background's rank 0 proves to the "   \
+     "foreground's store (required with TIDE_FOREGROUND)")                               \
+  XX(HOSTS_BACKGROUND, INT, "0", 0, 1,                                                   \
+     "1: this job hosts background jobs (tiderun --hosts-background): its trainer's "     \
+     "rank 0 publishes its solo and recent step times in its store, and its waits block " \
+     "instead of spinning (unless TIDE_SPIN_US is set)")                                 \
+  XX(GUARD_PERCENT, INT, "110", 1, 100000,                                               \
+     "a background job pauses while the foreground's recent step time exceeds this "     \
+     "percentage of its solo step time, and resumes when it is back under it")
 
 /* XE(id, name...): the names an ENUM parameter allows, in the order of
  * tide__param_enum's index (at most 8). One row per ENUM row above. */
@@ -196,6 +214,15 @@ int64_t tide__param_int(int id);
  * (a bad value, refused by tide_params_load, reads as the default). */
 int tide__param_enum(int id);
 const char *tide__param_str(int id);
+/* 1 when the variable was set (non-empty) in the environment. */
+int tide__param_is_set(int id);
+
+/* ---- multiplexing (src/core/priority.c) ---------------------------------------- */
+
+/* How long a wait polls before it sleeps: TIDE_SPIN_US when set, else 0 in
+ * a background job or a job that hosts one (their waits give the core
+ * away), else TIDE_SPIN_US's default. */
+int64_t tide__wait_spin_us(void);
 
 /* ---- allocation --------------------------------------------------------------- */
 

@@ -132,6 +132,11 @@ const char *tide__param_str(int id) {
   return str_value[id];
 }
 
+int tide__param_is_set(int id) {
+  pthread_once(&once, load);
+  return is_set[id];
+}
+
 void tide_params_print(FILE *out, int markdown) {
   if (out == NULL) {
     tide__null_arg("tide_params_print", "out");

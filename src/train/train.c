@@ -93,6 +93,7 @@ static long planned_batch(const tide_trainer_t *tr) { return (long)tr->ranks * t
 
 void tide_trainer_destroy(tide_trainer_t *tr) {
   if (tr == NULL) return;
+  tide__multiplex_close(tr);
   tide__trainer_elastic_fini(tr);
   for (size_t i = 0; i < tr->npolicies; i++)
     if (tr->policies[i].ops.destroy != NULL) tr->policies[i].ops.destroy(tr->policies[i].state);
@@ -176,8 +177,9 @@ int tide_trainer_create(tide_comm_t *comm, const tide_trainer_config_t *config, 
   tr->stats = (tide_step_stats_t){.noise_scale = NAN, .grad_sq = NAN, .trace_sigma = NAN, .gain_ratio = 1,
                                   .lr_factor = 1, .comm_share = NAN, .mean_step_s = NAN, .ranks = tr->ranks, .nodes = tr->nodes,
                                   .batch = tr->batch, .accum = tr->accum, .planned_batch = planned_batch(tr),
-                                  .exchange = tr->exchange_kind};
+                                  .exchange = tr->exchange_kind, .solo_step_s = NAN};
   if ((rc = tide__trainer_agree(tr)) != 0) goto fail;
+  if ((rc = tide__multiplex_open(tr)) != 0) goto fail;
   *out = tr;
   return 0;
 fail:
@@ -279,6 +281,7 @@ int tide_trainer_next(tide_trainer_t *tr, tide_batch_t *batch) {
       *batch = (tide_batch_t){.done = 1, .step = tr->step, .epoch = tr->epoch};
       return 0;
     }
+    if (tr->multiplex != NULL) TIDE_CHECK(tide__multiplex_boundary(tr));
     tide_decision_t d = unchanged();
     TIDE_CHECK(run_hooks(tr, HOOK_BEFORE_STEP, &d));
     TIDE_CHECK(apply(tr, &d));
@@ -461,6 +464,7 @@ int tide_trainer_step(tide_trainer_t *tr, double loss, tide_step_stats_t *stats)
   slots[TIDE__SLOT_FULL_MICRO] = (float)tr->full_micro;
   slots[TIDE__SLOT_EXCHANGE_S] = (float)tr->prev_exchange_s;
   slots[TIDE__SLOT_STEP_S] = (float)tr->prev_step_s;
+  if (tr->multiplex != NULL) slots[TIDE__SLOT_GUARD] = tide__multiplex_vote(tr);
   slots[TIDE__SLOT_TIMES + tr->rank] = (float)tr->compute_s;
   float *tensor_slots = slots + TIDE__SLOT_TIMES + tr->ranks;
   if (tr->config.tensor_stats)
@@ -473,6 +477,7 @@ int tide_trainer_step(tide_trainer_t *tr, double loss, tide_step_stats_t *stats)
   int64_t t2 = tide__now_ns();
 
   /* Statistics. */
+  if (tr->multiplex != NULL) tide__multiplex_voted(tr, slots[TIDE__SLOT_GUARD]);
   double total = slots[TIDE__SLOT_COUNT];
   if (!(total > 0))
     return tide__trainer_fail(tr, TIDE_EPROTO, "step %ld carried %g samples over all ranks", tr->step, total);
@@ -557,6 +562,7 @@ int tide_trainer_step(tide_trainer_t *tr, double loss, tide_step_stats_t *stats)
   tr->prev_exchange_s = s->exchange_s;
   tr->prev_step_s = s->step_s;
   tr->last_step_end_ns = t3;
+  if (tr->multiplex != NULL) tide__multiplex_step_end(tr);
   if (s->epoch_end) {
     d = unchanged();
     TIDE_CHECK(run_hooks(tr, HOOK_AFTER_EPOCH, &d));

@@ -19,6 +19,7 @@ enum {
   TIDE__SLOT_FULL_MICRO,  /* number of full micro-batches */
   TIDE__SLOT_EXCHANGE_S,  /* previous step's exchange time */
   TIDE__SLOT_STEP_S,      /* previous step's wall time */
+  TIDE__SLOT_GUARD,       /* a background job's rank 0: 1 to pause at the next boundary */
   TIDE__SLOT_TIMES        /* ranks entries, then ntensors */
 };
 
@@ -135,6 +136,9 @@ struct tide_trainer {
   tide__kfac_t *kfac; /* NULL: no K-FAC */
   /* Elastic jobs (src/train/elastic.c): NULL until tide_trainer_elastic. */
   struct tide__elastic_trainer *elastic;
+  /* Multiplexing (src/train/multiplex.c): NULL unless TIDE_FOREGROUND or
+   * TIDE_HOSTS_BACKGROUND. */
+  struct tide__multiplex *multiplex;
 };
 
 /* x[i] *= c over [0, n); returns sum x[i]^2 after scaling (train.c). */
@@ -177,6 +181,28 @@ void tide__trainer_elastic_request(tide_trainer_t *tr, int world_size);
 void tide__trainer_elastic_done(tide_trainer_t *tr);
 /* Frees the elastic state and the communicator the trainer owns. */
 void tide__trainer_elastic_fini(tide_trainer_t *tr);
+
+/* ---- multiplexing (src/train/multiplex.c) --------------------------------- */
+
+/* At creation: a foreground's publisher (TIDE_HOSTS_BACKGROUND, rank 0) or
+ * a background's guard (TIDE_FOREGROUND); nothing otherwise. Not
+ * collective (a guard that cannot reach the foreground logs why and lets
+ * the job run unguarded). */
+int tide__multiplex_open(tide_trainer_t *tr);
+/* Background, before a step's exchange: rank 0's guard's vote (1: pause at
+ * the next boundary), which travels in TIDE__SLOT_GUARD; 0 elsewhere. */
+float tide__multiplex_vote(tide_trainer_t *tr);
+/* After the exchange: the vote every rank received. */
+void tide__multiplex_voted(tide_trainer_t *tr, float vote);
+/* Background, at a step boundary: when the last exchange voted to pause
+ * (and before the first step), waits while the guard on rank 0 says pause
+ * (collective then: rank 0 broadcasts each decision). */
+int tide__multiplex_boundary(tide_trainer_t *tr);
+/* After each step: a foreground publishes its step times (rank 0); both
+ * write their figures into tr->stats. */
+void tide__multiplex_step_end(tide_trainer_t *tr);
+/* A foreground says it is done; a running background leaves the count. */
+void tide__multiplex_close(tide_trainer_t *tr);
 
 /* Records the message of a failure (also logged). */
 int tide__trainer_fail(tide_trainer_t *tr, int rc, const char *fmt, ...) __attribute__((format(printf, 3, 4)));

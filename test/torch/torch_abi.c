@@ -33,5 +33,6 @@ int main(void) {
   FIELD(tide_step_stats_t, noise_scale); FIELD(tide_step_stats_t, gain_ratio);
   FIELD(tide_step_stats_t, compute_max_s); FIELD(tide_step_stats_t, slowest_rank);
   FIELD(tide_step_stats_t, comm_share); FIELD(tide_step_stats_t, throughput);
+  FIELD(tide_step_stats_t, paused_s); FIELD(tide_step_stats_t, background_jobs);
   return 0;
 }
