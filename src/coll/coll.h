@@ -15,10 +15,16 @@ static inline void tide__p2p_set(tide__p2p_t *p2p, tide__p2p_kind_t kind, int pe
 }
 
 /* Hands a sub-communicator's failure (rc != 0) to its parent, so that the
- * parent's later calls fail too; 0 stays 0. */
+ * parent's later calls fail too, and reports it on the parent's other
+ * sub-communicator (local or cross): a hierarchical collective's members
+ * there may be waiting for this rank's next stage, which will not come
+ * (without the report they waited out TIDE_TIMEOUT_MS). 0 stays 0. */
 static inline int tide__lift(tide_comm_t *comm, tide_comm_t *sub, int rc) {
   if (rc == 0) return 0;
-  return tide__comm_fail(comm, rc, 1, "%s", tide_comm_last_error(sub));
+  const char *why = tide_comm_last_error(sub);
+  tide_comm_t *other = sub == comm->local ? comm->cross : sub == comm->cross ? comm->local : NULL;
+  if (other != NULL) tide__comm_fail(other, rc, 0, "%s", why);
+  return tide__comm_fail(comm, rc, 1, "%s", why);
 }
 
 /* TIDE__ALGO_MPI: MPI's own collective, on a communicator joined through
