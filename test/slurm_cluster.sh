@@ -114,11 +114,10 @@ cat out7
 n=$(grep -c "published the loopback address .*TIDE_SOCKET_IFNAME" out7)
 [ "$n" = 2 ] || fail "$n rank(s) of 2 failed naming TIDE_SOCKET_IFNAME (the others waited)"
 
-# TIDE_ALGO=ring: with the hierarchical allreduce (tide-train's choice on 2
-# hosts x 2) a survivor often stays stuck in the local group's collective
-# that the other survivor left (docs/slurm.md, Limits);
-# TEST_SLURM_ELASTIC_ALGO=hier runs that case.
-algo=${TEST_SLURM_ELASTIC_ALGO:-ring}
+# The hierarchical allreduce (tide-train's choice on 2 hosts x 2): its local
+# group must learn of the whole-job communicator's failure (docs/slurm.md);
+# TEST_SLURM_ELASTIC_ALGO=ring runs the flat ring instead.
+algo=${TEST_SLURM_ELASTIC_ALGO:-hier}
 echo "-- 7. an elastic job (2 nodes x 2 tasks, TIDE_ALGO=$algo) shrunk to 1 node with scontrol: recorded COMPLETED"
 # The recipe of docs/slurm.md: the batch script exits with rank 0's status,
 # since srun's is 137 for the tasks Slurm killed.

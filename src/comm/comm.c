@@ -789,14 +789,20 @@ int tide_comm_split(tide_comm_t *comm, int color, int key, tide_comm_t **out) {
 
 int tide_comm_local(tide_comm_t *comm, tide_comm_t **out) {
   if (comm == NULL || out == NULL) return tide__null_arg("tide_comm_local", comm == NULL ? "comm" : "out");
-  if (comm->local == NULL) TIDE_CHECK(tide_comm_split(comm, comm->node, comm->rank, &comm->local));
+  if (comm->local == NULL) {
+    TIDE_CHECK(tide_comm_split(comm, comm->node, comm->rank, &comm->local));
+    comm->local->parent = comm;
+  }
   *out = comm->local;
   return 0;
 }
 
 int tide_comm_cross(tide_comm_t *comm, tide_comm_t **out) {
   if (comm == NULL || out == NULL) return tide__null_arg("tide_comm_cross", comm == NULL ? "comm" : "out");
-  if (comm->cross == NULL) TIDE_CHECK(tide_comm_split(comm, comm->local_rank, comm->rank, &comm->cross));
+  if (comm->cross == NULL) {
+    TIDE_CHECK(tide_comm_split(comm, comm->local_rank, comm->rank, &comm->cross));
+    comm->cross->parent = comm;
+  }
   *out = comm->cross;
   return 0;
 }

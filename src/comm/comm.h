@@ -69,6 +69,10 @@ struct tide_comm {
   size_t scratch_cap;
 
   tide_comm_t *local, *cross;
+  /* local and cross: the communicator whose hierarchical collectives run
+   * on this one; a wait here also fails when that one fails (another rank
+   * may have left the collective before its first stage). NULL otherwise. */
+  tide_comm_t *parent;
   int splits; /* split calls made, names sub-communicators */
 
   /* nonblocking requests, executed in order by the progress thread */

@@ -130,6 +130,8 @@ int tide__comm_run(tide_comm_t *comm, tide__p2p_t *ops, int n, const char *what)
   for (;;) {
     if (comm->mpi != NULL) tide__mpi_comm_poll(comm); /* another rank's failure report */
     int rc = tide__comm_check(comm, comm->seq);
+    if (rc == 0 && comm->parent != NULL && (rc = tide__comm_check(comm->parent, comm->parent->seq)) != 0)
+      rc = tide__comm_fail(comm, rc, 1, "%s", tide_comm_last_error(comm->parent));
     if (rc) return abandon(comm, ops, n, rc);
     uint32_t bell = comm->host_state != NULL ? comm->host_ops->bell_read(comm->host_state) : 0;
     int progressed = 0, pending = 0, bell_pending = 0, test_pending = 0, nfds = 0, waiting_on = -1;
