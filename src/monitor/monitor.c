@@ -25,7 +25,7 @@ int tide_gns_estimate(double b_small, double b_big, double sq_small, double sq_b
 
 double tide_adascale_gain(double var, double sqr, double scale) {
   if (isnan(var) || isnan(sqr) || !(scale >= 1)) return NAN;
-  if (var < 1e-12) var = 1e-12;
+  if (var < 1e-6) var = 1e-6; /* AdaptDL's floor (spec §6) */
   if (sqr < 0) sqr = 0;
   if (isinf(var)) return scale;
   return (var + sqr) / (var / scale + sqr);
