@@ -860,7 +860,8 @@ typedef struct {
   double sparse_warmup_epochs;  /* DGC's density warm-up: in data epoch e < this, density
                                    density^((e+1)/(N+1)) (default 0) */
   double gns_decay;             /* the monitor's moving averages keep decay^(M/M0) of their
-                                   value per step of global batch M (in (0, 1), default 0.99) */
+                                   value per step of global batch M (in (0, 1), default 0.97,
+                                   chosen by measurement: docs/adaptation.md) */
   int tensor_stats;             /* 1: noise scale per tensor too (tide_trainer_tensor_stats) */
   int pto;                      /* 1: the parallel tensor operation (docs/algorithms.md, "PTO"):
                                    each rank updates 1/ranks of the parameters, keeps optimizer
@@ -919,7 +920,8 @@ typedef struct {
   double lr_factor;      /* set by a policy (AdaScale's gain), else 1 */
   double gain;           /* progress this step added */
   double scale;          /* global_batch / base_batch */
-  double grad_sq;        /* smoothed |G|^2 */
+  double grad_sq;        /* smoothed |G|^2, plus its variance over itself (so that
+                           trace_sigma / grad_sq is not biased up by a noisy average) */
   double trace_sigma;    /* smoothed tr(Sigma), per-sample gradient variance */
   double noise_scale;    /* B_simple = trace_sigma / grad_sq (smoothed separately) */
   double gain_ratio;     /* AdaScale's r at this step's scale (1 until known) */
