@@ -47,10 +47,11 @@ for line in sys.stdin:
     r = json.loads(line)
     ratio, check = r["tide_over_reference"], r["epoch"] in checked
     ok = ratio is not None and 0.75 <= ratio <= 1.25
-    print("%-15s epoch %d: tide %8.1f, reference %8.1f (%2d points over the last 30 steps; the end point alone "
-          "%8.1f): %.3f %s" % (name, r["epoch"], r["tide_noise_scale"], r["tail_noise_scale"], r["tail_points"],
-                               r["noise_scale"], ratio, ("within 25%" if ok else "NOT within 25%") +
-                               ("" if check else " (not checked)")))
+    tide = r["tide_noise_scale"]
+    print("%-15s epoch %d: tide %8s, reference %8.1f (%2d points over the last 30 steps; the end point alone "
+          "%8.1f): %s %s" % (name, r["epoch"], "none" if tide is None else "%.1f" % tide, r["tail_noise_scale"],
+                             r["tail_points"], r["noise_scale"], "-" if ratio is None else "%.3f" % ratio,
+                             ("within 25%" if ok else "NOT within 25%") + ("" if check else " (not checked)")))
     bad |= check and not ok
 sys.exit(bad)' "$name" "$checked" || failed=1
   rm -f "$runs/$name"/params-*.bin
