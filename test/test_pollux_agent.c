@@ -5,10 +5,12 @@
  * base batch keeps two passes (in the optimiser and in the trainer's plan);
  * the fit's restarts; and the hints it publishes to the job's store under
  * TIDE_SCHED_HINTS_KEY, read back and decoded. Step times are synthetic
- * (from a known model) except in the last case, which trains least squares
- * on 2 ranks under the harness's store. */
+ * (from a known model) in the unit cases; the live ones train least
+ * squares on 2 ranks under the harness's store, and the MLP in an elastic
+ * tide-train job that grows from 2 workers to 3. */
 #include <math.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "harness.h"
 #include "policy/policy.h"
@@ -282,6 +284,50 @@ static int live_rank(int rank, int size, void *arg) {
   return 0;
 }
 
+/* ---- end to end: tide-train --elastic with the agent, grown 2 -> 3 ---- */
+
+/* The autoscale policy asks for a third worker (tiderun starts it); the
+ * agent must then evaluate batches on 3 workers, where it used to keep the
+ * size it was created with. Skipped without tide-train or Fashion-MNIST. */
+static void elastic_case(void) {
+  const char *tools = getenv("TIDE_TOOLS_DIR");
+  FILE *probe = fopen("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz", "rb");
+  if (tools == NULL || probe == NULL) {
+    printf("elastic: skipped (no TIDE_TOOLS_DIR or no Fashion-MNIST)\n");
+    if (probe != NULL) fclose(probe);
+    return;
+  }
+  fclose(probe);
+  char dir[] = "/tmp/tide-test-pollux-XXXXXX", cmd[4096], line[1024];
+  CHECK(mkdtemp(dir) != NULL);
+  snprintf(cmd, sizeof cmd,
+           "TIDE_LOG_LEVEL=debug TIDE_JOB_TOKEN=test-pollux-%d %s/tiderun --rdzv 127.0.0.1:%d --timeout 120 "
+           "--elastic --min-np 2 --max-np 3 -np 2 %s/tide-train --elastic --model mlp --epochs 3 --batch 32 "
+           "--threads 1 --adapt autoscale:window=30:settle=1:max=3,pollux:every=5 --name elastic --runs %s "
+           ">%s/log 2>&1",
+           (int)getpid(), tools, harness_free_port(), tools, dir, dir);
+  int rc = system(cmd);
+  snprintf(cmd, sizeof cmd, "%s/log", dir);
+  FILE *log = fopen(cmd, "r");
+  CHECK(log != NULL);
+  int on2 = 0, on3 = 0, grown = 0, identical = 0;
+  while (fgets(line, sizeof line, log) != NULL) {
+    on2 += strstr(line, "pollux: step") != NULL && strstr(line, "on 2 worker(s)") != NULL;
+    on3 += strstr(line, "pollux: step") != NULL && strstr(line, "on 3 worker(s)") != NULL;
+    grown |= strstr(line, "the first on 3 worker(s)") != NULL;
+    identical |= strstr(line, "replicas identical: yes") != NULL;
+  }
+  fclose(log);
+  if (rc != 0 || !grown || !identical || on2 == 0 || on3 == 0) {
+    fprintf(stderr, "%s -> exit %d; grown to 3 %d, replicas identical %d, decisions on 2 workers %d, on 3 %d\n",
+            cmd, rc, grown, identical, on2, on3);
+    exit(1);
+  }
+  snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+  CHECK(system(cmd) == 0);
+  printf("elastic: the agent decided %d times on 2 workers and %d times on 3 after the job grew\n", on2, on3);
+}
+
 int main(void) {
   /* The live runs first: the cases below load the parameter table, which
    * the ranks must read from their own environment. */
@@ -291,6 +337,7 @@ int main(void) {
   resize_case();
   single_worker_case();
   restarts_case();
+  elastic_case();
   printf("ok\n");
   return 0;
 }
