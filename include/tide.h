@@ -222,6 +222,12 @@ int tide_comm_elastic_request(tide_comm_t *comm, int size);
 /* Marks the job finished, so that workers still waiting to join give up
  * (tide_comm_init returns TIDE_ESTATE for them). No-op outside elastic jobs. */
 int tide_comm_elastic_finish(tide_comm_t *comm);
+/* Writes value (a string) under key in the job's store, the one tiderun or
+ * the scheduler started, for programs outside the job to read (a Pollux
+ * agent's TIDE_SCHED_HINTS_KEY). TIDE_ESTATE when comm has no store (MPI,
+ * one process started without tiderun); TIDE_EINVAL for an empty key or a
+ * NULL value. Any member; one thread at a time per comm. */
+int tide_comm_publish(tide_comm_t *comm, const char *key, const char *value);
 /* Asks a running elastic job for `size` workers (0 withdraws the request)
  * through a connection to its store (tide ctl does this). The members act
  * at their next step boundary; the launcher starts or stops workers. */
@@ -730,7 +736,7 @@ int tide_gns_estimate(double b_small, double b_big, double sq_small, double sq_b
                       double *trace_sigma);
 /* AdaScale's gain ratio r = (var + sqr) / (var / scale + sqr) for the
  * gradient variance var at scale 1 (tr(Sigma) / base batch), sqr = |G|^2 and
- * scale = batch / base batch: in [1, scale]. var is clamped to >= 1e-12 and
+ * scale = batch / base batch: in [1, scale]. var is clamped to >= 1e-6 and
  * sqr to >= 0 first; scale < 1 or a NaN gives NaN. */
 double tide_adascale_gain(double var, double sqr, double scale);
 /* Pollux's statistical efficiency of batch M against base batch M0 at noise
@@ -865,7 +871,8 @@ typedef struct {
   double sparse_warmup_epochs;  /* DGC's density warm-up: in data epoch e < this, density
                                    density^((e+1)/(N+1)) (default 0) */
   double gns_decay;             /* the monitor's moving averages keep decay^(M/M0) of their
-                                   value per step of global batch M (in (0, 1), default 0.99) */
+                                   value per step of global batch M (in (0, 1), default 0.97,
+                                   chosen by measurement: docs/adaptation.md) */
   int tensor_stats;             /* 1: noise scale per tensor too (tide_trainer_tensor_stats) */
   int pto;                      /* 1: the parallel tensor operation (docs/algorithms.md, "PTO"):
                                    each rank updates 1/ranks of the parameters, keeps optimizer
@@ -924,7 +931,8 @@ typedef struct {
   double lr_factor;      /* set by a policy (AdaScale's gain), else 1 */
   double gain;           /* progress this step added */
   double scale;          /* global_batch / base_batch */
-  double grad_sq;        /* smoothed |G|^2 */
+  double grad_sq;        /* smoothed |G|^2, plus its variance over itself (so that
+                           trace_sigma / grad_sq is not biased up by a noisy average) */
   double trace_sigma;    /* smoothed tr(Sigma), per-sample gradient variance */
   double noise_scale;    /* B_simple = trace_sigma / grad_sq (smoothed separately) */
   double gain_ratio;     /* AdaScale's r at this step's scale (1 until known) */

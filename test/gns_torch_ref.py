@@ -2,16 +2,23 @@
 """Brute-force gradient noise scale of tide-train's MLP, for the bar in
 docs/adaptation.md and test/gns_reference.sh.
 
-    gns_torch_ref.py RUN_DIR EPOCH [DATA_DIR]
+    gns_torch_ref.py RUN_DIR EPOCH[,EPOCH...] [DATA_DIR]
 
 Loads RUN_DIR/params-epochEPOCH.bin (tide-train --save-params) into the same
 MLP in float64, computes every training example's gradient of its
-cross-entropy at those parameters, and prints one JSON line:
+cross-entropy at those parameters, and prints one JSON line per epoch:
   trace_sigma = sum over parameters of the per-example variance (unbiased),
   grad_sq     = |mean gradient|^2 - trace_sigma / N (unbiased),
   noise_scale = trace_sigma / grad_sq,
 and tide's noise_scale from RUN_DIR/metrics.jsonl at the last step of that
-epoch. Per-example squared norms come from the dense layers' factorisation
+epoch. With the epoch's last steps saved too (tide-train --save-params=K:
+params-epochE-stepS.bin), the reference is tail_noise_scale, the mean
+trace_sigma over the mean grad_sq of every third of those K points and the
+end: the
+single point's |G|^2 swings by 2x or more from one step to the next (SGD's
+iterate oscillates across the valley), which no estimator built from past
+gradients can follow; tide_over_reference is against the tail when there
+is one. Per-example squared norms come from the dense layers' factorisation
 |delta a^T|^2 = |delta|^2 |a|^2, so no per-example gradient is stored.
 Exit 3 when torch cannot be imported.
 """
@@ -36,21 +43,14 @@ def idx(path):
     return np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * dims).reshape(shape)
 
 
-def main():
-    run, epoch = sys.argv[1], int(sys.argv[2])
-    data = sys.argv[3] if len(sys.argv) > 3 else "/usr/share/datasets/fashion-mnist"
-    meta = json.load(open(os.path.join(run, "tensors.json")))
-    if meta["arch"] != "flatten,dense:256,relu,dense:128,relu,dense:10":
-        sys.exit("gns_torch_ref.py: only tide-train's mlp is supported, got %s" % meta["arch"])
-    flat = np.fromfile(os.path.join(run, "params-epoch%d.bin" % epoch), dtype=np.float32).astype(np.float64)
-    p = {t["name"]: torch.from_numpy(flat[t["offset"]:t["offset"] + t["count"]].reshape(t["shape"]).copy())
-         for t in meta["tensors"]}
-    summary = json.load(open(os.path.join(run, "summary.json")))
-    n = summary["train_images"]
-    x = idx(os.path.join(data, "train-images-idx3-ubyte.gz"))[:n].reshape(n, 784).astype(np.float64)
-    x = torch.from_numpy((x / 255.0 - 0.2860) / 0.3530)
-    y = torch.from_numpy(idx(os.path.join(data, "train-labels-idx1-ubyte.gz"))[:n].astype(np.int64))
+# Every STRIDE-th of the saved steps, counted back from the epoch's end:
+# consecutive iterates are correlated, spaced ones average the swings.
+STRIDE = 3
 
+
+def point(p, x, y):
+    """Brute-force (trace_sigma, grad_sq) at parameters p over examples x, y."""
+    n = x.shape[0]
     # forward and per-example backward by hand (dense + relu)
     a0 = x
     z1 = a0 @ p["fc1.weight"].T + p["fc1.bias"]
@@ -70,15 +70,45 @@ def main():
         mean_b = d.mean(0)
         mean_sq += float((mean_w * mean_w).sum() + (mean_b * mean_b).sum())
     trace = n / (n - 1) * (float(sq.mean()) - mean_sq)
-    grad_sq = mean_sq - trace / n
-    tide_ns = None
+    return trace, mean_sq - trace / n
+
+
+def main():
+    run, epochs = sys.argv[1], [int(e) for e in sys.argv[2].split(",")]
+    data = sys.argv[3] if len(sys.argv) > 3 else "/usr/share/datasets/fashion-mnist"
+    meta = json.load(open(os.path.join(run, "tensors.json")))
+    if meta["arch"] != "flatten,dense:256,relu,dense:128,relu,dense:10":
+        sys.exit("gns_torch_ref.py: only tide-train's mlp is supported, got %s" % meta["arch"])
+    summary = json.load(open(os.path.join(run, "summary.json")))
+    n = summary["train_images"]
+    x = idx(os.path.join(data, "train-images-idx3-ubyte.gz"))[:n].reshape(n, 784).astype(np.float64)
+    x = torch.from_numpy((x / 255.0 - 0.2860) / 0.3530)
+    y = torch.from_numpy(idx(os.path.join(data, "train-labels-idx1-ubyte.gz"))[:n].astype(np.int64))
     steps = [json.loads(l) for l in open(os.path.join(run, "metrics.jsonl")) if '"type":"step"' in l]
-    ends = [s for s in steps if s["epoch"] == epoch - 1]
-    if ends:
-        tide_ns = ends[-1]["noise_scale"]
-    print(json.dumps({"epoch": epoch, "examples": n, "trace_sigma": trace, "grad_sq": grad_sq,
-                      "noise_scale": trace / grad_sq, "tide_noise_scale": tide_ns,
-                      "tide_over_reference": None if tide_ns is None else tide_ns / (trace / grad_sq)}))
+
+    def load(name):
+        flat = np.fromfile(os.path.join(run, name), dtype=np.float32).astype(np.float64)
+        return {t["name"]: torch.from_numpy(flat[t["offset"]:t["offset"] + t["count"]].reshape(t["shape"]).copy())
+                for t in meta["tensors"]}
+
+    for epoch in epochs:
+        trace, grad_sq = point(load("params-epoch%d.bin" % epoch), x, y)
+        # the epoch's last steps (tide-train --save-params=K), and its end
+        tail = sorted((f for f in os.listdir(run) if f.startswith("params-epoch%d-step" % epoch)),
+                      key=lambda f: -int(f.split("step")[1].split(".")[0]))[STRIDE - 1::STRIDE]
+        traces, grads = [trace], [grad_sq]
+        for f in tail:
+            t, g = point(load(f), x, y)
+            traces.append(t)
+            grads.append(g)
+        tail_ns = sum(traces) / sum(grads)
+        ends = [s for s in steps if s["epoch"] == epoch - 1]
+        tide_ns = ends[-1]["noise_scale"] if ends else None
+        ref = tail_ns if tail else trace / grad_sq
+        print(json.dumps({"epoch": epoch, "examples": n, "trace_sigma": trace, "grad_sq": grad_sq,
+                          "noise_scale": trace / grad_sq, "tail_points": len(traces),
+                          "tail_noise_scale": tail_ns, "tide_noise_scale": tide_ns,
+                          "tide_over_reference": None if tide_ns is None else tide_ns / ref}))
 
 
 if __name__ == "__main__":

@@ -22,7 +22,10 @@ static int vectors_rank(int rank, int size, void *arg) {
   CHECK(close_to(g2, 1.085714, 1e-6) && close_to(tr, 29.257143, 1e-6));
   CHECK(close_to(tr / g2, 26.947368, 1e-6));
   CHECK(close_to(tide_adascale_gain(3, 1, 4), 2.285714, 1e-6));
-  CHECK(close_to(tide_adascale_gain(0, 1, 8), 1, 1e-9)); /* no noise: 1 */
+  CHECK(close_to(tide_adascale_gain(0, 1, 8), 1, 1e-5)); /* no noise: 1 (var clamped at 1e-6) */
+  /* the clamp is AdaptDL's 1e-6, not 1e-12: var 1e-9 counts as 1e-6 */
+  CHECK(tide_adascale_gain(1e-9, 1e-6, 8) == tide_adascale_gain(1e-6, 1e-6, 8));
+  CHECK(close_to(tide_adascale_gain(1e-9, 1e-6, 8), 2 / (1.0 / 8 + 1), 1e-9));
   CHECK(close_to(tide_adascale_gain(1, 0, 8), 8, 1e-9)); /* pure noise: linear */
   CHECK(close_to(tide_pollux_efficiency(1000, 128, 1024), 0.557312, 1e-6));
   /* AdaptDL's form, E = gain / scale with var = phi / M0, sqr = 1, agrees */

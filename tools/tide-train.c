@@ -72,7 +72,7 @@ static void usage(FILE *out) {
           "  --adapt LIST             adaptation policies, comma-separated, each NAME or\n"
           "                           NAME:key=value:...: adascale, gns, pollux, exchange, autoscale\n"
           "                           (docs/adaptation.md); e.g. --adapt gns,adascale\n"
-          "  --gns-decay X            the noise-scale averages' factor per base-batch step (default 0.99)\n"
+          "  --gns-decay X            the noise-scale averages' factor per base-batch step (default 0.97)\n"
           "  --eval-every N           also evaluate the test set every N steps, not only at epoch ends\n"
           "                           (default 0: epoch ends only); each evaluation is a line in\n"
           "                           metrics.jsonl, its time_s counted from the start of training\n"
@@ -82,8 +82,10 @@ static void usage(FILE *out) {
           "  --elastic                an elastic job (tiderun --elastic): go on after a worker fails, take\n"
           "                           workers that join, leave when released (docs/elastic.md);\n"
           "                           implied by TIDE_ELASTIC=1, which tiderun --elastic sets\n"
-          "  --save-params            at each data-epoch end write the parameters (float32) to\n"
-          "                           runs/NAME/params-epochE.bin, their tensors to tensors.json\n"
+          "  --save-params[=K]        at each data-epoch end write the parameters (float32) to\n"
+          "                           runs/NAME/params-epochE.bin, their tensors to tensors.json;\n"
+          "                           with K, also after each of the epoch's last K steps\n"
+          "                           (params-epochE-stepS.bin; test/gns_torch_ref.py)\n"
           "  --seed N                 seed for initialisation and shuffling (default 1)\n"
           "  --name NAME              run name: writes runs/NAME/ (default: model-np-time)\n"
           "  --runs DIR               where runs go (default runs)\n"
@@ -143,7 +145,7 @@ static int parse_fraction(const char *opt, const char *text, double *out) {
 static int parse_options(int argc, char **argv, options_t *o) {
   *o = (options_t){.model = "mlp", .optim = "momentum", .schedule = "cosine", .grad = "dense", .runs = "runs",
                    .selector = "sampled", .epochs = 5, .batch = 64, .sparse_warmup_epochs = 1, .lr = 0.05,
-                   .momentum = -1.0, .weight_decay = 5e-4, .gns_decay = 0.99, .density = 1.0, .seed = 1};
+                   .momentum = -1.0, .weight_decay = 5e-4, .gns_decay = 0.97, .density = 1.0, .seed = 1};
   static const struct option longs[] = {
       {"model", 1, 0, 'm'},    {"epochs", 1, 0, 'e'},   {"batch", 1, 0, 'b'},        {"optim", 1, 0, 'o'},
       {"lr", 1, 0, 'l'},       {"momentum", 1, 0, 'M'}, {"weight-decay", 1, 0, 'w'}, {"schedule", 1, 0, 's'},
@@ -151,7 +153,7 @@ static int parse_options(int argc, char **argv, options_t *o) {
       {"data", 1, 0, 'd'},     {"subset", 1, 0, 'u'},   {"threads", 1, 0, 't'},      {"warmup-epochs", 1, 0, 'W'},
       {"selector", 1, 0, 'K'}, {"sparse-warmup-epochs", 1, 0, 'P'}, {"eval-every", 1, 0, 'E'},
       {"target-accuracy", 1, 0, 'A'}, {"stop-at-target", 0, 0, 'T'}, {"adapt", 1, 0, 'a'}, {"max-batch", 1, 0, 'B'},
-      {"base-batch", 1, 0, 'Z'}, {"gns-decay", 1, 0, 'G'}, {"save-params", 0, 0, 'V'}, {"pto", 0, 0, 'p'},
+      {"base-batch", 1, 0, 'Z'}, {"gns-decay", 1, 0, 'G'}, {"save-params", 2, 0, 'V'}, {"pto", 0, 0, 'p'},
       {"kfac", 1, 0, 'F'},       {"help", 0, 0, 'h'},
       {"plan", 1, 0, 'Q'},
       {"cache-dir", 1, 0, 'C'}, {"on-bad-sample", 1, 0, 'X'}, {"elastic", 0, 0, 'L'},
@@ -188,7 +190,8 @@ static int parse_options(int argc, char **argv, options_t *o) {
       case 'A': if (parse_fraction("--target-accuracy", optarg, &o->target_accuracy)) return -1; break;
       case 'a': o->adapt = optarg; break;
       case 'F': o->kfac = optarg; break;
-      case 'V': o->save_params = 1; break;
+      case 'V': if (optarg != NULL && parse_int("--save-params", optarg, 1, &o->save_params)) return -1;
+                o->save_params = optarg != NULL ? o->save_params + 1 : 1; break;
       case 'p': o->pto = 1; break;
       case 'Q': o->plan = optarg; break;
       case 'G': if (parse_fraction("--gns-decay", optarg, &o->gns_decay) || o->gns_decay >= 1) {
@@ -291,6 +294,7 @@ typedef struct {
   long target_step;
   double start, eval_total, last_print, test_loss, test_acc;
   double compute_total, comm_total, samples;
+  uint64_t epoch_samples; /* --save-params=K: samples of the data epoch so far */
 } job_t;
 
 static int fail(job_t *job, int rc, const char *what) {
@@ -716,7 +720,7 @@ static void log_step(job_t *job, const tide_step_stats_t *s) {
 /* --save-params: the parameters after data epoch `epoch` (rank 0), and
  * once the tensors they hold, for reference scripts
  * (test/gns_torch_ref.py). */
-static int save_params(job_t *job, uint64_t epoch) {
+static int save_params(job_t *job, uint64_t epoch, long step) {
   if (job->rank != 0) return 0;
   char path[1100];
   size_t ntensors, nparams = nn_param_count(job->model);
@@ -733,7 +737,10 @@ static int save_params(job_t *job, uint64_t epoch) {
   }
   fprintf(f, "]}\n");
   if (fclose(f) != 0) goto fail;
-  snprintf(path, sizeof path, "%s/params-epoch%llu.bin", job->dir, (unsigned long long)epoch + 1);
+  if (step < 0)
+    snprintf(path, sizeof path, "%s/params-epoch%llu.bin", job->dir, (unsigned long long)epoch + 1);
+  else
+    snprintf(path, sizeof path, "%s/params-epoch%llu-step%ld.bin", job->dir, (unsigned long long)epoch + 1, step);
   if ((f = fopen(path, "wb")) == NULL) goto fail;
   size_t wrote = fwrite(nn_params(job->model), sizeof(float), nparams, f);
   if (fclose(f) != 0 || wrote != nparams) goto fail;
@@ -795,7 +802,13 @@ static int train(job_t *job) {
       job->recovered_at = 0;
     }
     log_step(job, &s);
-    if (s.epoch_end && job->o.save_params && save_params(job, s.epoch) != 0) return 1;
+    if (s.epoch_end && job->o.save_params && save_params(job, s.epoch, -1) != 0) return 1;
+    /* --save-params=K: also the epoch's last K steps (at the current batch) */
+    job->epoch_samples = s.epoch_end ? 0 : job->epoch_samples + (uint64_t)s.global_batch;
+    if (job->o.save_params > 1 && !s.epoch_end &&
+        job->epoch_samples + (uint64_t)(job->o.save_params - 1) * (uint64_t)s.global_batch >= job->n_train &&
+        save_params(job, s.epoch, s.step) != 0)
+      return 1;
     if (s.epoch_end || s.done) {
       if (evaluate(job, s.epoch_end ? "epoch" : "final", &s) != 0) return 1;
     } else if (job->o.eval_every > 0 && s.step % job->o.eval_every == 0 && evaluate(job, "eval", &s) != 0) {

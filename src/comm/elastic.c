@@ -441,3 +441,13 @@ int tide_comm_elastic_finish(tide_comm_t *comm) {
   if (comm == NULL || comm->membership == NULL || comm->store == NULL) return 0;
   return put(comm->store, "elastic/done", "1");
 }
+
+int tide_comm_publish(tide_comm_t *comm, const char *key, const char *value) {
+  if (comm == NULL) return tide__null_arg("tide_comm_publish", "comm");
+  if (key == NULL || *key == 0 || value == NULL) {
+    TIDE_ERROR("tide_comm_publish: key must be a non-empty string and value not NULL");
+    return TIDE_EINVAL;
+  }
+  if (comm->store == NULL) return TIDE_ESTATE;
+  return put(comm->store, key, value);
+}

@@ -165,6 +165,9 @@ int tide__array_bytes(const char *fn, const char *arg, size_t count, size_t size
   XX(ELASTIC_TIMEOUT_MS, INT, "10000", 1, 2147483647,                                    \
      "how long a membership change waits for a member that neither arrives nor is seen " \
      "to die, and for new members to connect, before it goes on without them")           \
+  XX(SCHED_HINTS_INTERVAL, INT, "30", 1, 86400,                                          \
+     "seconds of training between a Pollux agent's reports of its scheduling hints to "  \
+     "the job's store (sched/hints; also sooner when its model changes by a quarter)")   \
   XX(GPU_CACHE, STR, "", 0, 0,                                                           \
      "directory of the GPU kernels compiled for each device (default: $XDG_CACHE_HOME/"   \
      "tide/gpu, else ~/.cache/tide/gpu; none: compile in every process)")               \

@@ -25,7 +25,7 @@ int tide_gns_estimate(double b_small, double b_big, double sq_small, double sq_b
 
 double tide_adascale_gain(double var, double sqr, double scale) {
   if (isnan(var) || isnan(sqr) || !(scale >= 1)) return NAN;
-  if (var < 1e-12) var = 1e-12;
+  if (var < 1e-6) var = 1e-6; /* AdaptDL's floor (spec §6) */
   if (sqr < 0) sqr = 0;
   if (isinf(var)) return scale;
   return (var + sqr) / (var / scale + sqr);
@@ -62,13 +62,20 @@ void tide__gns_update(tide__gns_t *gns, double b, double n, double sq_small, dou
   if (!(n >= 2) || !isfinite(sq_small) || !isfinite(sq_big)) return;
   if (tide_gns_estimate(b, b * n, sq_small, sq_big, &grad_sq, &trace_sigma) != 0) return;
   tide__ema_update(&gns->grad_sq, grad_sq, keep);
+  tide__ema_update(&gns->grad_sq2, grad_sq * grad_sq, keep);
+  gns->weight2 = keep * keep * gns->weight2 + (1 - keep) * (1 - keep);
   tide__ema_update(&gns->trace_sigma, trace_sigma, keep);
   gns->samples++;
 }
 
 double tide__gns_grad_sq(const tide__gns_t *gns) {
-  double v = tide__ema_value(&gns->grad_sq);
-  return v < 0 ? 0 : v;
+  double g = tide__ema_value(&gns->grad_sq);
+  if (!(g > 0)) return isnan(g) ? g : 0;
+  /* The average's variance: the estimates' (weighted, made unbiased by
+   * n/(n-1) with n = the weights' effective count) times sum w^2 / (sum w)^2. */
+  double w = gns->grad_sq.weight, n = w * w / gns->weight2, spread = tide__ema_value(&gns->grad_sq2) - g * g;
+  double v = n > 1 && spread > 0 ? spread * n / (n - 1) / n : 0;
+  return g + v / g;
 }
 
 double tide__gns_trace_sigma(const tide__gns_t *gns) {

@@ -13,23 +13,38 @@
 
 #include "policy/policy.h"
 
-enum { PROFILES = 32, CANDIDATES = 50 };
+enum { PROFILES = 64, CANDIDATES = 50 };
 
-/* Mean times seen for one micro-batch size. */
+/* Mean times seen at one shape: hosts, workers and micro-batch size
+ * (AdaptDL's profile key), so sizes are never mixed after a resize. */
 typedef struct {
+  int nodes, replicas;
   double atomic, n, t_acc, t_net;
 } profile_t;
 
+/* The agent's state: plain data, saved and restored with the trainer's
+ * (and handed over at an elastic resize). */
 typedef struct {
   long every;
-  double max, min_gain;
-  int ranks, nodes, max_batch, max_accum;
+  double max, min_gain, min_atomic;
+  int max_batch, max_accum;
   long base_batch;
   profile_t profiles[PROFILES];
-  int nprofiles;
+  int nprofiles, max_replicas_seen;
   tide_pollux_model_t model;
   int fitted;
+  double hints_interval, since_hints; /* seconds of steps between reports, and since the last */
+  int reported;                       /* 1 once the hints were published */
+  double reported_phi, reported_rate; /* what the last report said (0: not known then) */
 } pollux_t;
+
+/* The state and, after it (not saved: local to this process), where the
+ * hints go. */
+typedef struct {
+  pollux_t saved;
+  tide__policy_publish_cb publish;
+  void *publish_ctx;
+} agent_t;
 
 /* The parameters in the order NLopt sees them, and which are pinned. */
 enum { P_AC, P_BC, P_AN, P_BN, P_AR, P_BR, P_GAMMA, P_COUNT };
@@ -196,16 +211,23 @@ int tide_pollux_fit(const tide_pollux_profile_t *profiles, int n, unsigned flags
   return 0;
 }
 
-/* Fits the agent's model to its profiles, all at its own size. */
+/* Fits the agent's model to its profiles, of every size it has run at:
+ * the per-host and per-worker network terms become free once several sizes
+ * were seen (tide_pollux_fit pins what the profiles cannot identify), from
+ * several starting points, with AdaptDL's optimistic prior for a network
+ * never measured. */
 static void fit(pollux_t *p) {
   tide_pollux_profile_t profiles[PROFILES];
+  int n = 0;
   for (int i = 0; i < p->nprofiles; i++) {
     const profile_t *pr = &p->profiles[i];
+    if (pr->n < 1) continue;
     double t_acc = pr->t_acc / pr->n, t_net = pr->t_net / pr->n;
-    profiles[i] = (tide_pollux_profile_t){p->nodes, p->ranks, pr->atomic, t_acc, t_acc + t_net};
+    profiles[n++] = (tide_pollux_profile_t){pr->nodes, pr->replicas, pr->atomic, t_acc, t_acc + t_net};
   }
+  if (n == 0) return;
   tide_pollux_model_t m;
-  int rc = tide_pollux_fit(profiles, p->nprofiles, 0, &m);
+  int rc = tide_pollux_fit(profiles, n, TIDE_POLLUX_FIT_RESTARTS | TIDE_POLLUX_FIT_EXPLORE, &m);
   if (rc != 0) {
     TIDE_DEBUG("pollux: throughput fit failed (%s); keeping the last model", tide_err_name(rc));
     return;
@@ -214,20 +236,90 @@ static void fit(pollux_t *p) {
   p->fitted = 1;
 }
 
-/* Records this step's times under its micro-batch size: the slowest rank's
- * pass time, and the exchange. */
+static tide_pollux_limits_t limits_of(const pollux_t *p) {
+  return (tide_pollux_limits_t){.base_batch = (double)p->base_batch, .max_batch = p->max,
+                                .min_atomic = p->min_atomic, .max_atomic = p->max_batch,
+                                .max_passes = p->max_accum};
+}
+
+int tide__pollux_hints(const void *state, const tide_step_stats_t *s, tide_sched_hints_t *out) {
+  const pollux_t *p = state;
+  if (p == NULL || s == NULL || out == NULL) return TIDE_EINVAL;
+  *out = (tide_sched_hints_t){.model = p->model, .fitted = p->fitted, .grad_sqr = s->grad_sq,
+                              .grad_var = s->trace_sigma / (double)p->base_batch, .limits = limits_of(p),
+                              .max_replicas_seen = p->max_replicas_seen};
+  if (!p->fitted) out->model = (tide_pollux_model_t){.gamma = 1};
+  return 0;
+}
+
+/* The figures a report is judged stale by: the noise scale, and the
+ * modelled throughput at the current size and batch. */
+static void report_figures(const pollux_t *p, const tide_step_stats_t *s, double *phi, double *rate) {
+  *phi = isfinite(s->noise_scale) ? s->noise_scale : 0;
+  *rate = p->fitted && s->batch > 0 && s->ranks >= s->nodes && s->nodes > 0
+              ? tide_pollux_throughput(&p->model, s->nodes, s->ranks, s->batch, s->accum > 0 ? s->accum - 1 : 0)
+              : 0;
+  if (!isfinite(*rate)) *rate = 0;
+}
+
+/* Publishes the hints when `interval` seconds of steps have passed since
+ * the last report, or when force is set (the model changed a lot). Needs a
+ * job store: without a publisher nothing happens. A failed write is
+ * logged, and tried again at the next interval. */
+static void report(agent_t *a, const tide_step_stats_t *s, int force) {
+  pollux_t *p = &a->saved;
+  if (a->publish == NULL) return;
+  if (!force && p->reported && p->since_hints < p->hints_interval) return;
+  tide_sched_hints_t h;
+  char text[TIDE_SCHED_HINTS_MAX];
+  if (tide__pollux_hints(p, s, &h) != 0 || tide_sched_hints_encode(&h, text, sizeof text) != 0) return;
+  int rc = a->publish(a->publish_ctx, TIDE_SCHED_HINTS_KEY, text);
+  if (rc != 0) TIDE_WARN("pollux: could not publish the scheduling hints: %s", tide_strerror(rc));
+  p->since_hints = 0;
+  p->reported = 1;
+  report_figures(p, s, &p->reported_phi, &p->reported_rate);
+}
+
+/* Whether the model moved by more than a quarter since the last report:
+ * its throughput at the current shape, or the noise scale; or it was fitted
+ * for the first time. */
+static int changed_a_lot(const pollux_t *p, const tide_step_stats_t *s) {
+  double phi, rate;
+  report_figures(p, s, &phi, &rate);
+  double was_phi = p->reported_phi, was_rate = p->reported_rate;
+  if (rate > 0 && !(was_rate > 0)) return 1;
+  if (rate > 0 && fabs(rate - was_rate) > 0.25 * was_rate) return 1;
+  if (phi > 0 && was_phi > 0 && (phi > 1.25 * was_phi || phi < was_phi / 1.25)) return 1;
+  return phi > 0 && !(was_phi > 0);
+}
+
+/* Records this step's times under its shape (hosts, workers, micro-batch):
+ * the slowest rank's pass time, and the exchange. The first step at a new
+ * shape is left out (it pays for the change). */
 static int pollux_observe(void *state, const tide_step_stats_t *s, tide_decision_t *d) {
-  pollux_t *p = state;
+  agent_t *a = state;
+  pollux_t *p = &a->saved;
   (void)d;
-  if (s->global_batch != s->planned_batch || s->step < 1 || !(s->compute_max_s > 0)) return 0;
+  if (s->mean_step_s > 0) p->since_hints += s->mean_step_s;
+  if (s->ranks > p->max_replicas_seen) p->max_replicas_seen = s->ranks;
+  report(a, s, 0);
+  if (s->global_batch != s->planned_batch || s->step < 1 || !(s->compute_max_s > 0) || s->accum < 1) return 0;
   double t_acc = s->compute_max_s / s->accum;
   int at = 0;
-  while (at < p->nprofiles && p->profiles[at].atomic != s->batch) at++;
+  while (at < p->nprofiles && !(p->profiles[at].atomic == s->batch && p->profiles[at].replicas == s->ranks &&
+                                p->profiles[at].nodes == s->nodes))
+    at++;
   if (at == p->nprofiles) {
     if (p->nprofiles == PROFILES) return 0;
-    p->profiles[p->nprofiles++] = (profile_t){.atomic = s->batch};
+    /* n = -1: the first step at this shape, not counted */
+    p->profiles[p->nprofiles++] = (profile_t){.nodes = s->nodes, .replicas = s->ranks, .atomic = s->batch, .n = -1};
+    return 0;
   }
   profile_t *pr = &p->profiles[at];
+  if (pr->n < 0) {
+    pr->n = 0;
+    if (s->step > 1) return 0;
+  }
   pr->n += 1;
   pr->t_acc += t_acc;
   pr->t_net += s->exchange_s + s->optim_s;
@@ -247,6 +339,9 @@ int tide_pollux_goodput(const tide_pollux_model_t *model, const tide_pollux_limi
   double local = ceil(batch / replicas);
   int passes = (int)ceil(local / limits->max_atomic);
   if (passes < 1) passes = 1;
+  /* One worker above the base batch keeps two passes, so that its noise
+   * scale still has two gradients to compare (AdaptDL). */
+  if (replicas == 1 && local > limits->base_batch && passes < 2) passes = 2;
   if (passes > limits->max_passes) passes = limits->max_passes;
   double atomic = ceil(local / passes);
   if (atomic > limits->max_atomic) atomic = limits->max_atomic;
@@ -275,22 +370,24 @@ int tide_pollux_optimize(const tide_pollux_model_t *model, const tide_pollux_lim
   return 0;
 }
 
+/* Fits, and evaluates the batches at the size the job has now. */
 static int pollux_decide(void *state, const tide_step_stats_t *s, tide_decision_t *d) {
-  pollux_t *p = state;
-  if (p->nprofiles == 0 || !isfinite(s->noise_scale)) return 0;
+  agent_t *a = state;
+  pollux_t *p = &a->saved;
+  if (p->nprofiles == 0 || !isfinite(s->noise_scale) || s->ranks < 1 || s->nodes < 1) return 0;
   fit(p);
   if (!p->fitted) return 0;
-  tide_pollux_limits_t limits = {.base_batch = (double)p->base_batch, .max_batch = p->max, .min_atomic = 1,
-                                 .max_atomic = p->max_batch, .max_passes = p->max_accum};
+  if (changed_a_lot(p, s)) report(a, s, 1);
+  tide_pollux_limits_t limits = limits_of(p);
   tide_pollux_choice_t current, best;
-  if (tide_pollux_goodput(&p->model, &limits, p->nodes, p->ranks, s->noise_scale, (double)s->planned_batch,
+  if (tide_pollux_goodput(&p->model, &limits, s->nodes, s->ranks, s->noise_scale, (double)s->planned_batch,
                           &current) != 0 ||
-      tide_pollux_optimize(&p->model, &limits, p->nodes, p->ranks, s->noise_scale, &best) != 0)
+      tide_pollux_optimize(&p->model, &limits, s->nodes, s->ranks, s->noise_scale, &best) != 0)
     return 0;
   double best_batch = best.goodput > current.goodput ? best.batch : 0;
-  TIDE_DEBUG("pollux: step %ld noise scale %.1f; current batch %ld goodput %.1f, best %.0f goodput %.1f", s->step,
-             s->noise_scale, s->planned_batch, current.goodput, best_batch,
-             best.goodput > current.goodput ? best.goodput : current.goodput);
+  TIDE_DEBUG("pollux: step %ld on %d worker(s) over %d host(s), noise scale %.1f; current batch %ld goodput %.1f, "
+             "best %.0f goodput %.1f", s->step, s->ranks, s->nodes, s->noise_scale, s->planned_batch,
+             current.goodput, best_batch, best.goodput > current.goodput ? best.goodput : current.goodput);
   if (best_batch > 0 && best.goodput > current.goodput * p->min_gain && (long)best_batch != s->planned_batch)
     d->global_batch = (long)best_batch;
   return 0;
@@ -299,8 +396,9 @@ static int pollux_decide(void *state, const tide_step_stats_t *s, tide_decision_
 int tide__pollux_create(const char *const *keys, const char *const *values, int n, const tide__policy_env_t *env,
                         tide_policy_ops_t *ops, void **state) {
   double cap = (double)env->ranks * env->max_batch * env->max_accum;
-  pollux_t p = {.every = 20, .max = cap, .min_gain = 1.05, .ranks = env->ranks, .nodes = env->nodes,
-                .max_batch = env->max_batch, .max_accum = env->max_accum, .base_batch = env->base_batch};
+  pollux_t p = {.every = 20, .max = cap, .min_gain = 1.05, .min_atomic = 1, .max_batch = env->max_batch,
+                .max_accum = env->max_accum, .base_batch = env->base_batch,
+                .hints_interval = (double)tide__param_int(TIDE__PARAM_SCHED_HINTS_INTERVAL)};
   for (int i = 0; i < n; i++) {
     double v;
     if (strcmp(keys[i], "every") == 0) {
@@ -310,16 +408,27 @@ int tide__pollux_create(const char *const *keys, const char *const *values, int 
       TIDE_CHECK(tide__policy_number("pollux", keys[i], values[i], (double)env->base_batch, cap, &p.max));
     } else if (strcmp(keys[i], "min_gain") == 0) {
       TIDE_CHECK(tide__policy_number("pollux", keys[i], values[i], 1, 10, &p.min_gain));
+    } else if (strcmp(keys[i], "min_batch") == 0) {
+      TIDE_CHECK(tide__policy_number("pollux", keys[i], values[i], 1, env->max_batch, &p.min_atomic));
+      p.min_atomic = floor(p.min_atomic);
     } else {
-      TIDE_ERROR("policy pollux: unknown key '%s' (its keys: every, max, min_gain)", keys[i]);
+      TIDE_ERROR("policy pollux: unknown key '%s' (its keys: every, max, min_gain, min_batch)", keys[i]);
       return TIDE_EINVAL;
     }
   }
-  pollux_t *s = tide__malloc(sizeof *s);
-  if (s == NULL) return TIDE_ENOMEM;
-  *s = p;
+  if (p.min_atomic * env->ranks > p.max) {
+    TIDE_ERROR("policy pollux: min_batch=%.0f on %d worker(s) is above the largest global batch %.0f: lower "
+               "min_batch or raise max", p.min_atomic, env->ranks, p.max);
+    return TIDE_EINVAL;
+  }
+  agent_t *a = tide__calloc(1, sizeof *a);
+  if (a == NULL) return TIDE_ENOMEM;
+  a->saved = p;
+  a->publish = env->publish;
+  a->publish_ctx = env->publish_ctx;
+  /* state_size: the plain part only; the publisher stays this process's */
   *ops = (tide_policy_ops_t){.name = "pollux", .before_step = pollux_decide, .before_update = pollux_observe,
-                             .destroy = tide__free, .state_size = sizeof *s, .decide_every = (int)p.every};
-  *state = s;
+                             .destroy = tide__free, .state_size = sizeof a->saved, .decide_every = (int)p.every};
+  *state = a;
   return 0;
 }

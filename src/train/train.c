@@ -36,7 +36,7 @@ void tide_trainer_config_default(tide_trainer_config_t *out) {
   out->exchange = TIDE_EXCHANGE_DENSE;
   out->density = 0.01;
   out->selector = TIDE_TOPK_SAMPLED;
-  out->gns_decay = 0.99;
+  out->gns_decay = 0.97;
 }
 
 static int config_check(const tide_trainer_config_t *c) {
@@ -85,6 +85,9 @@ static void plan(tide_trainer_t *tr, long global_batch) {
   if (local < 1) local = 1;
   if (local > max_batch * max_accum) local = max_batch * max_accum;
   long accum = (local + max_batch - 1) / max_batch;
+  /* One rank above the base batch keeps two micro-batches, so that the
+   * noise scale still has two gradients to compare (AdaptDL). */
+  if (ranks == 1 && global_batch > tr->config.base_batch && accum < 2 && max_accum >= 2 && local >= 2) accum = 2;
   tr->accum = (int)accum;
   tr->batch = (int)((local + accum - 1) / accum);
 }
@@ -627,6 +630,15 @@ int tide_trainer_add_policy(tide_trainer_t *tr, const tide_policy_ops_t *ops, vo
   return 0;
 }
 
+/* A policy's report to the job's store (tide__policy_publish_cb): rank 0
+ * only; nothing without a store. */
+static int publish(void *ctx, const char *key, const char *text) {
+  tide_trainer_t *tr = ctx;
+  if (tr->rank != 0 || tr->comm == NULL) return 0;
+  int rc = tide_comm_publish(tr->comm, key, text);
+  return rc == TIDE_ESTATE ? 0 : rc;
+}
+
 int tide_trainer_adapt(tide_trainer_t *tr, const char *list) {
   if (tr == NULL || list == NULL) {
     TIDE_ERROR("tide_trainer_adapt: trainer and list must not be NULL");
@@ -635,7 +647,7 @@ int tide_trainer_adapt(tide_trainer_t *tr, const char *list) {
   tide__policy_env_t env = {.base_batch = tr->config.base_batch, .ranks = tr->ranks, .nodes = tr->nodes,
                             .max_batch = tr->config.max_batch, .max_accum = tr->config.max_accum,
                             .optim = tr->config.optim.kind, .dataset_size = tr->config.dataset_size,
-                            .batch = tr->config.batch};
+                            .batch = tr->config.batch, .publish = publish, .publish_ctx = tr};
   if (*list == 0) {
     TIDE_ERROR("tide_trainer_adapt: the policy list is empty: give NAME[:key=value...] separated by commas");
     return TIDE_EINVAL;
