@@ -533,7 +533,7 @@ static int comm_join(tide_comm_t **out) {
   snprintf(comm->ns, sizeof comm->ns, "w%d", gen);
   const char *rdzv = tide__param_str(TIDE__PARAM_RDZV);
   int rc = 0, slurm = 0;
-  char slurm_job[128] = "", rdzv_text[300];
+  char slurm_job[128] = "", rdzv_text[sizeof comm->store_host + 128 + 16];
   if (size == 1 && rdzv[0] == '\0') {
     comm->local_size = comm->node_count = 1;
     comm->uniform_nodes = 1;
