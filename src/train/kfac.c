@@ -12,6 +12,8 @@
 #include "optim/kfac.h"
 #include "train/train.h"
 
+#define KFAC_STAGES 7
+
 typedef struct {
   tide_kfac_layer_t desc;
   size_t w_off, b_off; /* into the flat gradient */
@@ -37,7 +39,23 @@ struct tide__kfac {
   size_t *counts;
   double *dots;
   double add_s;      /* this step's time in tide_trainer_kfac_add */
+  /* The stage profile (docs/adaptation.md, "K-FAC's step, stage by
+   * stage"): seconds per stage summed over the run, logged at the end. */
+  double prof[KFAC_STAGES];
+  long prof_steps, prof_factor_steps, prof_inverse_steps;
 };
+
+enum { STATS, ALLREDUCE, BLEND, EIGEN, PRECOND, ALLGATHER, APPLY };
+static const char *const stage_name[KFAC_STAGES] = {"factor statistics", "factor allreduce", "pack and blend",
+                                                    "eigendecompositions", "preconditioning",
+                                                    "allgather of the results", "kl-clip and scatter"};
+
+/* Adds the time since *t to stage s of the profile and restarts *t. */
+static void lap(tide__kfac_t *k, int s, int64_t *t) {
+  int64_t now = tide__now_ns();
+  k->prof[s] += (double)(now - *t) * 1e-9;
+  *t = now;
+}
 
 static int mine(const tide__kfac_t *k, const layer_t *l) { return !k->config.distribute || l->owner == k->rank; }
 
@@ -116,8 +134,30 @@ int tide_kfac_config_parse(const char *text, tide_kfac_config_t *inout) {
   return 0;
 }
 
+/* The stage profile as one log line: each stage's mean per step (and the
+ * eigendecompositions' per inverse step), this rank's own. */
+static void log_profile(const tide__kfac_t *k) {
+  if (k->prof_steps == 0) return;
+  char line[1024];
+  int n = snprintf(line, sizeof line, "K-FAC stage profile, rank %d of %d, %ld steps (%ld with factors, %ld with "
+                   "decompositions), ms per step:", k->rank, k->ranks, k->prof_steps, k->prof_factor_steps,
+                   k->prof_inverse_steps);
+  double total = 0;
+  for (int s = 0; s < KFAC_STAGES && n > 0 && (size_t)n < sizeof line; s++) {
+    total += k->prof[s];
+    n += snprintf(line + n, sizeof line - (size_t)n, "%s %s %.3f", s ? ";" : "", stage_name[s],
+                  1e3 * k->prof[s] / (double)k->prof_steps);
+  }
+  if (n > 0 && (size_t)n < sizeof line)
+    snprintf(line + n, sizeof line - (size_t)n, "; total %.3f; eigendecompositions per inverse step %.1f",
+             1e3 * total / (double)k->prof_steps,
+             k->prof_inverse_steps ? 1e3 * k->prof[EIGEN] / (double)k->prof_inverse_steps : 0.0);
+  TIDE_INFO("%s", line);
+}
+
 void tide__kfac_destroy(tide__kfac_t *k) {
   if (k == NULL) return;
+  log_profile(k);
   for (size_t i = 0; k->layers != NULL && i < k->nlayers; i++) {
     layer_t *l = &k->layers[i];
     tide__free(l->a);
@@ -370,6 +410,7 @@ void tide__kfac_micro_end(tide__kfac_t *k) {
 
 /* All-reduces the step's factors and folds them into the running averages. */
 static int update_factors(tide_trainer_t *tr, tide__kfac_t *k) {
+  int64_t t = tide__now_ns();
   float *p = k->pack, *counts = k->pack + k->pack_len - 2 * k->nlayers;
   for (size_t i = 0; i < k->nlayers; i++) {
     layer_t *l = &k->layers[i];
@@ -381,8 +422,10 @@ static int update_factors(tide_trainer_t *tr, tide__kfac_t *k) {
       counts[2 * i + f] = n > 0 ? 1.0f : 0.0f;
     }
   }
+  lap(k, BLEND, &t);
   int rc = tide_allreduce(tr->comm, k->pack, k->pack, k->pack_len, TIDE_F32, TIDE_SUM);
   if (rc != 0) return tide__trainer_fail(tr, rc, "K-FAC factor allreduce: %s", tide_comm_last_error(tr->comm));
+  lap(k, ALLREDUCE, &t);
   p = k->pack;
   for (size_t i = 0; i < k->nlayers; i++) {
     layer_t *l = &k->layers[i];
@@ -396,6 +439,8 @@ static int update_factors(tide_trainer_t *tr, tide__kfac_t *k) {
       l->micros[f] = 0;
     }
   }
+  lap(k, BLEND, &t);
+  k->prof_factor_steps++;
   return 0;
 }
 
@@ -431,11 +476,12 @@ static double precondition(tide__kfac_t *k, const layer_t *l, const float *grad,
 
 int tide__kfac_run(tide_trainer_t *tr, float lr, double *seconds) {
   tide__kfac_t *k = tr->kfac;
-  int64_t t0 = tide__now_ns();
+  int64_t t0 = tide__now_ns(), t;
   int rc;
   float *grad = tr->exchange;
   if (factor_step(tr) && (rc = update_factors(tr, k)) != 0) return rc;
-  int refresh = tr->step % k->config.inverse_every == 0;
+  int refresh = tr->step % k->config.inverse_every == 0, eigen = 0;
+  t = tide__now_ns();
   for (size_t i = 0; i < k->nlayers; i++) {
     layer_t *l = &k->layers[i];
     if (!mine(k, l) || (!refresh && l->decomposed)) continue;
@@ -444,7 +490,10 @@ int tide__kfac_run(tide_trainer_t *tr, float lr, double *seconds) {
       return tide__trainer_fail(tr, rc, "K-FAC: eigendecomposition of layer %zu's factors failed at step %ld", i,
                                 tr->step);
     l->decomposed = 1;
+    eigen = 1;
   }
+  lap(k, EIGEN, &t);
+  k->prof_inverse_steps += eigen;
   if (k->config.distribute && k->ranks > 1) {
     /* Each owner preconditions its layers; one allgatherv shares them. */
     float *s = k->send;
@@ -454,9 +503,11 @@ int tide__kfac_run(tide_trainer_t *tr, float lr, double *seconds) {
       s[layer_floats(l)] = (float)precondition(k, l, grad, s);
       s += layer_floats(l) + 1;
     }
+    lap(k, PRECOND, &t);
     if ((rc = tide_allgatherv(tr->comm, k->send, k->counts[k->rank], k->recv, k->counts, TIDE_F32)) != 0)
       return tide__trainer_fail(tr, rc, "K-FAC allgatherv of the preconditioned gradients: %s",
                                 tide_comm_last_error(tr->comm));
+    lap(k, ALLGATHER, &t);
   } else {
     float *s = k->recv;
     for (size_t i = 0; i < k->nlayers; i++) {
@@ -464,6 +515,7 @@ int tide__kfac_run(tide_trainer_t *tr, float lr, double *seconds) {
       s[layer_floats(l)] = (float)precondition(k, l, grad, s);
       s += layer_floats(l) + 1;
     }
+    lap(k, PRECOND, &t);
   }
   /* Where each layer's result sits in recv: owners in rank order (or layer
    * order when every rank did every layer). */
@@ -491,7 +543,10 @@ int tide__kfac_run(tide_trainer_t *tr, float lr, double *seconds) {
       scatter(l, k->recv + offset, nu, grad);
       offset += layer_floats(l) + 1;
     }
+  lap(k, APPLY, &t);
   *seconds = (double)(tide__now_ns() - t0) * 1e-9 + k->add_s;
+  k->prof[STATS] += k->add_s;
+  k->prof_steps++;
   k->add_s = 0;
   return 0;
 }
