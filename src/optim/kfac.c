@@ -45,9 +45,18 @@ void tide__kfac_blend(float *running, int dim, const float *packed, float scale,
   float keep = decay, take = (1.0f - decay) * scale;
   for (int i = 0; i < dim; i++)
     for (int j = i; j < dim; j++) {
-      float v = keep * running[(size_t)i * dim + j] + take * *packed++;
-      running[(size_t)i * dim + j] = v;
-      running[(size_t)j * dim + i] = v;
+      float *v = &running[(size_t)i * dim + j];
+      *v = keep * *v + take * *packed++;
+    }
+  /* The lower triangle from the upper, in square tiles: one column at a
+   * time it wrote a line per element (fc1's 3137 x 3137 A: docs/adaptation.md,
+   * "K-FAC's step, stage by stage"). The same values either way. */
+  enum { TILE = 64 };
+  for (int i0 = 0; i0 < dim; i0 += TILE)
+    for (int j0 = i0; j0 < dim; j0 += TILE) {
+      int i1 = i0 + TILE < dim ? i0 + TILE : dim, j1 = j0 + TILE < dim ? j0 + TILE : dim;
+      for (int i = i0; i < i1; i++)
+        for (int j = j0 > i + 1 ? j0 : i + 1; j < j1; j++) running[(size_t)j * dim + i] = running[(size_t)i * dim + j];
     }
 }
 
