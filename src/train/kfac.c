@@ -25,6 +25,11 @@ typedef struct {
   int micros[2];       /* micro-batches of this step that added */
   float *q[2], *d[2];  /* eigenvectors (rows) and eigenvalues; NULL where not ours */
   int decomposed;
+  /* Spread: a layer too big for one rank (see spread_layers) is
+   * preconditioned by every rank, rows [row0, row1) of its W here; its
+   * owner decomposes and broadcasts, and pw holds the whole W, then P. */
+  int spread, row0, row1;
+  float *pw;
 } layer_t;
 
 struct tide__kfac {
@@ -38,6 +43,7 @@ struct tide__kfac {
   float *send, *recv;  /* allgatherv of [P_l, dot_l] per layer, owners in rank order */
   size_t *counts;
   double *dots;
+  size_t *at;        /* where each layer's result starts in recv (not spread ones) */
   double add_s;      /* this step's time in tide_trainer_kfac_add */
   /* The stage profile (docs/adaptation.md, "K-FAC's step, stage by
    * stage"): seconds per stage summed over the run, logged at the end. */
@@ -167,8 +173,10 @@ void tide__kfac_destroy(tide__kfac_t *k) {
       tide__free(l->q[f]);
       tide__free(l->d[f]);
     }
+    tide__free(l->pw);
   }
   tide__free(k->layers);
+  tide__free(k->at);
   tide__free(k->pack);
   tide__free(k->m);
   tide__free(k->p);
@@ -209,6 +217,47 @@ static int check_layer(tide_trainer_t *tr, size_t i, const tide_kfac_layer_t *d,
   used[d->weight] = 1;
   if (d->bias >= 0) used[d->bias] = 1;
   return 0;
+}
+
+/* A layer whose preconditioning (dim_G dim_A (dim_G + dim_A) multiply-adds
+ * a step) is more than 1/ranks of all layers' cannot be balanced by whole
+ * layers (the CNN's fc1: docs/adaptation.md, "K-FAC's step, stage by
+ * stage"): its rows are spread over the ranks (tide_block). Only with
+ * distribute and more than one rank. */
+static void spread_layers(tide__kfac_t *k) {
+  if (!k->config.distribute || k->ranks < 2) return;
+  double total = 0;
+  for (size_t i = 0; i < k->nlayers; i++) {
+    const layer_t *l = &k->layers[i];
+    total += (double)l->dim_g * l->dim_a * ((double)l->dim_g + l->dim_a);
+  }
+  for (size_t i = 0; i < k->nlayers; i++) {
+    layer_t *l = &k->layers[i];
+    double cost = (double)l->dim_g * l->dim_a * ((double)l->dim_g + l->dim_a);
+    if (cost * k->ranks <= total || l->dim_g < k->ranks) continue;
+    size_t off, len;
+    tide_block((size_t)l->dim_g, k->ranks, k->rank, &off, &len);
+    l->spread = 1;
+    l->row0 = (int)off;
+    l->row1 = (int)(off + len);
+  }
+}
+
+/* What rank r sends in the allgather: [P_l, dot_l] of each layer it owns
+ * that is not spread, then its rows of W of each spread layer. */
+static size_t rank_floats(const tide__kfac_t *k, int r) {
+  size_t n = 0;
+  for (size_t i = 0; i < k->nlayers; i++) {
+    const layer_t *l = &k->layers[i];
+    if (l->spread) {
+      size_t off, len;
+      tide_block((size_t)l->dim_g, k->ranks, r, &off, &len);
+      n += len * (size_t)l->dim_a;
+    } else if (l->owner == r) {
+      n += layer_floats(l) + 1;
+    }
+  }
+  return n;
 }
 
 /* KAISA's greedy assignment: layers by cost (dim_A^3 + dim_G^3) from the
@@ -288,6 +337,7 @@ int tide_trainer_kfac(tide_trainer_t *tr, const tide_kfac_config_t *config, cons
   }
   tide__free(used);
   if (rc == 0) rc = assign(k);
+  if (rc == 0) spread_layers(k);
   /* Every rank must run the same layers and options: compare a digest. */
   if (rc == 0) {
     uint64_t digest = tide__fnv1a(config, sizeof *config) ^ tide__fnv1a(layers, nlayers * sizeof *layers);
@@ -307,7 +357,7 @@ int tide_trainer_kfac(tide_trainer_t *tr, const tide_kfac_config_t *config, cons
     l->g = tide__calloc(ng, sizeof *l->g);
     l->sum[TIDE_KFAC_A] = tide__calloc(na, sizeof(float));
     l->sum[TIDE_KFAC_G] = tide__calloc(ng, sizeof(float));
-    if (mine(k, l)) {
+    if (mine(k, l) || l->spread) {
       own += layer_floats(l) + 1;
       l->q[TIDE_KFAC_A] = tide__malloc(na * sizeof(float));
       l->q[TIDE_KFAC_G] = tide__malloc(ng * sizeof(float));
@@ -315,6 +365,7 @@ int tide_trainer_kfac(tide_trainer_t *tr, const tide_kfac_config_t *config, cons
       l->d[TIDE_KFAC_G] = tide__malloc((size_t)l->dim_g * sizeof(float));
       if (l->q[0] == NULL || l->q[1] == NULL || l->d[0] == NULL || l->d[1] == NULL) rc = TIDE_ENOMEM;
     }
+    if (l->spread && (l->pw = tide__malloc(layer_floats(l) * sizeof *l->pw)) == NULL) rc = TIDE_ENOMEM;
     if (l->a == NULL || l->g == NULL || l->sum[0] == NULL || l->sum[1] == NULL) rc = TIDE_ENOMEM;
     if (rc != 0) break;
     /* The running averages start from I (kfac-pytorch). */
@@ -330,6 +381,8 @@ int tide_trainer_kfac(tide_trainer_t *tr, const tide_kfac_config_t *config, cons
     k->recv = tide__malloc(total * sizeof *k->recv);
     k->counts = tide__calloc((size_t)k->ranks, sizeof *k->counts);
     k->dots = tide__calloc(nlayers, sizeof *k->dots);
+    k->at = tide__calloc(nlayers, sizeof *k->at);
+    if (k->at == NULL) rc = TIDE_ENOMEM;
     if (k->pack == NULL || k->m == NULL || k->p == NULL || k->work == NULL || k->send == NULL || k->recv == NULL ||
         k->counts == NULL || k->dots == NULL)
       rc = TIDE_ENOMEM;
@@ -338,16 +391,14 @@ int tide_trainer_kfac(tide_trainer_t *tr, const tide_kfac_config_t *config, cons
     tide__kfac_destroy(k);
     return rc == TIDE_ENOMEM ? tide__trainer_fail(tr, rc, "tide_trainer_kfac: out of memory for the factors") : rc;
   }
-  for (size_t i = 0; i < nlayers; i++) {
-    const layer_t *l = &k->layers[i];
-    k->counts[l->owner] += layer_floats(l) + 1;
-  }
+  for (int r = 0; r < k->ranks; r++) k->counts[r] = rank_floats(k, r);
   tr->kfac = k;
   if (tr->rank == 0)
     for (size_t i = 0; i < nlayers; i++)
-      TIDE_INFO("K-FAC: layer %zu (%s): A %d x %d, G %d x %d, rank %d", i, tr->tensors[layers[i].weight].name,
+      TIDE_INFO("K-FAC: layer %zu (%s): A %d x %d, G %d x %d, rank %d%s", i, tr->tensors[layers[i].weight].name,
                 k->layers[i].dim_a, k->layers[i].dim_a, k->layers[i].dim_g, k->layers[i].dim_g,
-                config->distribute ? k->layers[i].owner : -1);
+                config->distribute ? k->layers[i].owner : -1,
+                k->layers[i].spread ? " (its preconditioning's rows spread over all ranks)" : "");
   return 0;
 }
 
@@ -484,24 +535,47 @@ int tide__kfac_run(tide_trainer_t *tr, float lr, double *seconds) {
   t = tide__now_ns();
   for (size_t i = 0; i < k->nlayers; i++) {
     layer_t *l = &k->layers[i];
-    if (!mine(k, l) || (!refresh && l->decomposed)) continue;
-    if ((rc = tide__kfac_eigen(l->a, l->dim_a, l->q[TIDE_KFAC_A], l->d[TIDE_KFAC_A])) != 0 ||
-        (rc = tide__kfac_eigen(l->g, l->dim_g, l->q[TIDE_KFAC_G], l->d[TIDE_KFAC_G])) != 0)
-      return tide__trainer_fail(tr, rc, "K-FAC: eigendecomposition of layer %zu's factors failed at step %ld", i,
-                                tr->step);
-    l->decomposed = 1;
-    eigen = 1;
+    /* decomposed is the same on every rank for a spread layer */
+    int due = refresh || !l->decomposed;
+    if (mine(k, l) && due) {
+      if ((rc = tide__kfac_eigen(l->a, l->dim_a, l->q[TIDE_KFAC_A], l->d[TIDE_KFAC_A])) != 0 ||
+          (rc = tide__kfac_eigen(l->g, l->dim_g, l->q[TIDE_KFAC_G], l->d[TIDE_KFAC_G])) != 0)
+        return tide__trainer_fail(tr, rc, "K-FAC: eigendecomposition of layer %zu's factors failed at step %ld", i,
+                                  tr->step);
+      l->decomposed = 1;
+      eigen = 1;
+    }
+    if (l->spread && due) {
+      const size_t n[4] = {(size_t)l->dim_a * l->dim_a, (size_t)l->dim_a, (size_t)l->dim_g * l->dim_g,
+                           (size_t)l->dim_g};
+      float *bufs[4] = {l->q[TIDE_KFAC_A], l->d[TIDE_KFAC_A], l->q[TIDE_KFAC_G], l->d[TIDE_KFAC_G]};
+      for (int j = 0; j < 4; j++)
+        if ((rc = tide_broadcast(tr->comm, bufs[j], n[j], TIDE_F32, l->owner)) != 0)
+          return tide__trainer_fail(tr, rc, "K-FAC: broadcast of layer %zu's decomposition: %s", i,
+                                    tide_comm_last_error(tr->comm));
+      l->decomposed = 1;
+    }
   }
   lap(k, EIGEN, &t);
   k->prof_inverse_steps += eigen;
   if (k->config.distribute && k->ranks > 1) {
-    /* Each owner preconditions its layers; one allgatherv shares them. */
+    /* Each owner preconditions its layers, and every rank its rows of the
+     * spread ones; one allgatherv shares them. */
     float *s = k->send;
     for (size_t i = 0; i < k->nlayers; i++) {
       const layer_t *l = &k->layers[i];
-      if (l->owner != k->rank) continue;
+      if (l->owner != k->rank || l->spread) continue;
       s[layer_floats(l)] = (float)precondition(k, l, grad, s);
       s += layer_floats(l) + 1;
+    }
+    for (size_t i = 0; i < k->nlayers; i++) {
+      const layer_t *l = &k->layers[i];
+      if (!l->spread) continue;
+      gather(l, grad, k->m);
+      tide__kfac_precondition_rows(l->q[TIDE_KFAC_G], l->d[TIDE_KFAC_G], l->dim_g, l->q[TIDE_KFAC_A],
+                                   l->d[TIDE_KFAC_A], l->dim_a, k->config.damping, k->m, l->row0, l->row1, s,
+                                   k->work);
+      s += (size_t)(l->row1 - l->row0) * l->dim_a;
     }
     lap(k, PRECOND, &t);
     if ((rc = tide_allgatherv(tr->comm, k->send, k->counts[k->rank], k->recv, k->counts, TIDE_F32)) != 0)
@@ -517,32 +591,48 @@ int tide__kfac_run(tide_trainer_t *tr, float lr, double *seconds) {
     }
     lap(k, PRECOND, &t);
   }
-  /* Where each layer's result sits in recv: owners in rank order (or layer
-   * order when every rank did every layer). */
+  /* Where each layer's result sits in recv: per rank in rank order, its
+   * layers, then its rows of the spread ones (or layer order when every
+   * rank did every layer). A spread layer's W is put together in pw and
+   * finished into it (P = Q_G W) by every rank. */
   double vg = 0;
   size_t offset = 0;
   int ranks = k->config.distribute ? k->ranks : 1;
-  for (int r = 0; r < ranks; r++)
+  for (int r = 0; r < ranks; r++) {
     for (size_t i = 0; i < k->nlayers; i++) {
       const layer_t *l = &k->layers[i];
-      if (k->config.distribute && l->owner != r) continue;
+      if (l->spread || (k->config.distribute && l->owner != r)) continue;
+      k->at[i] = offset;
       k->dots[i] = k->recv[offset + layer_floats(l)];
       offset += layer_floats(l) + 1;
     }
+    for (size_t i = 0; i < k->nlayers; i++) {
+      const layer_t *l = &k->layers[i];
+      if (!l->spread) continue;
+      size_t off, len;
+      tide_block((size_t)l->dim_g, k->ranks, r, &off, &len);
+      memcpy(l->pw + off * l->dim_a, k->recv + offset, len * l->dim_a * sizeof *l->pw);
+      offset += len * l->dim_a;
+      if (r == ranks - 1) {
+        tide__kfac_precondition_finish(l->q[TIDE_KFAC_G], l->dim_g, l->dim_a, l->pw, k->p);
+        memcpy(l->pw, k->p, layer_floats(l) * sizeof *l->pw);
+        gather(l, grad, k->m);
+        double dot = 0;
+        for (size_t j = 0, n = layer_floats(l); j < n; j++) dot += (double)l->pw[j] * k->m[j];
+        k->dots[i] = (float)dot;
+      }
+    }
+  }
   for (size_t i = 0; i < k->nlayers; i++) vg += k->dots[i];
   float nu = 1.0f;
   if (k->config.kl_clip > 0) {
     double v = fabs(vg * (double)lr * (double)lr);
     if (v > 0) nu = (float)fmin(1.0, sqrt((double)k->config.kl_clip / v));
   }
-  offset = 0;
-  for (int r = 0; r < ranks; r++)
-    for (size_t i = 0; i < k->nlayers; i++) {
-      const layer_t *l = &k->layers[i];
-      if (k->config.distribute && l->owner != r) continue;
-      scatter(l, k->recv + offset, nu, grad);
-      offset += layer_floats(l) + 1;
-    }
+  for (size_t i = 0; i < k->nlayers; i++) {
+    const layer_t *l = &k->layers[i];
+    scatter(l, l->spread ? l->pw : k->recv + k->at[i], nu, grad);
+  }
   lap(k, APPLY, &t);
   *seconds = (double)(tide__now_ns() - t0) * 1e-9 + k->add_s;
   k->prof[STATS] += k->add_s;
@@ -677,7 +767,7 @@ void tide__kfac_state_set(tide__kfac_t *k, const void *in, size_t floats) {
     p = take(l->g, p, ng * ng);
     float flag;
     memcpy(&flag, p, sizeof flag);
-    if (!mine(k, l)) {
+    if (!mine(k, l) && !l->spread) {
       p += eigen_floats(l) * sizeof(float);
       continue;
     }
