@@ -83,6 +83,7 @@ static const char *config_problem(const tide_kfac_config_t *c, const char **why)
   if (!(c->kl_clip >= 0 && isfinite(c->kl_clip)))
     return *why = "must be finite and >= 0 (0 turns clipping off)", "kl_clip";
   if (c->distribute != 0 && c->distribute != 1) return *why = "must be 0 or 1", "distribute";
+  if (c->spread != 0 && c->spread != 1) return *why = "must be 0 or 1", "spread";
   return NULL;
 }
 
@@ -109,7 +110,8 @@ int tide_kfac_config_parse(const char *text, tide_kfac_config_t *inout) {
     memcpy(key, p, eq);
     key[eq] = 0;
     double v = strtod(p + eq + 1, &end);
-    int is_int = strcmp(key, "factor_every") == 0 || strcmp(key, "inverse_every") == 0 || strcmp(key, "distribute") == 0;
+    int is_int = strcmp(key, "factor_every") == 0 || strcmp(key, "inverse_every") == 0 || strcmp(key, "distribute") == 0 ||
+                 strcmp(key, "spread") == 0;
     if (end != p + n || end == p + eq + 1 || !isfinite(v) || (is_int && (v != floor(v) || fabs(v) > 1e9))) {
       TIDE_ERROR("K-FAC options: kfac.%s: \"%.*s\" is not a%s number", key, (int)(n - eq - 1), p + eq + 1,
                  is_int ? "n integer" : "");
@@ -121,6 +123,8 @@ int tide_kfac_config_parse(const char *text, tide_kfac_config_t *inout) {
       c.inverse_every = (int)v;
     else if (strcmp(key, "distribute") == 0)
       c.distribute = (int)v;
+    else if (strcmp(key, "spread") == 0)
+      c.spread = (int)v;
     else if (strcmp(key, "damping") == 0)
       c.damping = (float)v;
     else if (strcmp(key, "factor_decay") == 0)
@@ -129,7 +133,7 @@ int tide_kfac_config_parse(const char *text, tide_kfac_config_t *inout) {
       c.kl_clip = (float)v;
     else {
       TIDE_ERROR("K-FAC options: unknown key \"%s\" (use factor_every, inverse_every, damping, factor_decay, "
-                 "kl_clip, distribute)", key);
+                 "kl_clip, distribute, spread)", key);
       return TIDE_EINVAL;
     }
     p += n;
@@ -222,10 +226,10 @@ static int check_layer(tide_trainer_t *tr, size_t i, const tide_kfac_layer_t *d,
 /* A layer whose preconditioning (dim_G dim_A (dim_G + dim_A) multiply-adds
  * a step) is more than 1/ranks of all layers' cannot be balanced by whole
  * layers (the CNN's fc1: docs/adaptation.md, "K-FAC's step, stage by
- * stage"): its rows are spread over the ranks (tide_block). Only with
- * distribute and more than one rank. */
+ * stage"): with config.spread, its rows are spread over the ranks
+ * (tide_block). Only with distribute and more than one rank. */
 static void spread_layers(tide__kfac_t *k) {
-  if (!k->config.distribute || k->ranks < 2) return;
+  if (!k->config.spread || !k->config.distribute || k->ranks < 2) return;
   double total = 0;
   for (size_t i = 0; i < k->nlayers; i++) {
     const layer_t *l = &k->layers[i];
