@@ -1130,6 +1130,12 @@ typedef struct {
                          eigendecompositions and preconditioning run on one rank
                          (greedy by cost, dim_A^3 + dim_G^3) and the preconditioned
                          gradients are all-gathered. 0: every rank does every layer */
+  int spread;         /* 1: with distribute and more than one rank, a layer whose
+                         preconditioning is over 1/ranks of all layers' has its rows
+                         spread over every rank (its owner decomposes and broadcasts
+                         the eigenvectors). 0 (default): whole layers only. Same bits
+                         either way; it pays where cores outnumber the ranks' work
+                         (docs/adaptation.md, "K-FAC's step, stage by stage") */
 } tide_kfac_config_t;
 
 /* One dense or conv layer: its weight tensor [out, in] or [out, c, kh, kw]

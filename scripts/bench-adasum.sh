@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # Adasum allreduce against tide's dense allreduce (f32 sum) of the same size,
 # side by side: every round runs `tide bench --op allreduce,adasum` once per
-# rank count and size, so the two measurements of a size follow each other
-# and see the same machine state; rounds repeat that. Prints a markdown table
-# of the medians over rounds of each p50 and of the per-round ratios
-# adasum/allreduce of the p50s and of the fastest iterations; every JSON line
-# goes to OUT.
+# rank count and size (a launch of its own), so the two measurements of a
+# size follow each other and see the same machine state; rounds repeat that.
+# Prints a markdown table of the medians over rounds of each p50 and of the
+# per-round ratios adasum/allreduce of the p50s and of the fastest
+# iterations, and the spread of the p50 ratio over the launches (lowest and
+# highest round: the 1.3x bar holds only if the highest is under it); every
+# JSON line goes to OUT.
 #
 #   scripts/bench-adasum.sh [BUILD_DIR]        (default: build)
 #
@@ -56,8 +58,8 @@ awk '
     if (field("ok") != "true") bad = 1
   }
   END {
-    print "| np | bytes | allreduce p50 (ms) | adasum p50 (ms) | adasum / allreduce, p50 | adasum / allreduce, fastest |"
-    print "|---|---|---|---|---|---|"
+    print "| np | bytes | allreduce p50 (ms) | adasum p50 (ms) | adasum / allreduce, p50 | adasum / allreduce, fastest | p50 ratio over launches: lowest-highest (launches) |"
+    print "|---|---|---|---|---|---|---|"
     n = 0
     for (k in keys) order[++n] = k
     for (i = 2; i <= n; i++) for (j = i; j > 1; j--) {
@@ -65,15 +67,19 @@ awk '
       if (x[1] + 0 < y[1] + 0 || (x[1] == y[1] && x[2] + 0 < y[2] + 0)) { s = order[j]; order[j] = order[j - 1]; order[j - 1] = s }
     }
     for (i = 1; i <= n; i++) {
-      k = order[i]; a = ""; d = ""; q = ""; qm = ""
+      k = order[i]; a = ""; d = ""; q = ""; qm = ""; lo = ""; hi = ""; m = 0
       for (r in rounds) if ((k, "allreduce", r) in t && (k, "adasum", r) in t) {
-        a = a " " t[k, "allreduce", r]; d = d " " t[k, "adasum", r]; q = q " " t[k, "adasum", r] / t[k, "allreduce", r]
-        qm = qm " " tmin[k, "adasum", r] / tmin[k, "allreduce", r]
+        a = a " " t[k, "allreduce", r]; d = d " " t[k, "adasum", r]; ratio = t[k, "adasum", r] / t[k, "allreduce", r]
+        q = q " " ratio; qm = qm " " tmin[k, "adasum", r] / tmin[k, "allreduce", r]; m++
+        if (lo == "" || ratio < lo) lo = ratio
+        if (hi == "" || ratio > hi) hi = ratio
       }
       split(k, x, " ")
-      printf "| %d | %d MiB | %.2f | %.2f | %.2f | %.2f |\n", x[1], x[2] / 1048576, median(a) * 1e3, median(d) * 1e3,
-        median(q), median(qm)
+      printf "| %d | %d MiB | %.2f | %.2f | %.2f | %.2f | %.2f-%.2f (%d) |\n", x[1], x[2] / 1048576, median(a) * 1e3,
+        median(d) * 1e3, median(q), median(qm), lo, hi, m
+      if (hi > worst) { worst = hi; worst_key = x[1] " " x[2] / 1048576 }
     }
+    if (n > 0) printf "\nWorst launch: adasum / allreduce p50 %.2f (np = %d, %d MiB)\n", worst, substr(worst_key, 1, index(worst_key, " ") - 1), substr(worst_key, index(worst_key, " ") + 1)
     if (bad) print "bench-adasum: a --check failed (ok=false)" > "/dev/stderr"
   }' "$out"
 exit $status

@@ -32,7 +32,7 @@ static int hook(void *trainer, size_t layer, tide_kfac_factor_t factor, const fl
 
 /* What a run does: model, trainer, K-FAC, `steps` steps. */
 typedef struct {
-  int batch, steps, distribute;
+  int batch, steps, distribute, spread;
   float kl_clip, factor_decay, damping, lr, momentum;
   int factor_every, inverse_every;
   const char *out; /* each rank writes its final parameters to out.rankR */
@@ -62,6 +62,7 @@ static int run_training(tide_comm_t *comm, const run_t *r, nn_model_t **model_ou
   tide_kfac_config_t kc;
   tide_kfac_config_default(&kc);
   kc.distribute = r->distribute;
+  kc.spread = r->spread;
   kc.kl_clip = r->kl_clip;
   kc.factor_decay = r->factor_decay;
   kc.damping = r->damping;
@@ -196,14 +197,15 @@ static void test_distributed(void) {
   CHECK(mkdtemp(dir) != NULL);
   enum { GLOBAL = 12, CAP = 1 << 20 };
   struct {
-    int np, distribute;
-  } cases[] = {{1, 1}, {3, 1}, {3, 0}, {2, 1}};
+    int np, distribute, spread;
+  } cases[] = {{1, 1, 0}, {3, 1, 0}, {3, 0, 0}, {2, 1, 0}, {3, 1, 1}, {2, 1, 1}};
   float *ref = malloc(CAP * sizeof(float)), *got = malloc(CAP * sizeof(float));
   size_t n = 0;
   for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
     char out[256];
-    snprintf(out, sizeof out, "%s/np%d-d%d", dir, cases[c].np, cases[c].distribute);
-    run_t r = {.batch = GLOBAL / cases[c].np, .steps = 4, .distribute = cases[c].distribute, .kl_clip = 0.001f,
+    snprintf(out, sizeof out, "%s/np%d-d%d-s%d", dir, cases[c].np, cases[c].distribute, cases[c].spread);
+    run_t r = {.batch = GLOBAL / cases[c].np, .steps = 4, .distribute = cases[c].distribute,
+               .spread = cases[c].spread, .kl_clip = 0.001f,
                .factor_decay = 0.9f, .damping = 0.03f, .lr = 0.002f, .momentum = 0.9f, .factor_every = 1,
                .inverse_every = 2, .out = out};
     harness_opts_t opts = {.np = cases[c].np, .timeout_s = 120};
@@ -218,8 +220,8 @@ static void test_distributed(void) {
       }
       CHECK(got_n == n);
       double d = rel_diff(got, ref, n);
-      fprintf(stderr, "np %d distribute %d rank %d: max |diff| / max |w| = %.3g against np 1\n", cases[c].np,
-              cases[c].distribute, rank, d);
+      fprintf(stderr, "np %d distribute %d spread %d rank %d: max |diff| / max |w| = %.3g against np 1\n",
+              cases[c].np, cases[c].distribute, cases[c].spread, rank, d);
       /* The same arithmetic but for the order of the sums over ranks; the
        * steps (K-FAC's are large: up to 1/damping times the gradient's)
        * carry that rounding into the ReLU and max-pool choices, so it grows
@@ -227,13 +229,16 @@ static void test_distributed(void) {
       CHECK(d < 3e-5);
     }
   }
-  /* Distributed and replicated preconditioning on 3 ranks: the same bits. */
+  /* Distributed (whole layers, or fc1's rows spread over the ranks) and
+   * replicated preconditioning on 3 ranks: the same bits. */
   char a[300], b[300];
-  snprintf(a, sizeof a, "%s/np3-d1.rank0", dir);
-  snprintf(b, sizeof b, "%s/np3-d0.rank0", dir);
-  CHECK(read_params(a, ref, CAP) == n && read_params(b, got, CAP) == n);
-  fprintf(stderr, "np 3: distributed vs replicated max rel diff %.3g\n", rel_diff(got, ref, n));
-  CHECK(rel_diff(got, ref, n) <= 1e-6);
+  for (int spread = 0; spread < 2; spread++) {
+    snprintf(a, sizeof a, "%s/np3-d1-s%d.rank0", dir, spread);
+    snprintf(b, sizeof b, "%s/np3-d0-s0.rank0", dir);
+    CHECK(read_params(a, ref, CAP) == n && read_params(b, got, CAP) == n);
+    fprintf(stderr, "np 3: distributed (spread %d) vs replicated max rel diff %.3g\n", spread, rel_diff(got, ref, n));
+    CHECK(rel_diff(got, ref, n) <= 1e-6);
+  }
   char cmd[400];
   snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
   CHECK(system(cmd) == 0);
@@ -251,10 +256,12 @@ static void test_resume(void) {
   float *a = malloc(CAP * sizeof(float)), *b = malloc(CAP * sizeof(float));
   CHECK(a != NULL && b != NULL);
   char whole[300], resumed[300];
-  snprintf(whole, sizeof whole, "%s/whole", dir);
-  snprintf(resumed, sizeof resumed, "%s/resumed", dir);
-  run_t r = {.batch = 6, .steps = 8, .distribute = 1, .kl_clip = 0.001f, .factor_decay = 0.9f, .damping = 0.03f,
-             .lr = 0.002f, .momentum = 0.9f, .factor_every = 1, .inverse_every = 3, .out = whole};
+  /* whole layers, then fc1's rows spread over the two ranks */
+  for (int spread = 0; spread < 2; spread++) {
+  snprintf(whole, sizeof whole, "%s/whole%d", dir, spread);
+  snprintf(resumed, sizeof resumed, "%s/resumed%d", dir, spread);
+  run_t r = {.batch = 6, .steps = 8, .distribute = 1, .spread = spread, .kl_clip = 0.001f, .factor_decay = 0.9f,
+             .damping = 0.03f, .lr = 0.002f, .momentum = 0.9f, .factor_every = 1, .inverse_every = 3, .out = whole};
   harness_opts_t opts = {.np = 2, .timeout_s = 120};
   CHECK(harness_run(&opts, rank_main, &r) == 0);
   r.out = resumed;
@@ -267,7 +274,9 @@ static void test_resume(void) {
     CHECK(n > 0 && read_params(pb, b, CAP) == n);
     CHECK(memcmp(a, b, n * sizeof(float)) == 0);
   }
-  fprintf(stderr, "resume: 4 + 4 steps with the state moved between them = 8 steps, bit for bit\n");
+  fprintf(stderr, "resume (spread %d): 4 + 4 steps with the state moved between them = 8 steps, bit for bit\n",
+          spread);
+  }
   char cmd[400];
   snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
   CHECK(system(cmd) == 0);
@@ -312,6 +321,7 @@ static int bad_options(int rank, int size, void *arg) {
   EXPECT_BAD("factor_decay", factor_decay = -0.1f);
   EXPECT_BAD("kl_clip", kl_clip = -1);
   EXPECT_BAD("distribute", distribute = 2);
+  EXPECT_BAD("spread", spread = -1);
   /* The option string. */
   kc = d;
   CHECK_OK(tide_kfac_config_parse("damping=0.003,inverse_every=50:factor_every=5", &kc));
@@ -320,6 +330,9 @@ static int bad_options(int rank, int size, void *arg) {
   CHECK_RC(tide_kfac_config_parse("damping=x", &kc), TIDE_EINVAL);
   CHECK_RC(tide_kfac_config_parse("inverse_every=7", &kc), TIDE_EINVAL); /* not a multiple of 5 */
   CHECK_RC(tide_kfac_config_parse("factor_every=2.5", &kc), TIDE_EINVAL);
+  CHECK_RC(tide_kfac_config_parse("spread=0.5", &kc), TIDE_EINVAL);
+  CHECK_OK(tide_kfac_config_parse("spread=1", &kc));
+  CHECK(kc.spread == 1);
   CHECK(kc.damping == 0.003f && kc.inverse_every == 50);
   /* Layers that do not fit the tensors. */
   tide_kfac_layer_t spoilt[3];

@@ -45,9 +45,18 @@ void tide__kfac_blend(float *running, int dim, const float *packed, float scale,
   float keep = decay, take = (1.0f - decay) * scale;
   for (int i = 0; i < dim; i++)
     for (int j = i; j < dim; j++) {
-      float v = keep * running[(size_t)i * dim + j] + take * *packed++;
-      running[(size_t)i * dim + j] = v;
-      running[(size_t)j * dim + i] = v;
+      float *v = &running[(size_t)i * dim + j];
+      *v = keep * *v + take * *packed++;
+    }
+  /* The lower triangle from the upper, in square tiles: one column at a
+   * time it wrote a line per element (fc1's 3137 x 3137 A: docs/adaptation.md,
+   * "K-FAC's step, stage by stage"). The same values either way. */
+  enum { TILE = 64 };
+  for (int i0 = 0; i0 < dim; i0 += TILE)
+    for (int j0 = i0; j0 < dim; j0 += TILE) {
+      int i1 = i0 + TILE < dim ? i0 + TILE : dim, j1 = j0 + TILE < dim ? j0 + TILE : dim;
+      for (int i = i0; i < i1; i++)
+        for (int j = j0 > i + 1 ? j0 : i + 1; j < j1; j++) running[(size_t)j * dim + i] = running[(size_t)i * dim + j];
     }
 }
 
@@ -78,19 +87,32 @@ int tide__kfac_eigen(const float *f, int dim, float *q, float *d) {
   return 0;
 }
 
-void tide__kfac_precondition(const float *qg, const float *dg, int dim_g, const float *qa, const float *da,
-                             int dim_a, float damping, const float *m, float *p, float *work) {
-  /* qg holds Q_G^T (rows = eigenvectors), so Q_G^T m is qg . m. */
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, dim_g, dim_a, dim_g, 1.0f, qg, dim_g, m, dim_a, 0.0f, work,
+void tide__kfac_precondition_rows(const float *qg, const float *dg, int dim_g, const float *qa, const float *da,
+                                  int dim_a, float damping, const float *m, int r0, int r1, float *w, float *work) {
+  int rows = r1 - r0;
+  if (rows <= 0) return;
+  /* qg holds Q_G^T (rows = eigenvectors), so rows r0..r1 of Q_G^T m are
+   * qg's rows r0..r1 times m. */
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, dim_a, dim_g, 1.0f, qg + (size_t)r0 * dim_g, dim_g, m,
+              dim_a, 0.0f, work, dim_a);
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, dim_a, dim_a, 1.0f, work, dim_a, qa, dim_a, 0.0f, w,
               dim_a);
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, dim_g, dim_a, dim_a, 1.0f, work, dim_a, qa, dim_a, 0.0f, p,
-              dim_a);
-  for (int i = 0; i < dim_g; i++) {
-    float *row = p + (size_t)i * dim_a, gi = dg[i];
+  for (int i = 0; i < rows; i++) {
+    float *row = w + (size_t)i * dim_a, gi = dg[r0 + i];
     for (int j = 0; j < dim_a; j++) row[j] /= gi * da[j] + damping;
   }
-  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, dim_g, dim_a, dim_g, 1.0f, qg, dim_g, p, dim_a, 0.0f, work,
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, dim_a, dim_a, 1.0f, w, dim_a, qa, dim_a, 0.0f, work,
               dim_a);
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, dim_g, dim_a, dim_a, 1.0f, work, dim_a, qa, dim_a, 0.0f, p,
+  memcpy(w, work, (size_t)rows * dim_a * sizeof *w);
+}
+
+void tide__kfac_precondition_finish(const float *qg, int dim_g, int dim_a, const float *w, float *p) {
+  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, dim_g, dim_a, dim_g, 1.0f, qg, dim_g, w, dim_a, 0.0f, p,
               dim_a);
+}
+
+void tide__kfac_precondition(const float *qg, const float *dg, int dim_g, const float *qa, const float *da,
+                             int dim_a, float damping, const float *m, float *p, float *work) {
+  tide__kfac_precondition_rows(qg, dg, dim_g, qa, da, dim_a, damping, m, 0, dim_g, work, p);
+  tide__kfac_precondition_finish(qg, dim_g, dim_a, work, p);
 }

@@ -39,4 +39,13 @@ int tide__kfac_eigen(const float *f, int dim, float *q, float *d);
 void tide__kfac_precondition(const float *qg, const float *dg, int dim_g, const float *qa, const float *da,
                              int dim_a, float damping, const float *m, float *p, float *work);
 
+/* The same in two parts, so that a layer's rows can be spread over ranks:
+ * rows [r0, r1) of W = ((Q_G^T m Q_A) ./ (d_G d_A^T + damping)) Q_A^T into
+ * w ((r1 - r0) x dim_a), work holding as many floats; then p = Q_G W from
+ * the whole W (dim_g x dim_a). tide__kfac_precondition is the two over all
+ * rows (test_kfac compares the layer spread over ranks with it). */
+void tide__kfac_precondition_rows(const float *qg, const float *dg, int dim_g, const float *qa, const float *da,
+                                  int dim_a, float damping, const float *m, int r0, int r1, float *w, float *work);
+void tide__kfac_precondition_finish(const float *qg, int dim_g, int dim_a, const float *w, float *p);
+
 #endif

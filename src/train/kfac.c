@@ -12,6 +12,8 @@
 #include "optim/kfac.h"
 #include "train/train.h"
 
+#define KFAC_STAGES 7
+
 typedef struct {
   tide_kfac_layer_t desc;
   size_t w_off, b_off; /* into the flat gradient */
@@ -23,6 +25,11 @@ typedef struct {
   int micros[2];       /* micro-batches of this step that added */
   float *q[2], *d[2];  /* eigenvectors (rows) and eigenvalues; NULL where not ours */
   int decomposed;
+  /* Spread: a layer too big for one rank (see spread_layers) is
+   * preconditioned by every rank, rows [row0, row1) of its W here; its
+   * owner decomposes and broadcasts, and pw holds the whole W, then P. */
+  int spread, row0, row1;
+  float *pw;
 } layer_t;
 
 struct tide__kfac {
@@ -36,8 +43,25 @@ struct tide__kfac {
   float *send, *recv;  /* allgatherv of [P_l, dot_l] per layer, owners in rank order */
   size_t *counts;
   double *dots;
+  size_t *at;        /* where each layer's result starts in recv (not spread ones) */
   double add_s;      /* this step's time in tide_trainer_kfac_add */
+  /* The stage profile (docs/adaptation.md, "K-FAC's step, stage by
+   * stage"): seconds per stage summed over the run, logged at the end. */
+  double prof[KFAC_STAGES];
+  long prof_steps, prof_factor_steps, prof_inverse_steps;
 };
+
+enum { STATS, ALLREDUCE, BLEND, EIGEN, PRECOND, ALLGATHER, APPLY };
+static const char *const stage_name[KFAC_STAGES] = {"factor statistics", "factor allreduce", "pack and blend",
+                                                    "eigendecompositions", "preconditioning",
+                                                    "allgather of the results", "kl-clip and scatter"};
+
+/* Adds the time since *t to stage s of the profile and restarts *t. */
+static void lap(tide__kfac_t *k, int s, int64_t *t) {
+  int64_t now = tide__now_ns();
+  k->prof[s] += (double)(now - *t) * 1e-9;
+  *t = now;
+}
 
 static int mine(const tide__kfac_t *k, const layer_t *l) { return !k->config.distribute || l->owner == k->rank; }
 
@@ -59,6 +83,7 @@ static const char *config_problem(const tide_kfac_config_t *c, const char **why)
   if (!(c->kl_clip >= 0 && isfinite(c->kl_clip)))
     return *why = "must be finite and >= 0 (0 turns clipping off)", "kl_clip";
   if (c->distribute != 0 && c->distribute != 1) return *why = "must be 0 or 1", "distribute";
+  if (c->spread != 0 && c->spread != 1) return *why = "must be 0 or 1", "spread";
   return NULL;
 }
 
@@ -85,7 +110,8 @@ int tide_kfac_config_parse(const char *text, tide_kfac_config_t *inout) {
     memcpy(key, p, eq);
     key[eq] = 0;
     double v = strtod(p + eq + 1, &end);
-    int is_int = strcmp(key, "factor_every") == 0 || strcmp(key, "inverse_every") == 0 || strcmp(key, "distribute") == 0;
+    int is_int = strcmp(key, "factor_every") == 0 || strcmp(key, "inverse_every") == 0 || strcmp(key, "distribute") == 0 ||
+                 strcmp(key, "spread") == 0;
     if (end != p + n || end == p + eq + 1 || !isfinite(v) || (is_int && (v != floor(v) || fabs(v) > 1e9))) {
       TIDE_ERROR("K-FAC options: kfac.%s: \"%.*s\" is not a%s number", key, (int)(n - eq - 1), p + eq + 1,
                  is_int ? "n integer" : "");
@@ -97,6 +123,8 @@ int tide_kfac_config_parse(const char *text, tide_kfac_config_t *inout) {
       c.inverse_every = (int)v;
     else if (strcmp(key, "distribute") == 0)
       c.distribute = (int)v;
+    else if (strcmp(key, "spread") == 0)
+      c.spread = (int)v;
     else if (strcmp(key, "damping") == 0)
       c.damping = (float)v;
     else if (strcmp(key, "factor_decay") == 0)
@@ -105,7 +133,7 @@ int tide_kfac_config_parse(const char *text, tide_kfac_config_t *inout) {
       c.kl_clip = (float)v;
     else {
       TIDE_ERROR("K-FAC options: unknown key \"%s\" (use factor_every, inverse_every, damping, factor_decay, "
-                 "kl_clip, distribute)", key);
+                 "kl_clip, distribute, spread)", key);
       return TIDE_EINVAL;
     }
     p += n;
@@ -116,8 +144,30 @@ int tide_kfac_config_parse(const char *text, tide_kfac_config_t *inout) {
   return 0;
 }
 
+/* The stage profile as one log line: each stage's mean per step (and the
+ * eigendecompositions' per inverse step), this rank's own. */
+static void log_profile(const tide__kfac_t *k) {
+  if (k->prof_steps == 0) return;
+  char line[1024];
+  int n = snprintf(line, sizeof line, "K-FAC stage profile, rank %d of %d, %ld steps (%ld with factors, %ld with "
+                   "decompositions), ms per step:", k->rank, k->ranks, k->prof_steps, k->prof_factor_steps,
+                   k->prof_inverse_steps);
+  double total = 0;
+  for (int s = 0; s < KFAC_STAGES && n > 0 && (size_t)n < sizeof line; s++) {
+    total += k->prof[s];
+    n += snprintf(line + n, sizeof line - (size_t)n, "%s %s %.3f", s ? ";" : "", stage_name[s],
+                  1e3 * k->prof[s] / (double)k->prof_steps);
+  }
+  if (n > 0 && (size_t)n < sizeof line)
+    snprintf(line + n, sizeof line - (size_t)n, "; total %.3f; eigendecompositions per inverse step %.1f",
+             1e3 * total / (double)k->prof_steps,
+             k->prof_inverse_steps ? 1e3 * k->prof[EIGEN] / (double)k->prof_inverse_steps : 0.0);
+  TIDE_INFO("%s", line);
+}
+
 void tide__kfac_destroy(tide__kfac_t *k) {
   if (k == NULL) return;
+  log_profile(k);
   for (size_t i = 0; k->layers != NULL && i < k->nlayers; i++) {
     layer_t *l = &k->layers[i];
     tide__free(l->a);
@@ -127,8 +177,10 @@ void tide__kfac_destroy(tide__kfac_t *k) {
       tide__free(l->q[f]);
       tide__free(l->d[f]);
     }
+    tide__free(l->pw);
   }
   tide__free(k->layers);
+  tide__free(k->at);
   tide__free(k->pack);
   tide__free(k->m);
   tide__free(k->p);
@@ -169,6 +221,47 @@ static int check_layer(tide_trainer_t *tr, size_t i, const tide_kfac_layer_t *d,
   used[d->weight] = 1;
   if (d->bias >= 0) used[d->bias] = 1;
   return 0;
+}
+
+/* A layer whose preconditioning (dim_G dim_A (dim_G + dim_A) multiply-adds
+ * a step) is more than 1/ranks of all layers' cannot be balanced by whole
+ * layers (the CNN's fc1: docs/adaptation.md, "K-FAC's step, stage by
+ * stage"): with config.spread, its rows are spread over the ranks
+ * (tide_block). Only with distribute and more than one rank. */
+static void spread_layers(tide__kfac_t *k) {
+  if (!k->config.spread || !k->config.distribute || k->ranks < 2) return;
+  double total = 0;
+  for (size_t i = 0; i < k->nlayers; i++) {
+    const layer_t *l = &k->layers[i];
+    total += (double)l->dim_g * l->dim_a * ((double)l->dim_g + l->dim_a);
+  }
+  for (size_t i = 0; i < k->nlayers; i++) {
+    layer_t *l = &k->layers[i];
+    double cost = (double)l->dim_g * l->dim_a * ((double)l->dim_g + l->dim_a);
+    if (cost * k->ranks <= total || l->dim_g < k->ranks) continue;
+    size_t off, len;
+    tide_block((size_t)l->dim_g, k->ranks, k->rank, &off, &len);
+    l->spread = 1;
+    l->row0 = (int)off;
+    l->row1 = (int)(off + len);
+  }
+}
+
+/* What rank r sends in the allgather: [P_l, dot_l] of each layer it owns
+ * that is not spread, then its rows of W of each spread layer. */
+static size_t rank_floats(const tide__kfac_t *k, int r) {
+  size_t n = 0;
+  for (size_t i = 0; i < k->nlayers; i++) {
+    const layer_t *l = &k->layers[i];
+    if (l->spread) {
+      size_t off, len;
+      tide_block((size_t)l->dim_g, k->ranks, r, &off, &len);
+      n += len * (size_t)l->dim_a;
+    } else if (l->owner == r) {
+      n += layer_floats(l) + 1;
+    }
+  }
+  return n;
 }
 
 /* KAISA's greedy assignment: layers by cost (dim_A^3 + dim_G^3) from the
@@ -248,6 +341,7 @@ int tide_trainer_kfac(tide_trainer_t *tr, const tide_kfac_config_t *config, cons
   }
   tide__free(used);
   if (rc == 0) rc = assign(k);
+  if (rc == 0) spread_layers(k);
   /* Every rank must run the same layers and options: compare a digest. */
   if (rc == 0) {
     uint64_t digest = tide__fnv1a(config, sizeof *config) ^ tide__fnv1a(layers, nlayers * sizeof *layers);
@@ -267,7 +361,7 @@ int tide_trainer_kfac(tide_trainer_t *tr, const tide_kfac_config_t *config, cons
     l->g = tide__calloc(ng, sizeof *l->g);
     l->sum[TIDE_KFAC_A] = tide__calloc(na, sizeof(float));
     l->sum[TIDE_KFAC_G] = tide__calloc(ng, sizeof(float));
-    if (mine(k, l)) {
+    if (mine(k, l) || l->spread) {
       own += layer_floats(l) + 1;
       l->q[TIDE_KFAC_A] = tide__malloc(na * sizeof(float));
       l->q[TIDE_KFAC_G] = tide__malloc(ng * sizeof(float));
@@ -275,6 +369,7 @@ int tide_trainer_kfac(tide_trainer_t *tr, const tide_kfac_config_t *config, cons
       l->d[TIDE_KFAC_G] = tide__malloc((size_t)l->dim_g * sizeof(float));
       if (l->q[0] == NULL || l->q[1] == NULL || l->d[0] == NULL || l->d[1] == NULL) rc = TIDE_ENOMEM;
     }
+    if (l->spread && (l->pw = tide__malloc(layer_floats(l) * sizeof *l->pw)) == NULL) rc = TIDE_ENOMEM;
     if (l->a == NULL || l->g == NULL || l->sum[0] == NULL || l->sum[1] == NULL) rc = TIDE_ENOMEM;
     if (rc != 0) break;
     /* The running averages start from I (kfac-pytorch). */
@@ -290,6 +385,8 @@ int tide_trainer_kfac(tide_trainer_t *tr, const tide_kfac_config_t *config, cons
     k->recv = tide__malloc(total * sizeof *k->recv);
     k->counts = tide__calloc((size_t)k->ranks, sizeof *k->counts);
     k->dots = tide__calloc(nlayers, sizeof *k->dots);
+    k->at = tide__calloc(nlayers, sizeof *k->at);
+    if (k->at == NULL) rc = TIDE_ENOMEM;
     if (k->pack == NULL || k->m == NULL || k->p == NULL || k->work == NULL || k->send == NULL || k->recv == NULL ||
         k->counts == NULL || k->dots == NULL)
       rc = TIDE_ENOMEM;
@@ -298,16 +395,14 @@ int tide_trainer_kfac(tide_trainer_t *tr, const tide_kfac_config_t *config, cons
     tide__kfac_destroy(k);
     return rc == TIDE_ENOMEM ? tide__trainer_fail(tr, rc, "tide_trainer_kfac: out of memory for the factors") : rc;
   }
-  for (size_t i = 0; i < nlayers; i++) {
-    const layer_t *l = &k->layers[i];
-    k->counts[l->owner] += layer_floats(l) + 1;
-  }
+  for (int r = 0; r < k->ranks; r++) k->counts[r] = rank_floats(k, r);
   tr->kfac = k;
   if (tr->rank == 0)
     for (size_t i = 0; i < nlayers; i++)
-      TIDE_INFO("K-FAC: layer %zu (%s): A %d x %d, G %d x %d, rank %d", i, tr->tensors[layers[i].weight].name,
+      TIDE_INFO("K-FAC: layer %zu (%s): A %d x %d, G %d x %d, rank %d%s", i, tr->tensors[layers[i].weight].name,
                 k->layers[i].dim_a, k->layers[i].dim_a, k->layers[i].dim_g, k->layers[i].dim_g,
-                config->distribute ? k->layers[i].owner : -1);
+                config->distribute ? k->layers[i].owner : -1,
+                k->layers[i].spread ? " (its preconditioning's rows spread over all ranks)" : "");
   return 0;
 }
 
@@ -370,6 +465,7 @@ void tide__kfac_micro_end(tide__kfac_t *k) {
 
 /* All-reduces the step's factors and folds them into the running averages. */
 static int update_factors(tide_trainer_t *tr, tide__kfac_t *k) {
+  int64_t t = tide__now_ns();
   float *p = k->pack, *counts = k->pack + k->pack_len - 2 * k->nlayers;
   for (size_t i = 0; i < k->nlayers; i++) {
     layer_t *l = &k->layers[i];
@@ -381,8 +477,10 @@ static int update_factors(tide_trainer_t *tr, tide__kfac_t *k) {
       counts[2 * i + f] = n > 0 ? 1.0f : 0.0f;
     }
   }
+  lap(k, BLEND, &t);
   int rc = tide_allreduce(tr->comm, k->pack, k->pack, k->pack_len, TIDE_F32, TIDE_SUM);
   if (rc != 0) return tide__trainer_fail(tr, rc, "K-FAC factor allreduce: %s", tide_comm_last_error(tr->comm));
+  lap(k, ALLREDUCE, &t);
   p = k->pack;
   for (size_t i = 0; i < k->nlayers; i++) {
     layer_t *l = &k->layers[i];
@@ -396,6 +494,8 @@ static int update_factors(tide_trainer_t *tr, tide__kfac_t *k) {
       l->micros[f] = 0;
     }
   }
+  lap(k, BLEND, &t);
+  k->prof_factor_steps++;
   return 0;
 }
 
@@ -431,32 +531,61 @@ static double precondition(tide__kfac_t *k, const layer_t *l, const float *grad,
 
 int tide__kfac_run(tide_trainer_t *tr, float lr, double *seconds) {
   tide__kfac_t *k = tr->kfac;
-  int64_t t0 = tide__now_ns();
+  int64_t t0 = tide__now_ns(), t;
   int rc;
   float *grad = tr->exchange;
   if (factor_step(tr) && (rc = update_factors(tr, k)) != 0) return rc;
-  int refresh = tr->step % k->config.inverse_every == 0;
+  int refresh = tr->step % k->config.inverse_every == 0, eigen = 0;
+  t = tide__now_ns();
   for (size_t i = 0; i < k->nlayers; i++) {
     layer_t *l = &k->layers[i];
-    if (!mine(k, l) || (!refresh && l->decomposed)) continue;
-    if ((rc = tide__kfac_eigen(l->a, l->dim_a, l->q[TIDE_KFAC_A], l->d[TIDE_KFAC_A])) != 0 ||
-        (rc = tide__kfac_eigen(l->g, l->dim_g, l->q[TIDE_KFAC_G], l->d[TIDE_KFAC_G])) != 0)
-      return tide__trainer_fail(tr, rc, "K-FAC: eigendecomposition of layer %zu's factors failed at step %ld", i,
-                                tr->step);
-    l->decomposed = 1;
+    /* decomposed is the same on every rank for a spread layer */
+    int due = refresh || !l->decomposed;
+    if (mine(k, l) && due) {
+      if ((rc = tide__kfac_eigen(l->a, l->dim_a, l->q[TIDE_KFAC_A], l->d[TIDE_KFAC_A])) != 0 ||
+          (rc = tide__kfac_eigen(l->g, l->dim_g, l->q[TIDE_KFAC_G], l->d[TIDE_KFAC_G])) != 0)
+        return tide__trainer_fail(tr, rc, "K-FAC: eigendecomposition of layer %zu's factors failed at step %ld", i,
+                                  tr->step);
+      l->decomposed = 1;
+      eigen = 1;
+    }
+    if (l->spread && due) {
+      const size_t n[4] = {(size_t)l->dim_a * l->dim_a, (size_t)l->dim_a, (size_t)l->dim_g * l->dim_g,
+                           (size_t)l->dim_g};
+      float *bufs[4] = {l->q[TIDE_KFAC_A], l->d[TIDE_KFAC_A], l->q[TIDE_KFAC_G], l->d[TIDE_KFAC_G]};
+      for (int j = 0; j < 4; j++)
+        if ((rc = tide_broadcast(tr->comm, bufs[j], n[j], TIDE_F32, l->owner)) != 0)
+          return tide__trainer_fail(tr, rc, "K-FAC: broadcast of layer %zu's decomposition: %s", i,
+                                    tide_comm_last_error(tr->comm));
+      l->decomposed = 1;
+    }
   }
+  lap(k, EIGEN, &t);
+  k->prof_inverse_steps += eigen;
   if (k->config.distribute && k->ranks > 1) {
-    /* Each owner preconditions its layers; one allgatherv shares them. */
+    /* Each owner preconditions its layers, and every rank its rows of the
+     * spread ones; one allgatherv shares them. */
     float *s = k->send;
     for (size_t i = 0; i < k->nlayers; i++) {
       const layer_t *l = &k->layers[i];
-      if (l->owner != k->rank) continue;
+      if (l->owner != k->rank || l->spread) continue;
       s[layer_floats(l)] = (float)precondition(k, l, grad, s);
       s += layer_floats(l) + 1;
     }
+    for (size_t i = 0; i < k->nlayers; i++) {
+      const layer_t *l = &k->layers[i];
+      if (!l->spread) continue;
+      gather(l, grad, k->m);
+      tide__kfac_precondition_rows(l->q[TIDE_KFAC_G], l->d[TIDE_KFAC_G], l->dim_g, l->q[TIDE_KFAC_A],
+                                   l->d[TIDE_KFAC_A], l->dim_a, k->config.damping, k->m, l->row0, l->row1, s,
+                                   k->work);
+      s += (size_t)(l->row1 - l->row0) * l->dim_a;
+    }
+    lap(k, PRECOND, &t);
     if ((rc = tide_allgatherv(tr->comm, k->send, k->counts[k->rank], k->recv, k->counts, TIDE_F32)) != 0)
       return tide__trainer_fail(tr, rc, "K-FAC allgatherv of the preconditioned gradients: %s",
                                 tide_comm_last_error(tr->comm));
+    lap(k, ALLGATHER, &t);
   } else {
     float *s = k->recv;
     for (size_t i = 0; i < k->nlayers; i++) {
@@ -464,34 +593,54 @@ int tide__kfac_run(tide_trainer_t *tr, float lr, double *seconds) {
       s[layer_floats(l)] = (float)precondition(k, l, grad, s);
       s += layer_floats(l) + 1;
     }
+    lap(k, PRECOND, &t);
   }
-  /* Where each layer's result sits in recv: owners in rank order (or layer
-   * order when every rank did every layer). */
+  /* Where each layer's result sits in recv: per rank in rank order, its
+   * layers, then its rows of the spread ones (or layer order when every
+   * rank did every layer). A spread layer's W is put together in pw and
+   * finished into it (P = Q_G W) by every rank. */
   double vg = 0;
   size_t offset = 0;
   int ranks = k->config.distribute ? k->ranks : 1;
-  for (int r = 0; r < ranks; r++)
+  for (int r = 0; r < ranks; r++) {
     for (size_t i = 0; i < k->nlayers; i++) {
       const layer_t *l = &k->layers[i];
-      if (k->config.distribute && l->owner != r) continue;
+      if (l->spread || (k->config.distribute && l->owner != r)) continue;
+      k->at[i] = offset;
       k->dots[i] = k->recv[offset + layer_floats(l)];
       offset += layer_floats(l) + 1;
     }
+    for (size_t i = 0; i < k->nlayers; i++) {
+      const layer_t *l = &k->layers[i];
+      if (!l->spread) continue;
+      size_t off, len;
+      tide_block((size_t)l->dim_g, k->ranks, r, &off, &len);
+      memcpy(l->pw + off * l->dim_a, k->recv + offset, len * l->dim_a * sizeof *l->pw);
+      offset += len * l->dim_a;
+      if (r == ranks - 1) {
+        tide__kfac_precondition_finish(l->q[TIDE_KFAC_G], l->dim_g, l->dim_a, l->pw, k->p);
+        memcpy(l->pw, k->p, layer_floats(l) * sizeof *l->pw);
+        gather(l, grad, k->m);
+        double dot = 0;
+        for (size_t j = 0, n = layer_floats(l); j < n; j++) dot += (double)l->pw[j] * k->m[j];
+        k->dots[i] = (float)dot;
+      }
+    }
+  }
   for (size_t i = 0; i < k->nlayers; i++) vg += k->dots[i];
   float nu = 1.0f;
   if (k->config.kl_clip > 0) {
     double v = fabs(vg * (double)lr * (double)lr);
     if (v > 0) nu = (float)fmin(1.0, sqrt((double)k->config.kl_clip / v));
   }
-  offset = 0;
-  for (int r = 0; r < ranks; r++)
-    for (size_t i = 0; i < k->nlayers; i++) {
-      const layer_t *l = &k->layers[i];
-      if (k->config.distribute && l->owner != r) continue;
-      scatter(l, k->recv + offset, nu, grad);
-      offset += layer_floats(l) + 1;
-    }
+  for (size_t i = 0; i < k->nlayers; i++) {
+    const layer_t *l = &k->layers[i];
+    scatter(l, l->spread ? l->pw : k->recv + k->at[i], nu, grad);
+  }
+  lap(k, APPLY, &t);
   *seconds = (double)(tide__now_ns() - t0) * 1e-9 + k->add_s;
+  k->prof[STATS] += k->add_s;
+  k->prof_steps++;
   k->add_s = 0;
   return 0;
 }
@@ -622,7 +771,7 @@ void tide__kfac_state_set(tide__kfac_t *k, const void *in, size_t floats) {
     p = take(l->g, p, ng * ng);
     float flag;
     memcpy(&flag, p, sizeof flag);
-    if (!mine(k, l)) {
+    if (!mine(k, l) && !l->spread) {
       p += eigen_floats(l) * sizeof(float);
       continue;
     }
