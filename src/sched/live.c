@@ -403,7 +403,7 @@ static int load_jobs(daemon_t *d) {
                 j->alloc, (int)j->keeper);
   }
   closedir(dir);
-  qsort(d->jobs, (size_t)d->njobs, sizeof *d->jobs, by_id);
+  if (d->njobs > 1) qsort(d->jobs, (size_t)d->njobs, sizeof *d->jobs, by_id);
   return 0;
 }
 
