@@ -162,6 +162,9 @@ int tide_comm_init(tide_comm_t **out);
  * TIDE_BACKEND=mpi, calling MPI_Init_thread first if nobody has (and then
  * MPI_Finalize when its last communicator is destroyed). */
 int tide_comm_init_from_mpi(const void *mpi_comm, tide_comm_t **out);
+/* 1 when this tide was built with MPI (tide_comm_init_from_mpi and
+ * TIDE_BACKEND=mpi work), else 0. Any thread. */
+int tide_mpi_built(void);
 /* Closes connections and frees the communicator (and its local/cross
  * sub-communicators). Not collective: never blocks on peers. */
 void tide_comm_destroy(tide_comm_t *comm);
