@@ -86,6 +86,8 @@ def _allreduce_start(tensor, output, op, name, compression, prescale_factor, pos
     else:  # a fresh tensor (scaled or compressed): reduce into it
         recv = send
     handle = _comm._start_allreduce(send, recv, op, call)
+    if send is tensor and post == 1.0:
+        return handle  # nothing to do after it: the plain Handle
     return _Scaled(handle, post, compression, ctx, tensor if in_place else None)
 
 
