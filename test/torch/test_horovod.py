@@ -73,6 +73,28 @@ def check_autograd(tt, torch, r, n):
         if r != root:
             assert torch.equal(x.grad, torch.zeros_like(x))  # was 1 before issue 25
 
+    # reducescatter: Horovod's gradient is size times that of the sum of the ranks' losses
+    for op, pre, post in ((tt.Sum, 1.0, 1.0), (tt.Average, 1.0, 1.0), (tt.Sum, 2.0, 0.5)):
+        x = inputs(r).requires_grad_()  # 4 rows over 3 ranks: blocks of 2, 1, 1
+        y = tt.reducescatter(x, op=op, prescale_factor=pre, postscale_factor=post)
+        full = sum(xi * pre for xi in xs) * post / (n if op == tt.Average else 1)
+        lo = [0, 2, 3, 4]
+        assert torch.allclose(y, full[lo[r]:lo[r + 1]]), ("reducescatter", op, y, full)
+        (y * weights(r, y.shape)).sum().backward()
+        loss = sum((full[lo[p]:lo[p + 1]] * weights(p, (lo[p + 1] - lo[p], 3))).sum() for p in range(n))
+        want, = torch.autograd.grad(loss * n, xs[r])
+        assert torch.allclose(x.grad, want), ("reducescatter grad", op, x.grad, want)
+    try:
+        tt.reducescatter(inputs(r), op=tt.Max)
+        raise AssertionError("reducescatter Max accepted")
+    except tt.InvalidArgumentError:
+        pass
+    try:  # shapes (4, 3) against (3, 4) on the last rank: a mismatch on every rank, not a silent success
+        tt.reducescatter(inputs(r) if r != n - 1 else inputs(r).reshape(3, 4), op=tt.Sum)
+        raise AssertionError("reducescatter of different shapes succeeded")
+    except tt.MismatchError:
+        pass
+
 
 def check_signature(tt, torch, r, n):
     x = torch.full((4,), float(r + 1))

@@ -9,7 +9,11 @@ grad_output g_r):
   allreduce(x, op)          -> allreduce(g, op), the same pre/postscale
   allgather(x)              -> this rank's rows of allreduce(g, Average)
   broadcast(x, root)        -> allreduce(g, Average) on root, 0 elsewhere
+  reducescatter(x, op)      -> allgather(g), times size for Sum, and the
+                               same pre/postscale
 """
+import ctypes
+
 import torch
 
 from .. import _lib
@@ -17,6 +21,13 @@ from .._lib import lib
 from . import _comm
 from ._comm import Average, Sum, Adasum, _invalid, synchronize
 from ._optimizer import Compression
+
+# The two libtide calls only this module makes.
+lib.tide_reduce_scatter.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int,
+                                    ctypes.c_int]
+lib.tide_reduce_scatter.restype = ctypes.c_int
+lib.tide_mpi_built.argtypes = []
+lib.tide_mpi_built.restype = ctypes.c_int
 
 
 def _resolve_op(average, op, call):
@@ -249,6 +260,68 @@ def broadcast_async(tensor, root_rank, name=None, process_set=None):
     """Starts a broadcast into a new tensor; synchronize(handle) returns it."""
     _no_process_set(process_set, _call("broadcast_async", name))
     return _comm.broadcast_async_(tensor.clone(), root_rank, name)
+
+
+def _row_block(rows, n, r):
+    """Horovod's split of rows over n ranks: the first rows % n get one more."""
+    base, rem = divmod(rows, n)
+    return r * base + min(r, rem), base + (1 if r < rem else 0)
+
+
+class _ReducescatterFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, tensor, name, op, pre, post):
+        ctx.args = (op, pre, post)
+        call = _call("reducescatter", name)
+        dtype = _comm._check_tensor(tensor, call)
+        if tensor.dim() == 0:
+            raise _invalid(call, "reducescatter needs a tensor of at least one dimension (its rows are split)")
+        device, x = tensor.device, tensor.cpu()
+        if pre != 1.0:
+            x = x * pre
+        n, me, rows = _comm.size(), _comm.rank(), x.shape[0]
+        # Every rank's block padded to the largest, so that libtide's equal
+        # element blocks are Horovod's row blocks.
+        most = -(-rows // n)
+        padded = torch.zeros((n * most,) + tuple(x.shape[1:]), dtype=x.dtype)
+        for r in range(n):
+            lo, count = _row_block(rows, n, r)
+            padded[r * most:r * most + count] = x[lo:lo + count]
+        out = torch.empty((most,) + tuple(x.shape[1:]), dtype=x.dtype)
+        with _comm.one_thread(call):
+            rc = lib.tide_reduce_scatter(_comm._c(call), _comm._ptr(padded), _comm._ptr(out), padded.numel(),
+                                         dtype, op)
+        if rc < 0:
+            raise _comm._fail(rc, call)
+        mine = out[:_row_block(rows, n, me)[1]].clone()
+        if post != 1.0:
+            mine.mul_(post)
+        return mine.to(device)
+
+    @staticmethod
+    def backward(ctx, grad):
+        op, pre, post = ctx.args
+        g = grad * (_comm.size() if op == Sum else 1) * pre * post  # Horovod's gradient
+        return _comm.allgather(g.contiguous()), None, None, None, None
+
+
+def reducescatter(tensor, name=None, compression=Compression.none, op=Average, process_set=None,
+                  prescale_factor=1.0, postscale_factor=1.0):
+    """The Sum or Average (default) of tensor over all ranks, split by rows:
+    rank r gets its block of dimension 0 (the first rows % size ranks one
+    row more), as Horovod does. Differentiable with Horovod's gradient
+    (allgather of the incoming gradient, times size for Sum)."""
+    call = _call("reducescatter", name)
+    _no_process_set(process_set, call)
+    _comm._check_op(op, call)
+    if op not in (Sum, Average):
+        raise _invalid(call, "reducescatter supports op=Sum and op=Average, got %s" % _comm._OP_NAMES[op])
+    pre = _check_factor("prescale_factor", prescale_factor, call)
+    post = _check_factor("postscale_factor", postscale_factor, call)
+    if not isinstance(compression, Compression._Kind) or not compression.dense:
+        raise _invalid(call, "compression must be Compression.none or Compression.fp16, got %r" % (compression,))
+    send, ctx = compression.compress(tensor)
+    return compression.decompress(_ReducescatterFn.apply(send, name, op, pre, post), ctx)
 
 
 def _no_process_set(process_set, call):
