@@ -99,23 +99,42 @@ static int compare_headers(const header_t *mine, int my_rank, const header_t *th
   return 0;
 }
 
-/* Every rank's header reaches every rank (a ring allgather of 48 bytes
- * each) before any payload moves, so every rank reaches the same verdict:
+/* Every rank's header reaches every rank (an allgather of 48 bytes each,
+ * ceil(log2 size) steps) before any payload moves, so every rank reaches the same verdict:
  * 0, or TIDE_EMISMATCH with the same message naming rank 0's call and the
  * first call that differs from it. A mismatch leaves the communicator
  * usable: no payload moved, and the ranks take the highest collective
  * number among them, so ranks that skipped a call (a local TIDE_EINVAL)
  * agree again from the next call on. A corrupt header fails the
  * communicator (TIDE_EPROTO). */
+/* Bruck's allgather of the headers: ceil(log2 size) steps; in each, a rank
+ * that holds the headers of ranks rank .. rank+have-1 sends them to
+ * rank-have and receives the next ones from rank+have. rotated[i] ends as
+ * rank (rank + i) % size's header. */
+static int gather_headers(tide_comm_t *comm, const header_t *mine, header_t *rotated, header_t *all) {
+  int n = comm->size, have = 1;
+  rotated[0] = *mine;
+  while (have < n) {
+    int move = have < n - have ? have : n - have;
+    tide__p2p_t ops[2];
+    tide__p2p_set(&ops[0], TIDE__P2P_SEND, (comm->rank - have + n) % n, rotated, NULL, (size_t)move * sizeof *mine,
+                  TIDE_I32, TIDE_SUM);
+    tide__p2p_set(&ops[1], TIDE__P2P_RECV, (comm->rank + have) % n, NULL, rotated + have,
+                  (size_t)move * sizeof *mine, TIDE_I32, TIDE_SUM);
+    TIDE_CHECK(tide__comm_run(comm, ops, 2, "collective header exchange"));
+    have += move;
+  }
+  for (int i = 0; i < n; i++) all[(comm->rank + i) % n] = rotated[i];
+  return 0;
+}
+
 static int check_headers(tide_comm_t *comm, const header_t *mine) {
   if (comm->size == 1) return 0;
-  size_t n = (size_t)comm->size, words = sizeof *mine / sizeof(int32_t);
-  header_t *all = tide__malloc(n * (sizeof *all + 2 * sizeof(size_t)));
+  size_t n = (size_t)comm->size;
+  header_t *all = tide__malloc(2 * n * sizeof *all);
   if (all == NULL)
     return tide__comm_fail(comm, TIDE_ENOMEM, 0, "rank %d: no memory for %zu collective headers", comm->rank, n);
-  size_t *counts = (size_t *)(all + n), *displs = counts + n;
-  for (size_t r = 0; r < n; r++) counts[r] = words, displs[r] = r * words;
-  int rc = tide__allgatherv_ring(comm, mine, all, counts, displs, TIDE_I32);
+  int rc = gather_headers(comm, mine, all + n, all);
   char msg[700];
   for (size_t r = 0; rc == 0 && r < n; r++)
     if (all[r].magic != HEADER_MAGIC) {
