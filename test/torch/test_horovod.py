@@ -140,6 +140,8 @@ def check_signature(tt, torch, r, n):
     g = [t.clone().requires_grad_() for t in ts]
     sum(o.sum() for o in tt.grouped_allreduce(g, op=tt.Sum)).backward()
     assert all(torch.equal(t.grad, torch.full_like(t, float(n))) for t in g)
+    objs = tt.allgather_object({"rank": r, "words": "x" * (r * 5)})
+    assert objs == [{"rank": p, "words": "x" * (p * 5)} for p in range(n)], objs
     h = tt.broadcast_async(torch.tensor([r]), 2)
     assert torch.equal(tt.synchronize(h), torch.tensor([2]))
     # the *_built queries: nothing tide lacks answers yes; mpi_built agrees with libmpi being loaded

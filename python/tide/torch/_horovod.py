@@ -324,6 +324,26 @@ def reducescatter(tensor, name=None, compression=Compression.none, op=Average, p
     return compression.decompress(_ReducescatterFn.apply(send, name, op, pre, post), ctx)
 
 
+def allgather_object(obj, name=None, process_set=None):
+    """Every rank's obj (anything torch.save takes), as a list in rank order."""
+    import io
+    call = _call("allgather_object", name)
+    _no_process_set(process_set, call)
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    data = buf.getvalue()
+    words = torch.zeros((len(data) + 3) // 4, dtype=torch.int32)
+    ctypes.memmove(words.data_ptr(), data, len(data))
+    lengths = _comm.allgather(torch.tensor([len(data)], dtype=torch.int64), name).tolist()
+    gathered = _comm.allgather(words, name)
+    out, at = [], 0
+    for nbytes in lengths:
+        raw = ctypes.string_at(gathered.data_ptr() + at * 4, nbytes)
+        out.append(torch.load(io.BytesIO(raw)))
+        at += (nbytes + 3) // 4
+    return out
+
+
 def _no_process_set(process_set, call):
     if process_set is not None:
         raise _invalid(call, "process sets are not implemented in tide.torch yet; use the global set "
