@@ -169,7 +169,11 @@ def check_optimizer(tt, torch, r, n):
             want = tt.allreduce(q.grad, op=tt.Average)
             tol = 2e-3 if compression is tt.Compression.fp16 else 1e-5
             assert torch.allclose(p.grad, want, rtol=tol, atol=tol), (name, compression, factor, p.grad, want)
-        opt.step()
+        before = [p.detach().clone() for p in m.parameters()]
+        with opt.skip_synchronize():
+            opt.step()
+        for p, b in zip(m.parameters(), before):
+            assert torch.allclose(p.detach(), b - 0.1 * p.grad)  # one SGD step on the combined gradient
     grads(tt.Compression.none, 1.0)
     grads(tt.Compression.none, 4.0)
     grads(tt.Compression.fp16, 1.0)

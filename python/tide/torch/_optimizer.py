@@ -6,6 +6,7 @@ its bucket, so autograd accumulates straight into the buffer the allreduce
 sends: no copy in, no copy out. Buckets are filled in reverse parameter
 order (the order backward produces gradients), at most bucket_bytes each.
 """
+import contextlib
 import ctypes
 import time
 
@@ -383,8 +384,22 @@ class _DistributedMixin:
             self._delay[k] = self._passes
         self._synchronized = True
 
+    @contextlib.contextmanager
+    def skip_synchronize(self):
+        """Horovod's: step() inside does not call synchronize(); call
+        synchronize() yourself first (to clip the combined gradients, say)."""
+        self._skip_sync = True
+        try:
+            yield
+        finally:
+            self._skip_sync = False
+
     def step(self, closure=None):
-        self.synchronize()
+        if not getattr(self, "_skip_sync", False):
+            self.synchronize()
+        elif any(b.handle is not None for b in self._buckets):
+            raise _comm._invalid("step", "step() inside skip_synchronize() while allreduces are in flight: call "
+                                 "synchronize() first")
         loss = super().step(closure)
         self._synchronized = False
         self._steps += 1
