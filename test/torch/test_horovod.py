@@ -84,6 +84,26 @@ def check_autograd(tt, torch, r, n):
         loss = sum((full[lo[p]:lo[p + 1]] * weights(p, (lo[p + 1] - lo[p], 3))).sum() for p in range(n))
         want, = torch.autograd.grad(loss * n, xs[r])
         assert torch.allclose(x.grad, want), ("reducescatter grad", op, x.grad, want)
+    # alltoall: rank q sends (q + p) % n + 1 rows to rank p; the gradient of the sum of the ranks' losses
+    def split(q):
+        return [(q + p) % n + 1 for p in range(n)]
+    big = [torch.arange(sum(split(q)) * 2, dtype=torch.float64).reshape(-1, 2) + 100 * q for q in range(n)]
+    bigs = [b.clone().requires_grad_() for b in big]
+    outs = []
+    for p in range(n):  # the reference: what rank p receives
+        parts = []
+        for q in range(n):
+            lo = sum(split(q)[:p])
+            parts.append(bigs[q][lo:lo + split(q)[p]])
+        outs.append(torch.cat(parts))
+    x = big[r].clone().requires_grad_()
+    y, received = tt.alltoall(x, splits=torch.tensor(split(r), dtype=torch.int32))
+    assert torch.equal(y, outs[r].detach()) and received.tolist() == [split(q)[r] for q in range(n)]
+    (y * weights(r, y.shape)).sum().backward()
+    want, = torch.autograd.grad(sum((outs[p] * weights(p, outs[p].shape)).sum() for p in range(n)), bigs[r])
+    assert torch.allclose(x.grad, want), ("alltoall grad", x.grad, want)
+    even = tt.alltoall(torch.arange(n * 2.) + 10 * r)
+    assert torch.equal(even, torch.cat([torch.arange(2.) + 2 * r + 10 * q for q in range(n)])), even
     try:
         tt.reducescatter(inputs(r), op=tt.Max)
         raise AssertionError("reducescatter Max accepted")

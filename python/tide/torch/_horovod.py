@@ -11,6 +11,7 @@ grad_output g_r):
   broadcast(x, root)        -> allreduce(g, Average) on root, 0 elsewhere
   reducescatter(x, op)      -> allgather(g), times size for Sum, and the
                                same pre/postscale
+  alltoall(x, splits)       -> alltoall(g, the splits received)
 """
 import ctypes
 
@@ -322,6 +323,57 @@ def reducescatter(tensor, name=None, compression=Compression.none, op=Average, p
         raise _invalid(call, "compression must be Compression.none or Compression.fp16, got %r" % (compression,))
     send, ctx = compression.compress(tensor)
     return compression.decompress(_ReducescatterFn.apply(send, name, op, pre, post), ctx)
+
+
+def _alltoall(tensor, splits, call):
+    """(output, received splits as int32). Built on two allgathers: every
+    rank receives every rank's whole tensor and keeps its slices, so it
+    moves size times the data of a real alltoall (libtide has none public
+    yet); correct, for the small exchanges Horovod scripts use it for."""
+    _comm._check_tensor(tensor, call)
+    if tensor.dim() == 0:
+        raise _invalid(call, "alltoall needs a tensor of at least one dimension (its rows are sent)")
+    n, me, rows = _comm.size(), _comm.rank(), tensor.shape[0]
+    if splits is None:
+        if rows % n:
+            raise _invalid(call, "dimension 0 (%d rows) does not divide by the %d ranks; pass splits" % (rows, n))
+        mine = [rows // n] * n
+    else:
+        mine = [int(v) for v in (splits.tolist() if isinstance(splits, torch.Tensor) else splits)]
+        if len(mine) != n or any(v < 0 for v in mine) or sum(mine) != rows:
+            raise _invalid(call, "splits must be %d counts >= 0 that add up to the %d rows, got %r" % (n, rows, mine))
+    table = _comm.allgather(torch.tensor(mine, dtype=torch.int64)).view(n, n)  # row p: what p sends to each
+    gathered = _comm.allgather(tensor.cpu().contiguous())
+    parts, start = [], 0
+    for p in range(n):
+        off = start + int(table[p, :me].sum())
+        parts.append(gathered[off:off + int(table[p, me])])
+        start += int(table[p].sum())
+    return torch.cat(parts).to(tensor.device), table[:, me].to(torch.int32)
+
+
+class _AlltoallFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, tensor, splits, name):
+        out, received = _alltoall(tensor, splits, _call("alltoall", name))
+        ctx.received = received
+        ctx.mark_non_differentiable(received)
+        return out, received
+
+    @staticmethod
+    def backward(ctx, grad, unused):
+        back, _ = _alltoall(grad.contiguous(), ctx.received, "alltoall gradient")
+        return back, None, None
+
+
+def alltoall(tensor, splits=None, name=None, process_set=None):
+    """Sends rows of tensor to every rank: splits[p] rows (in order) to rank
+    p (None: equal shares). Returns the rows received, in rank order, and,
+    when splits is given, how many came from each rank (Horovod's form).
+    Differentiable: the gradient goes back by the reverse alltoall."""
+    _no_process_set(process_set, _call("alltoall", name))
+    out, received = _AlltoallFn.apply(tensor, splits, name)
+    return out if splits is None else (out, received)
 
 
 def allgather_object(obj, name=None, process_set=None):
