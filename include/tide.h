@@ -259,9 +259,10 @@ int tide_elastic_request(tide_store_t *store, int size);
  * TIDE_EMISMATCH on every participant, before any data moves, and leaves
  * the communicator usable; tide_comm_last_error names the ranks and both
  * calls. A bad argument fails with TIDE_EINVAL on its rank alone (see the
- * communicator's error codes above). sendbuf == recvbuf means in place. count 0 is valid; a
- * count whose bytes (allgather: count * size, allgatherv: the sum of counts)
- * pass PTRDIFF_MAX is TIDE_EINVAL. A NULL comm is TIDE_EINVAL (and logged). */
+ * communicator's error codes above). sendbuf == recvbuf means in place.
+ * count 0 is valid; a count whose bytes (allgather: count * size,
+ * allgatherv: the sum of counts) pass PTRDIFF_MAX is TIDE_EINVAL. A NULL
+ * comm is TIDE_EINVAL (and logged). */
 int tide_barrier(tide_comm_t *comm);
 int tide_broadcast(tide_comm_t *comm, void *buf, size_t count, tide_dtype_t dtype, int root);
 int tide_allreduce(tide_comm_t *comm, const void *sendbuf, void *recvbuf, size_t count,
