@@ -1,5 +1,5 @@
-/* libFuzzer harness: the mismatch-check header a collective receives from
- * its left neighbour before any data moves, as arbitrary bytes: it must be
+/* libFuzzer harness: a mismatch-check header a collective receives from
+ * another rank before any data moves, as arbitrary bytes: it must be
  * refused (TIDE_EPROTO), reported as a mismatch that names both calls
  * (TIDE_EMISMATCH), or accepted only when it equals ours.
  *

@@ -121,10 +121,25 @@ void tide_free(void *ptr);
 
 /* The ranks of one job and the connections between them. A communicator's
  * calls are made from one thread at a time (any thread); nonblocking calls
- * run on the communicator's own progress thread. After any call returns
- * TIDE_EPEER, TIDE_EMISMATCH, TIDE_ETIMEDOUT or TIDE_EABORTED the
- * communicator has failed: every later call returns that same code, and the
- * only thing left to do is tide_comm_destroy. */
+ * run on the communicator's own progress thread. Errors, per code:
+ *   TIDE_EINVAL     a bad argument, found on this rank before anything is
+ *                   sent: only this call fails, on this rank only; the
+ *                   communicator stays usable. If the other ranks made the
+ *                   call, this rank's next collective meets theirs as a
+ *                   TIDE_EMISMATCH (collective #n+1 against #n) on every
+ *                   rank, and the ranks agree again after it.
+ *   TIDE_EMISMATCH  the ranks' calls differ (kind, count, dtype, op, root,
+ *                   tensor boundaries, collective number, algorithm
+ *                   settings): found on every rank before any payload
+ *                   moves, returned on every rank with the same message
+ *                   naming rank 0's call and the first call that differs;
+ *                   the communicator stays usable and the next collective
+ *                   works.
+ *   TIDE_EPEER, TIDE_ETIMEDOUT, TIDE_EABORTED, TIDE_EPROTO (a dead or
+ *                   departed peer, a deadline passed, an abort, a corrupt
+ *                   frame) are fatal: every later call returns that same
+ *                   code, and the only thing left to do is
+ *                   tide_comm_destroy (elastic jobs rebuild membership). */
 typedef struct tide_comm tide_comm_t;
 
 /* Joins the job the environment describes: TIDE_RANK/TIDE_SIZE (set by
@@ -147,6 +162,9 @@ int tide_comm_init(tide_comm_t **out);
  * TIDE_BACKEND=mpi, calling MPI_Init_thread first if nobody has (and then
  * MPI_Finalize when its last communicator is destroyed). */
 int tide_comm_init_from_mpi(const void *mpi_comm, tide_comm_t **out);
+/* 1 when this tide was built with MPI (tide_comm_init_from_mpi and
+ * TIDE_BACKEND=mpi work), else 0. Any thread. */
+int tide_mpi_built(void);
 /* Closes connections and frees the communicator (and its local/cross
  * sub-communicators). Not collective: never blocks on peers. */
 void tide_comm_destroy(tide_comm_t *comm);
@@ -169,8 +187,9 @@ int tide_compute_threads(const tide_comm_t *comm, int *threads_out);
  * how many hosts there are. */
 int tide_comm_node(const tide_comm_t *comm);
 int tide_comm_node_count(const tide_comm_t *comm);
-/* The message of the last failure on this communicator ("" if none): it
- * names the ranks involved, e.g. both calls of a mismatch. */
+/* The message of the fatal failure of this communicator or, while it has
+ * not failed, of its last recoverable error (TIDE_EINVAL, TIDE_EMISMATCH);
+ * "" if none. It names the ranks involved, e.g. both calls of a mismatch. */
 const char *tide_comm_last_error(const tide_comm_t *comm);
 
 /* Collective. Ranks with the same color form a new communicator, ordered by
@@ -237,10 +256,13 @@ int tide_elastic_request(tide_store_t *store, int size);
 
 /* Every rank must make the same sequence of collective calls with the same
  * op, dtype, count and root. A call that differs from its peers' fails with
- * TIDE_EMISMATCH on every participant; tide_comm_last_error names the ranks
- * and both calls. sendbuf == recvbuf means in place. count 0 is valid; a
- * count whose bytes (allgather: count * size, allgatherv: the sum of counts)
- * pass PTRDIFF_MAX is TIDE_EINVAL. A NULL comm is TIDE_EINVAL (and logged). */
+ * TIDE_EMISMATCH on every participant, before any data moves, and leaves
+ * the communicator usable; tide_comm_last_error names the ranks and both
+ * calls. A bad argument fails with TIDE_EINVAL on its rank alone (see the
+ * communicator's error codes above). sendbuf == recvbuf means in place.
+ * count 0 is valid; a count whose bytes (allgather: count * size,
+ * allgatherv: the sum of counts) pass PTRDIFF_MAX is TIDE_EINVAL. A NULL
+ * comm is TIDE_EINVAL (and logged). */
 int tide_barrier(tide_comm_t *comm);
 int tide_broadcast(tide_comm_t *comm, void *buf, size_t count, tide_dtype_t dtype, int root);
 int tide_allreduce(tide_comm_t *comm, const void *sendbuf, void *recvbuf, size_t count,

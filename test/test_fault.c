@@ -51,44 +51,79 @@ static int check_killed(int tcp) {
   return 0;
 }
 
-/* Rank 2 calls with another count, then (second round) another op kind. */
+/* Correct collectives after errors give correct results. */
+static int check_usable(tide_comm_t *comm, int rank, int size) {
+  float buf[16];
+  for (int i = 0; i < 16; i++) buf[i] = (float)(rank + i);
+  CHECK_OK(tide_allreduce(comm, buf, buf, 16, TIDE_F32, TIDE_SUM));
+  for (int i = 0; i < 16; i++) CHECK(buf[i] == (float)(size * (size - 1) / 2 + size * i));
+  int32_t mine = 7 * rank, all[8];
+  CHECK_OK(tide_allgather(comm, &mine, all, 1, TIDE_I32));
+  for (int r = 0; r < size; r++) CHECK(all[r] == 7 * r);
+  int32_t word = rank == 1 ? 42 : -1;
+  CHECK_OK(tide_broadcast(comm, &word, 1, TIDE_I32, 1));
+  CHECK(word == 42);
+  return 0;
+}
+
+/* Rank 2 calls with another count, then (second round) another op kind,
+ * (third) another dtype: every rank gets TIDE_EMISMATCH naming both calls,
+ * 100 times in a row, and the communicator stays usable. */
 static int mismatched(int rank, int size, void *arg) {
   int variant = *(int *)arg;
-  (void)size;
   tide_comm_t *comm;
   CHECK_OK(tide_comm_init(&comm));
   float buf[16] = {0};
   CHECK_OK(tide_allreduce(comm, buf, buf, 16, TIDE_F32, TIDE_SUM)); /* a matched one first */
-  int rc;
-  if (variant == 0)
-    rc = tide_allreduce(comm, buf, buf, rank == 2 ? 12 : 10, TIDE_F32, TIDE_SUM);
-  else if (variant == 1)
-    rc = rank == 2 ? tide_broadcast(comm, buf, 10, TIDE_F32, 0) : tide_allreduce(comm, buf, buf, 10, TIDE_F32, TIDE_SUM);
-  else
-    rc = tide_allreduce(comm, buf, buf, 10, rank == 0 ? TIDE_I32 : TIDE_F32, TIDE_SUM);
-  const char *msg = tide_comm_last_error(comm);
-  fprintf(stderr, "rank %d: %s: %s\n", rank, tide_err_name(rc), msg);
-  CHECK_RC(rc, TIDE_EMISMATCH);
-  CHECK(strstr(msg, "collective #2") != NULL);
-  if (variant == 0) CHECK(strstr(msg, "count=12") != NULL && strstr(msg, "count=10") != NULL);
-  if (variant == 1) CHECK(strstr(msg, "broadcast(") != NULL && strstr(msg, "allreduce(") != NULL);
-  if (variant == 2) CHECK(strstr(msg, "i32") != NULL && strstr(msg, "f32") != NULL);
-  CHECK_RC(tide_allreduce(comm, buf, buf, 16, TIDE_F32, TIDE_SUM), TIDE_EMISMATCH);
+  for (int round = 0; round < 100; round++) {
+    int rc;
+    if (variant == 0)
+      rc = tide_allreduce(comm, buf, buf, rank == 2 ? 12 : 10, TIDE_F32, TIDE_SUM);
+    else if (variant == 1)
+      rc = rank == 2 ? tide_broadcast(comm, buf, 10, TIDE_F32, 0) : tide_allreduce(comm, buf, buf, 10, TIDE_F32, TIDE_SUM);
+    else
+      rc = tide_allreduce(comm, buf, buf, 10, rank == 0 ? TIDE_I32 : TIDE_F32, TIDE_SUM);
+    const char *msg = tide_comm_last_error(comm);
+    if (round == 0) fprintf(stderr, "rank %d: %s: %s\n", rank, tide_err_name(rc), msg);
+    CHECK_RC(rc, TIDE_EMISMATCH);
+    char nth[40];
+    snprintf(nth, sizeof nth, "collective #%d ", round + 2);
+    CHECK(strstr(msg, nth) != NULL);
+    if (variant == 0) CHECK(strstr(msg, "count=12") != NULL && strstr(msg, "count=10") != NULL);
+    if (variant == 1) CHECK(strstr(msg, "broadcast(") != NULL && strstr(msg, "allreduce(") != NULL);
+    if (variant == 2) CHECK(strstr(msg, "i32") != NULL && strstr(msg, "f32") != NULL);
+  }
+  CHECK_OK(check_usable(comm, rank, size));
   tide_comm_destroy(comm);
   return 0;
 }
 
-/* Rank 0 passes NULL: it gets TIDE_EINVAL, the others an error naming it. */
+/* Rank 0 passes NULL: it alone gets TIDE_EINVAL at once (nothing is sent).
+ * Its next call meets the others' pending one: a mismatch on every rank
+ * (#3 against #2), after which all agree again. Then an argument error on
+ * every rank (f16 with min), 100 times: the communicator stays usable. */
 static int invalid_arg(int rank, int size, void *arg) {
-  (void)size;
   (void)arg;
   tide_comm_t *comm;
   CHECK_OK(tide_comm_init(&comm));
   float buf[4] = {0};
+  CHECK_OK(tide_allreduce(comm, buf, buf, 4, TIDE_F32, TIDE_SUM));
   int rc = tide_allreduce(comm, buf, rank == 0 ? NULL : buf, 4, TIDE_F32, TIDE_SUM);
   fprintf(stderr, "rank %d: %s: %s\n", rank, tide_err_name(rc), tide_comm_last_error(comm));
-  CHECK_RC(rc, TIDE_EINVAL);
-  CHECK(strstr(tide_comm_last_error(comm), "rank 0 called allreduce with a NULL recvbuf") != NULL);
+  if (rank == 0) {
+    CHECK_RC(rc, TIDE_EINVAL);
+    CHECK(strstr(tide_comm_last_error(comm), "rank 0 called allreduce with a NULL recvbuf") != NULL);
+    rc = tide_allreduce(comm, buf, buf, 4, TIDE_F32, TIDE_SUM);
+  }
+  CHECK_RC(rc, TIDE_EMISMATCH);
+  CHECK(strstr(tide_comm_last_error(comm), "#2") != NULL && strstr(tide_comm_last_error(comm), "#3") != NULL);
+  CHECK_OK(check_usable(comm, rank, size));
+  uint16_t half[4] = {0};
+  for (int round = 0; round < 100; round++) {
+    CHECK_RC(tide_allreduce(comm, half, half, 4, TIDE_F16, TIDE_MIN), TIDE_EINVAL);
+    CHECK(strstr(tide_comm_last_error(comm), "f16/bf16 support only sum and avg") != NULL);
+  }
+  CHECK_OK(check_usable(comm, rank, size));
   tide_comm_destroy(comm);
   return 0;
 }
@@ -189,9 +224,11 @@ int main(void) {
       CHECK(harness_run(&opts, mismatched, &variant) == 0);
     }
   }
-  fprintf(stderr, "-- invalid argument\n");
-  harness_opts_t opts = {3, NULL, 0, 60, NULL};
-  CHECK(harness_run(&opts, invalid_arg, NULL) == 0);
+  for (int tcp = 0; tcp <= 1; tcp++) {
+    fprintf(stderr, "-- invalid argument %s\n", tcp ? "tcp" : "shm");
+    harness_opts_t opts = {3, NULL, tcp, 60, NULL};
+    CHECK(harness_run(&opts, invalid_arg, NULL) == 0);
+  }
   fprintf(stderr, "-- rank leaves early\n");
   harness_opts_t two = {2, NULL, 0, 60, NULL};
   CHECK(harness_run(&two, left_early, NULL) == 0);

@@ -99,18 +99,60 @@ static int compare_headers(const header_t *mine, int my_rank, const header_t *th
   return 0;
 }
 
+/* Every rank's header reaches every rank (an allgather of 48 bytes each,
+ * ceil(log2 size) steps) before any payload moves, so every rank reaches the same verdict:
+ * 0, or TIDE_EMISMATCH with the same message naming rank 0's call and the
+ * first call that differs from it. A mismatch leaves the communicator
+ * usable: no payload moved, and the ranks take the highest collective
+ * number among them, so ranks that skipped a call (a local TIDE_EINVAL)
+ * agree again from the next call on. A corrupt header fails the
+ * communicator (TIDE_EPROTO). */
+/* Bruck's allgather of the headers: ceil(log2 size) steps; in each, a rank
+ * that holds the headers of ranks rank .. rank+have-1 sends them to
+ * rank-have and receives the next ones from rank+have. rotated[i] ends as
+ * rank (rank + i) % size's header. */
+static int gather_headers(tide_comm_t *comm, const header_t *mine, header_t *rotated, header_t *all) {
+  int n = comm->size, have = 1;
+  rotated[0] = *mine;
+  while (have < n) {
+    int move = have < n - have ? have : n - have;
+    tide__p2p_t ops[2];
+    tide__p2p_set(&ops[0], TIDE__P2P_SEND, (comm->rank - have + n) % n, rotated, NULL, (size_t)move * sizeof *mine,
+                  TIDE_I32, TIDE_SUM);
+    tide__p2p_set(&ops[1], TIDE__P2P_RECV, (comm->rank + have) % n, NULL, rotated + have,
+                  (size_t)move * sizeof *mine, TIDE_I32, TIDE_SUM);
+    TIDE_CHECK(tide__comm_run(comm, ops, 2, "collective header exchange"));
+    have += move;
+  }
+  for (int i = 0; i < n; i++) all[(comm->rank + i) % n] = rotated[i];
+  return 0;
+}
+
 static int check_headers(tide_comm_t *comm, const header_t *mine) {
   if (comm->size == 1) return 0;
-  header_t theirs;
-  int left = (comm->rank + comm->size - 1) % comm->size;
-  tide__p2p_t ops[2];
-  tide__p2p_set(&ops[0], TIDE__P2P_SEND, (comm->rank + 1) % comm->size, mine, NULL, sizeof *mine, TIDE_I32, TIDE_SUM);
-  tide__p2p_set(&ops[1], TIDE__P2P_RECV, left, NULL, &theirs, sizeof theirs, TIDE_I32, TIDE_SUM);
-  char what[160], msg[700];
-  describe(mine, what, sizeof what);
-  TIDE_CHECK(tide__comm_run(comm, ops, 2, what));
-  int rc = compare_headers(mine, comm->rank, &theirs, left, msg, sizeof msg);
-  return rc == 0 ? 0 : tide__comm_fail(comm, rc, 0, "%s", msg);
+  size_t n = (size_t)comm->size;
+  header_t *all = tide__malloc(2 * n * sizeof *all);
+  if (all == NULL)
+    return tide__comm_fail(comm, TIDE_ENOMEM, 0, "rank %d: no memory for %zu collective headers", comm->rank, n);
+  int rc = gather_headers(comm, mine, all + n, all);
+  char msg[700];
+  for (size_t r = 0; rc == 0 && r < n; r++)
+    if (all[r].magic != HEADER_MAGIC) {
+      snprintf(msg, sizeof msg, "rank %d received a corrupt collective header from rank %zu", comm->rank, r);
+      rc = TIDE_EPROTO;
+    }
+  for (size_t r = 1; rc == 0 && r < n; r++) rc = compare_headers(&all[0], 0, &all[r], (int)r, msg, sizeof msg);
+  if (rc == TIDE_EMISMATCH) {
+    uint64_t seq = comm->seq;
+    for (size_t r = 0; r < n; r++)
+      if (all[r].seq > seq) seq = all[r].seq;
+    comm->seq = seq;
+    tide__comm_note(comm, rc, "%s", msg);
+  } else if (rc == TIDE_EPROTO) {
+    rc = tide__comm_fail(comm, rc, 0, "%s", msg);
+  }
+  tide__free(all);
+  return rc;
 }
 
 /* MPI's own collective for the dense calls other than allreduce, on an MPI
@@ -204,8 +246,11 @@ out:
   return rc;
 }
 
-/* An invalid call fails the communicator for everyone: the other ranks
- * would otherwise wait for a call that never comes. */
+/* An invalid call is refused on this rank alone and leaves the
+ * communicator usable: nothing is sent. It still takes a collective
+ * number, so that if the other ranks made the call, this rank's next call
+ * is reported on every rank as a mismatch (#n+1 against #n), after which
+ * all agree again. */
 __attribute__((format(printf, 2, 3))) static int invalid(tide_comm_t *comm, const char *fmt, ...) {
   char msg[300];
   va_list ap;
@@ -214,8 +259,8 @@ __attribute__((format(printf, 2, 3))) static int invalid(tide_comm_t *comm, cons
   va_end(ap);
   tide__task_drain(comm);
   pthread_mutex_lock(&comm->exec_lock);
-  comm->seq++; /* the failed call takes the number the others see */
-  tide__comm_fail(comm, TIDE_EINVAL, 0, "rank %d called %s", comm->rank, msg);
+  comm->seq++; /* the refused call takes the number the others see */
+  tide__comm_note(comm, TIDE_EINVAL, "rank %d called %s", comm->rank, msg);
   pthread_mutex_unlock(&comm->exec_lock);
   return TIDE_EINVAL;
 }

@@ -66,6 +66,19 @@ int tide__comm_fail(tide_comm_t *comm, int rc, int from_peer, const char *fmt, .
   return atomic_load(&comm->failed);
 }
 
+int tide__comm_note(tide_comm_t *comm, int rc, const char *fmt, ...) {
+  char msg[900];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  pthread_mutex_lock(&comm->error_lock);
+  snprintf(comm->note, sizeof comm->note, "%s", msg);
+  pthread_mutex_unlock(&comm->error_lock);
+  TIDE_ERROR("%s (%s; the communicator stays usable)", msg, tide_err_name(rc));
+  return rc;
+}
+
 int tide__comm_check(tide_comm_t *comm, uint64_t seq) {
   int failed = atomic_load_explicit(&comm->failed, memory_order_acquire);
   if (failed) return failed;
@@ -716,7 +729,7 @@ int tide_comm_node_count(const tide_comm_t *comm) {
 
 const char *tide_comm_last_error(const tide_comm_t *comm) {
   if (comm == NULL) return "comm is NULL";
-  return atomic_load(&((tide_comm_t *)comm)->failed) ? comm->error : "";
+  return atomic_load(&((tide_comm_t *)comm)->failed) ? comm->error : comm->note;
 }
 
 /* ---- split ------------------------------------------------------------------- */

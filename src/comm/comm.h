@@ -52,6 +52,10 @@ struct tide_comm {
   _Atomic int failed; /* 0 or the TIDE_E* every call now returns */
   pthread_mutex_t error_lock;
   char error[1024];
+  /* The last recoverable error (a local argument error, a mismatch): the
+   * communicator stays usable; tide_comm_last_error returns it while the
+   * communicator has not failed. Under error_lock. */
+  char note[1024];
   _Atomic uint64_t left_after; /* a rank left after this many collectives */
   _Atomic int left_rank;
   /* Another rank's failure report applies from its collective on: ranks
@@ -97,6 +101,12 @@ struct tide_comm {
  * failure came from them. Returns the communicator's failure code. */
 int tide__comm_fail(tide_comm_t *comm, int rc, int from_peer, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
+
+/* Records and logs a recoverable error (TIDE_EINVAL of a local argument,
+ * TIDE_EMISMATCH agreed on by every rank): the communicator stays usable
+ * and tide_comm_last_error returns the message until the next one. Returns
+ * rc. Any thread. */
+int tide__comm_note(tide_comm_t *comm, int rc, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 
 /* 0, or the failure every call from collective number seq on returns
  * (applying a pending report from another rank when seq has reached it). */

@@ -479,7 +479,11 @@ void tide__mpi_comm_fini(tide_comm_t *comm) {
   }
 }
 
+int tide_mpi_built(void) { return 1; }
+
 #else /* built without MPI */
+
+int tide_mpi_built(void) { return 0; }
 
 int tide_comm_init_from_mpi(const void *mpi_comm, tide_comm_t **out) {
   (void)mpi_comm;

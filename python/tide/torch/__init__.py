@@ -20,5 +20,11 @@ from ._comm import (init, shutdown, is_initialized, rank, size, local_rank, loca
                     broadcast, broadcast_, broadcast_async_, barrier, broadcast_parameters, broadcast_object,
                     broadcast_optimizer_state)
 from ._optimizer import Compression, DistributedOptimizer  # noqa: F401
+# horovod.torch's signatures (they replace _comm's simpler forms of the same names)
+from ._horovod import (allreduce, allreduce_, allreduce_async, allreduce_async_, grouped_allreduce,  # noqa: F401
+                       grouped_allreduce_, grouped_allreduce_async, grouped_allreduce_async_, allgather,
+                       broadcast, broadcast_async, reducescatter, alltoall, allgather_object, mpi_built, mpi_enabled, gloo_built,
+                       gloo_enabled, nccl_built, ddl_built, ccl_built, cuda_built, rocm_built,
+                       mpi_threads_supported)
 from ._select import topk, gpu_available  # noqa: F401
 from ._trainer import Trainer, StepStats, Batch, gns_estimate, adascale_gain  # noqa: F401

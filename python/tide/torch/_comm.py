@@ -416,9 +416,11 @@ def broadcast_object(obj, root_rank=0, name=None):
     return torch.load(io.BytesIO(raw))
 
 
-def broadcast_optimizer_state(optimizer, root_rank=0):
+def broadcast_optimizer_state(optimizer, root_rank=0, model=None):
     """Gives every rank root_rank's optimizer state and hyperparameters
-    (optimizer.state_dict(), loaded on the other ranks)."""
+    (optimizer.state_dict(), loaded on the other ranks). model is accepted
+    for Horovod's signature and not needed: the whole state_dict travels,
+    so state that does not exist yet needs no step to create it."""
     state = broadcast_object(optimizer.state_dict(), root_rank, "optimizer state")
     if rank() != root_rank:
         optimizer.load_state_dict(state)

@@ -6,6 +6,7 @@ its bucket, so autograd accumulates straight into the buffer the allreduce
 sends: no copy in, no copy out. Buckets are filled in reverse parameter
 order (the order backward produces gradients), at most bucket_bytes each.
 """
+import contextlib
 import ctypes
 import time
 
@@ -44,13 +45,30 @@ class Compression:
             w = self.warmup_steps
             return self.density ** ((step + 1.0) / (w + 1.0)) if step < w else self.density
 
+        def compress(self, tensor):
+            """Horovod's interface: (the tensor to send, what decompress needs)."""
+            if self.name == "fp16" and tensor.is_floating_point() and tensor.dtype != torch.float16:
+                return tensor.to(torch.float16), tensor.dtype
+            return tensor, None
+
+        def decompress(self, tensor, ctx):
+            return tensor if ctx is None else tensor.to(ctx)
+
+        @property
+        def dense(self):
+            """Exchanged by allreduce (none, fp16), not as top-k pairs."""
+            return self.name in ("none", "fp16")
+
         def __repr__(self):
-            if self.name == "none":
-                return "Compression.none"
+            if self.name in ("none", "fp16"):
+                return "Compression." + self.name
             w = ", warmup_steps=%d" % self.warmup_steps if self.warmup_steps else ""
             return "Compression.%s(%g%s)" % (self.name, self.density, w)
 
     none = _Kind("none")
+    # Horovod's Compression.fp16: floating-point tensors travel as float16
+    # (half the bytes) and come back in their own dtype; no residual.
+    fp16 = _Kind("fp16")
 
     @staticmethod
     def topk(density, selector="sampled", warmup_steps=0):
@@ -89,6 +107,7 @@ class _Bucket:
             off += n
         self.ready = 0
         self.handle = None
+        self.half = None  # Compression.fp16: the float16 copy in flight
 
 
 class _DistributedMixin:
@@ -99,7 +118,7 @@ class _DistributedMixin:
     self) named the subclass there and recursed)."""
 
     def __init__(self, params, named_parameters, compression, op, backward_passes_per_step, bucket_bytes,
-                 measure_overlap):
+                 measure_overlap, gradient_predivide_factor=1.0):
         super().__init__(params)
         call = "DistributedOptimizer"
         _comm._c(call)
@@ -107,13 +126,20 @@ class _DistributedMixin:
         if op in (_comm.Min, _comm.Max):
             raise _comm._invalid(call, "op must be Average, Sum or Adasum for gradients")
         if not isinstance(compression, Compression._Kind):
-            raise _comm._invalid(call, "compression must be Compression.none, .topk(d) or .hitopk(d)")
+            raise _comm._invalid(call, "compression must be Compression.none, .fp16, .topk(d) or .hitopk(d)")
         if compression.name != "none" and op == Adasum:
             raise _comm._invalid(call, "Adasum cannot be combined with %r" % compression)
         if not (isinstance(backward_passes_per_step, int) and backward_passes_per_step >= 1):
             raise _comm._invalid(call, "backward_passes_per_step must be an integer >= 1")
         if bucket_bytes <= 0:
             raise _comm._invalid(call, "bucket_bytes must be > 0")
+        f = gradient_predivide_factor
+        if isinstance(f, bool) or not isinstance(f, (int, float)) or not f > 0:
+            raise _comm._invalid(call, "gradient_predivide_factor must be a number > 0, got %r" % (f,))
+        if f != 1.0 and (op != Average or not compression.dense):
+            raise _comm._invalid(call, "gradient_predivide_factor != 1 needs op=Average and Compression.none or "
+                                 ".fp16 (got op %s, %r)" % (_comm._OP_NAMES[op], compression))
+        self._predivide = float(f)
         self._op = op
         self._compression = compression
         self._passes = backward_passes_per_step
@@ -142,7 +168,7 @@ class _DistributedMixin:
         # Buckets in backward order: last parameters first.
         self._buckets = []
         self._bucket_of = {}
-        if compression.name != "none":
+        if not compression.dense:
             if any(p.dtype != torch.float32 for p in params):
                 raise _comm._invalid(call, "%r needs float32 parameters" % compression)
             if len({p.device for p in params}) > 1:
@@ -192,7 +218,7 @@ class _DistributedMixin:
                 b, i = self._bucket_of[key]
                 self._adopt(p, b, i)
                 b.ready += 1
-                if b.ready == len(b.params) and not self._probe and self._compression.name == "none":
+                if b.ready == len(b.params) and not self._probe and self._compression.dense:
                     self._launch(b)
         return hook
 
@@ -218,7 +244,14 @@ class _DistributedMixin:
         req = ctypes.c_void_p()
         dtype = _comm._DTYPES[b.dtype]
         call = "DistributedOptimizer allreduce of %s" % ",".join(b.names)
-        if b.flat.is_cuda:  # staged through pinned host memory, in pieces unless Adasum
+        flat, op = b.flat, self._op
+        if self._predivide != 1.0:  # Horovod's gradient_predivide_factor: sum of grad / f, then * f / size
+            flat.mul_(1.0 / self._predivide)
+            op = Sum
+        if self._compression.name == "fp16" and flat.is_floating_point() and flat.dtype != torch.float16:
+            b.half = flat = flat.to(torch.float16)
+            dtype = _lib.F16
+        if flat.is_cuda:  # staged through pinned host memory, in pieces unless Adasum
             def start(piece):
                 r = ctypes.c_void_p()
                 pp = ctypes.c_void_p(piece.data_ptr())
@@ -226,22 +259,22 @@ class _DistributedMixin:
                     rc = lib.tide_iadasum_allreduce(comm, pp, pp, piece.numel(), dtype, b.tensors, len(b.params),
                                                     ctypes.byref(r))
                 else:
-                    rc = lib.tide_iallreduce(comm, pp, pp, piece.numel(), dtype, self._op, ctypes.byref(r))
+                    rc = lib.tide_iallreduce(comm, pp, pp, piece.numel(), dtype, op, ctypes.byref(r))
                 if rc < 0:
                     raise _comm._fail(rc, call)
                 return r
-            staged = _cuda.Staged(b.flat, b.flat, start, call, _comm._fail, elementwise=self._op != Adasum)
-            b.handle = _comm.Handle(None, None, b.flat, call, staged=staged)
+            staged = _cuda.Staged(flat, flat, start, call, _comm._fail, elementwise=self._op != Adasum)
+            b.handle = _comm.Handle(None, None, flat, call, staged=staged)
             return
-        ptr = ctypes.c_void_p(b.flat.data_ptr())
+        ptr = ctypes.c_void_p(flat.data_ptr())
         if self._op == Adasum:
-            rc = lib.tide_iadasum_allreduce(comm, ptr, ptr, b.flat.numel(), dtype, b.tensors, len(b.params),
+            rc = lib.tide_iadasum_allreduce(comm, ptr, ptr, flat.numel(), dtype, b.tensors, len(b.params),
                                             ctypes.byref(req))
         else:
-            rc = lib.tide_iallreduce(comm, ptr, ptr, b.flat.numel(), dtype, self._op, ctypes.byref(req))
+            rc = lib.tide_iallreduce(comm, ptr, ptr, flat.numel(), dtype, op, ctypes.byref(req))
         if rc < 0:
             raise _comm._fail(rc, call)
-        b.handle = _comm.Handle(req, (b.flat,), b.flat, call)
+        b.handle = _comm.Handle(req, (flat,), flat, call)
 
     def _exchange_sparse(self, b):
         with _comm.one_thread("DistributedOptimizer sparse exchange"):
@@ -324,7 +357,7 @@ class _DistributedMixin:
                 for i, p in enumerate(b.params):
                     if self._delay[id(p)] > 0:
                         self._adopt(p, b, i)
-                if self._compression.name == "none":
+                if self._compression.dense:
                     self._launch(b)
                 else:
                     self._exchange_sparse(b)
@@ -332,6 +365,11 @@ class _DistributedMixin:
             if b.handle is not None:
                 h, b.handle = b.handle, None
                 h.wait()
+                if b.half is not None:  # Compression.fp16: back into the gradients' dtype
+                    b.flat.copy_(b.half)
+                    b.half = None
+                if self._predivide != 1.0:
+                    b.flat.mul_(self._predivide / _comm.size())
         dt = time.perf_counter() - t0
         key = "probe" if self._probe else ""
         if key:
@@ -346,8 +384,22 @@ class _DistributedMixin:
             self._delay[k] = self._passes
         self._synchronized = True
 
+    @contextlib.contextmanager
+    def skip_synchronize(self):
+        """Horovod's: step() inside does not call synchronize(); call
+        synchronize() yourself first (to clip the combined gradients, say)."""
+        self._skip_sync = True
+        try:
+            yield
+        finally:
+            self._skip_sync = False
+
     def step(self, closure=None):
-        self.synchronize()
+        if not getattr(self, "_skip_sync", False):
+            self.synchronize()
+        elif any(b.handle is not None for b in self._buckets):
+            raise _comm._invalid("step", "step() inside skip_synchronize() while allreduces are in flight: call "
+                                 "synchronize() first")
         loss = super().step(closure)
         self._synchronized = False
         self._steps += 1
@@ -391,7 +443,8 @@ class _DistributedMixin:
 
 
 def DistributedOptimizer(optimizer, named_parameters=None, compression=Compression.none, op=Average,
-                         backward_passes_per_step=1, bucket_bytes=256 * 1024, measure_overlap=False):
+                         backward_passes_per_step=1, bucket_bytes=256 * 1024, measure_overlap=False,
+                         gradient_predivide_factor=1.0):
     """Wraps a torch optimizer so that step() applies the gradient averaged
     (op=Average), summed (Sum) or Adasum-combined (Adasum) over all ranks.
     The exchange of a bucket of gradients starts as soon as backward has
@@ -399,14 +452,17 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     gradients are summed locally), so it overlaps the rest of backward.
     Compression.topk/hitopk exchange in step(). Returns an optimizer of a
     subclass of optimizer's class; the original's state is not carried over
-    (wrap before training, then broadcast_optimizer_state)."""
+    (wrap before training, then broadcast_optimizer_state).
+    gradient_predivide_factor=f (Horovod's; op=Average only) divides the
+    gradients by f before the sum and multiplies the sum by f / size, so the
+    result is the average either way; Compression.fp16 sends float16."""
     if isinstance(optimizer, _DistributedMixin):
         raise _comm._invalid("DistributedOptimizer", "the optimizer is already a DistributedOptimizer; wrap the "
                              "torch optimizer once")
     cls = type(optimizer.__class__.__name__, (_DistributedMixin, optimizer.__class__),
                {"__doc__": optimizer.__class__.__doc__})
     return cls(optimizer.param_groups, named_parameters, compression, op, backward_passes_per_step, bucket_bytes,
-               measure_overlap)
+               measure_overlap, gradient_predivide_factor)
 
 
 __all__ = ["Compression", "DistributedOptimizer", "Average", "Sum", "Adasum"]
