@@ -232,6 +232,24 @@ int tide_comm_publish(tide_comm_t *comm, const char *key, const char *value);
  * through a connection to its store (tide ctl does this). The members act
  * at their next step boundary; the launcher starts or stops workers. */
 int tide_elastic_request(tide_store_t *store, int size);
+/* An elastic job's state as its store holds it, decoded once (the store's
+ * key schema is comm's business: tide ctl status, tiderun and the members
+ * all read it through this). */
+typedef struct {
+  long epoch;     /* the newest sealed membership epoch; -1 before any (no elastic job yet) */
+  int members;    /* members of that epoch; -1 for epoch 0 or none (the first members are not
+                     listed: the launcher knows how many it started) */
+  int failed;     /* 1 when that epoch cannot start (too few workers remain; the job ends) */
+  int target;     /* workers asked for (tide_elastic_request); -1 when never asked, 0 withdrawn */
+  long joiners;   /* workers that ever asked to join */
+  long admitted;  /* of those, the ones a change has admitted or skipped */
+  int waiting;    /* joiners - admitted: workers waiting to join now */
+  int done;       /* 1 when the workers said training is over (waiting joiners give up) */
+} tide_elastic_status_t;
+/* Reads an elastic job's state from a connection to its store (any client,
+ * any time; it changes nothing in the store). *out is written only on
+ * success; an unreachable store's error is returned. */
+int tide_elastic_status(tide_store_t *store, tide_elastic_status_t *out);
 
 /* ---- collectives (blocking) --------------------------------------------- */
 

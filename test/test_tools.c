@@ -79,7 +79,21 @@ static int case_ctl(void) {
   CHECK_SAYS("target: 6\n");
   CHECK_SAYS("joiners: 5\n");
   CHECK_SAYS("admitted: 4\n");
+  CHECK_SAYS("waiting: 1\n");
   CHECK_SAYS("done: -\n");
+  /* The same state through the public accessor: epoch 3's members listed */
+  tide_elastic_status_t st;
+  CHECK_OK(tide_store_set(store, "elastic/e3/members", "r0 r1 j2", 8));
+  CHECK_OK(tide_elastic_status(store, &st));
+  CHECK(st.epoch == 3 && st.members == 3 && !st.failed && st.target == 6 && st.joiners == 5 && st.admitted == 4 &&
+        st.waiting == 1 && !st.done);
+  CHECK(run("TIDE_JOB_TOKEN=ctl-token %s/tide ctl --rdzv %s status", tide, rdzv) == 0);
+  CHECK_SAYS("members: 3\n");
+  CHECK_OK(tide_store_set(store, "elastic/e3/members", "! too few", 9));
+  CHECK_OK(tide_store_set(store, "elastic/done", "1", 1));
+  CHECK_OK(tide_elastic_status(store, &st));
+  CHECK(st.members == 0 && st.failed && st.done);
+  CHECK(tide_elastic_status(NULL, &st) == TIDE_EINVAL && tide_elastic_status(store, NULL) == TIDE_EINVAL);
   /* resize 0 withdraws the request */
   CHECK(run("TIDE_JOB_TOKEN=ctl-token %s/tide ctl --rdzv %s resize 0", tide, rdzv) == 0);
   CHECK(run("TIDE_JOB_TOKEN=ctl-token %s/tide ctl --rdzv %s status", tide, rdzv) == 0);

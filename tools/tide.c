@@ -1097,23 +1097,20 @@ static int cmd_ctl(int argc, char **argv) {
     rc = tide_elastic_request(store, size);
     if (rc == 0) printf("asked the job for %d worker(s)\n", size);
   } else {
-    static const char *const keys[] = {"elastic/epoch", "elastic/target", "elastic/joiners", "elastic/admitted",
-                                       "elastic/done"};
-    for (size_t k = 0; k < sizeof keys / sizeof keys[0]; k++) {
-      void *v;
-      size_t len;
-      if (tide_store_get(store, keys[k], 0, &v, &len) != 0) {
-        printf("%s: -\n", keys[k] + 8);
-        continue;
-      }
-      if (k == 1 || k == 4)
-        printf("%s: %.*s\n", keys[k] + 8, (int)len, (const char *)v);
-      else {
-        int64_t x = 0;
-        for (size_t b = 0; b < len && b < 8; b++) x |= (int64_t)((const uint8_t *)v)[b] << (8 * b);
-        printf("%s: %lld\n", keys[k] + 8, (long long)x);
-      }
-      tide_free(v);
+    tide_elastic_status_t st;
+    rc = tide_elastic_status(store, &st);
+    if (rc == 0) {
+      if (st.epoch >= 0)
+        printf("epoch: %ld\n", st.epoch);
+      else
+        printf("epoch: -\n");
+      if (st.members >= 0) printf("members: %d%s\n", st.members, st.failed ? " (the epoch cannot start)" : "");
+      if (st.target >= 0)
+        printf("target: %d\n", st.target);
+      else
+        printf("target: -\n");
+      printf("joiners: %ld\nadmitted: %ld\nwaiting: %d\n", st.joiners, st.admitted, st.waiting);
+      printf("done: %s\n", st.done ? "1" : "-");
     }
   }
   tide_store_close(store);
