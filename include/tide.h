@@ -498,6 +498,18 @@ typedef struct {
 /* Checks the fields `s->kind` uses; TIDE_EINVAL and a log line naming the
  * field otherwise. */
 int tide_lr_check(const tide_lr_schedule_t *s);
+/* The schedule of a training `epochs` epochs long (of progress, counted in
+ * base-batch steps) over dataset_size samples at global batch base_batch, as
+ * tide-train and the Python Trainer use it: per_epoch = ceil(dataset_size /
+ * base_batch) steps; warm-up over floor(warmup_epochs * per_epoch) steps
+ * from 0; total_steps = ceil(epochs * per_epoch); step: x0.1 every
+ * max(1, floor(epochs / 3)) epochs; poly: power 1; cosine and poly decay to
+ * final_lr. *out is written only on success; TIDE_EINVAL names the argument
+ * (a warm-up not shorter than the training for cosine and poly, a
+ * non-positive size or batch, a rate tide_lr_check refuses). */
+int tide_lr_schedule_from_epochs(tide_lr_kind_t kind, float base_lr, float final_lr, double epochs,
+                                 double warmup_epochs, size_t dataset_size, long base_batch,
+                                 tide_lr_schedule_t *out);
 /* The rate at `step` (>= 0); NaN when the schedule fails tide_lr_check or
  * step < 0 (logs nothing: call tide_lr_check once up front). Pure. */
 float tide_lr_at(const tide_lr_schedule_t *s, long step);
@@ -1025,6 +1037,23 @@ int tide_trainer_state_get(const tide_trainer_t *tr, void *buf, size_t len);
  * policies; TIDE_EINVAL (nothing changed) otherwise. Not collective: every
  * rank restores its own (the same one, but for the residual). */
 int tide_trainer_state_set(tide_trainer_t *tr, const void *buf, size_t len);
+
+/* ---- what a training program needs around the trainer -------------------- */
+
+/* The default base batch (config.base_batch, the global batch the learning
+ * rate and schedule were tuned for) of workers that each take `batch`:
+ * batch x the job's size. In an elastic job batch x the launcher's first
+ * worker count (TIDE_SIZE, which tiderun --elastic gives a worker that joins
+ * later too): a joiner's own default (batch x its new communicator's size)
+ * would differ from the members' and tide_trainer_create's agreement check
+ * would refuse it (docs/elastic.md). TIDE_EINVAL for batch <= 0 or a
+ * malformed TIDE_SIZE. Any thread; reads comm only. */
+int tide_trainer_base_batch(const tide_comm_t *comm, int batch, long *out);
+/* Collective: FNV-1a of the `bytes` bytes at data (a replica's parameters)
+ * on every rank, all-gathered. *checksum is rank 0's; *differing the lowest
+ * rank whose checksum differs from rank 0's, -1 when every replica is
+ * identical. Outputs written only on success. */
+int tide_replica_checksum(tide_comm_t *comm, const void *data, size_t bytes, uint64_t *checksum, int *differing);
 
 /* ---- elastic training (docs/elastic.md) ----------------------------------- */
 

@@ -526,18 +526,17 @@ static int build(job_t *job) {
     return 2;
   }
   /* The schedule counts base-batch steps of progress. */
-  long base = o->base_batch > 0 ? o->base_batch : (long)o->batch * job->size;
-  /* Elastic: the launcher's first worker count (TIDE_SIZE), the same on workers that join later. */
-  if (o->elastic && o->base_batch == 0 && getenv("TIDE_SIZE") != NULL) base = (long)o->batch * atoi(getenv("TIDE_SIZE"));
+  long base = o->base_batch;
+  if (base == 0 && tide_trainer_base_batch(job->comm, o->batch, &base) != 0) {
+    fprintf(stderr, "tide-train: no default base batch (the log line above says why); give --base-batch\n");
+    return 2;
+  }
   c.base_batch = base;
-  long per_epoch = (long)((job->n_train + (size_t)base - 1) / (size_t)base);
-  c.schedule.base_lr = (float)o->lr;
-  c.schedule.warmup_steps = o->warmup_epochs * per_epoch;
-  c.schedule.total_steps = o->epochs * per_epoch;
-  c.schedule.step_size = per_epoch * (o->epochs > 2 ? o->epochs / 3 : 1);
-  c.schedule.gamma = 0.1f;
-  c.schedule.power = 1.0f;
-  c.schedule.final_lr = (float)o->final_lr;
+  if (tide_lr_schedule_from_epochs(c.schedule.kind, (float)o->lr, (float)o->final_lr, o->epochs, o->warmup_epochs,
+                                   job->n_train, base, &c.schedule) != 0) {
+    fprintf(stderr, "tide-train: bad learning-rate schedule (the log line above names the field)\n");
+    return 2;
+  }
   if ((rc = tide_trainer_create(job->comm, &c, nn_params(job->model), nn_grads(job->model), nparams, tensors,
                                 ntensors, &job->trainer)) != 0) {
     fprintf(stderr, "tide-train: bad training settings: %s (the log line above names the field)\n",
@@ -826,27 +825,15 @@ static int finish(job_t *job) {
   const tide_step_stats_t *s = tide_trainer_stats(job->trainer);
   double wall = now_s() - job->start;
   size_t nparams = nn_param_count(job->model);
-  /* FNV-1a of the bytes: equal on every rank or the replicas have drifted. */
-  uint64_t mine = tide__fnv1a(nn_params(job->model), nparams * sizeof(float));
-  uint64_t *sums = malloc((size_t)job->size * sizeof *sums);
-  if (sums == NULL) {
-    fprintf(stderr, "tide-train: rank %d: out of memory\n", job->rank);
-    return 1;
-  }
-  int rc = tide_allgather(job->comm, &mine, sums, 1, TIDE_I64), identical = 1;
-  if (rc != 0) {
-    free(sums);
-    return fail(job, rc, "checksum allgather");
-  }
-  for (int r = 1; r < job->size; r++)
-    if (sums[r] != sums[0]) {
-      identical = 0;
-      if (job->rank == 0)
-        fprintf(stderr, "tide-train: rank %d's parameters differ from rank 0's (checksum %016llx vs %016llx)\n", r,
-                (unsigned long long)sums[r], (unsigned long long)sums[0]);
-    }
-  uint64_t checksum0 = sums[0];
-  free(sums);
+  /* Equal on every rank or the replicas have drifted. */
+  uint64_t checksum0;
+  int differing;
+  int rc = tide_replica_checksum(job->comm, nn_params(job->model), nparams * sizeof(float), &checksum0, &differing);
+  if (rc != 0) return fail(job, rc, "checksum allgather");
+  int identical = differing < 0;
+  if (!identical && job->rank == 0)
+    fprintf(stderr, "tide-train: rank %d's parameters differ from rank 0's (checksum %016llx)\n", differing,
+            (unsigned long long)checksum0);
   if (job->rank != 0) return identical ? 0 : 1;
   char path[1100];
   snprintf(path, sizeof path, "%s/summary.json", job->dir);
