@@ -1040,6 +1040,81 @@ int tide_trainer_state_set(tide_trainer_t *tr, const void *buf, size_t len);
 
 /* ---- what a training program needs around the trainer -------------------- */
 
+/* The metrics line schema: one flat JSON object per line (metrics.jsonl),
+ * written by tide-train and read by tide report. The keys are defined once
+ * (src/train/metrics.c); a program writes and reads them through these
+ * calls, never by spelling a key. */
+typedef enum {
+  TIDE_METRICS_NONE = 0, /* not a metrics line (or an unknown type) */
+  TIDE_METRICS_STEP,     /* "step": one per step */
+  TIDE_METRICS_EPOCH,    /* "epoch": a test evaluation at a data-epoch end */
+  TIDE_METRICS_EVAL,     /* "eval": a test evaluation every --eval-every steps */
+  TIDE_METRICS_FINAL     /* "final": the evaluation at the end */
+} tide_metrics_line_t;
+typedef enum {
+  /* step lines */
+  TIDE_METRIC_STEP = 0, /* step number from 0 (in evaluation lines: steps done) */
+  TIDE_METRIC_EPOCH,    /* step lines: the data epoch; evaluation lines: progress in epochs */
+  TIDE_METRIC_PROGRESS,
+  TIDE_METRIC_EPOCHS_DONE,
+  TIDE_METRIC_LOSS,
+  TIDE_METRIC_LR,
+  TIDE_METRIC_GLOBAL_BATCH,
+  TIDE_METRIC_BATCH,
+  TIDE_METRIC_ACCUM,
+  TIDE_METRIC_EXCHANGE, /* a name (tide_exchange_name), not a number */
+  TIDE_METRIC_IMAGES_PER_S,
+  TIDE_METRIC_COMPUTE_S,
+  TIDE_METRIC_COMM_S,
+  TIDE_METRIC_OPTIM_S,
+  TIDE_METRIC_STEP_S,
+  TIDE_METRIC_TIME_S, /* seconds since training started (both kinds of line) */
+  TIDE_METRIC_NOISE_SCALE,
+  TIDE_METRIC_GRAD_SQ,
+  TIDE_METRIC_TRACE_SIGMA,
+  TIDE_METRIC_GAIN_RATIO,
+  TIDE_METRIC_LR_FACTOR,
+  TIDE_METRIC_GAIN,
+  TIDE_METRIC_KFAC_S,
+  TIDE_METRIC_COMM_SHARE,
+  TIDE_METRIC_RANK_COMPUTE_MIN_S,
+  TIDE_METRIC_RANK_COMPUTE_MEDIAN_S,
+  TIDE_METRIC_RANK_COMPUTE_MAX_S,
+  TIDE_METRIC_DATA_S,
+  TIDE_METRIC_PAUSED_S,
+  TIDE_METRIC_SOLO_STEP_S,
+  TIDE_METRIC_PAUSES,
+  TIDE_METRIC_BACKGROUND_JOBS,
+  TIDE_METRIC_UNIX_S,
+  TIDE_METRIC_SLOWEST_RANK,
+  /* evaluation lines (and TIDE_METRIC_STEP, _EPOCH, _TIME_S) */
+  TIDE_METRIC_DATA_EPOCH,
+  TIDE_METRIC_TEST_LOSS,
+  TIDE_METRIC_TEST_ACCURACY,
+  TIDE_METRIC_EVAL_S,
+  TIDE_METRIC_COUNT
+} tide_metric_t;
+/* The key of a metric ("lr"); "?" for another value. Static storage. */
+const char *tide_metric_key(tide_metric_t metric);
+/* The kind of a metrics line (its "type"); TIDE_METRICS_NONE for NULL or
+ * another line. */
+tide_metrics_line_t tide_metrics_line_kind(const char *line);
+/* The number of `metric` in a metrics line; NaN when the line has none (the
+ * key absent, null, or not a number). */
+double tide_metric_read(const char *line, tide_metric_t metric);
+/* Writes the step line of stats s (as tide_trainer_stats gives it after a
+ * step) into buf, newline-terminated: time_s is the time since training
+ * started, unix_s the wall clock. Statistics not measured are null. The
+ * line's length, or TIDE_EINVAL for a NULL argument or a buf too small
+ * (1024 bytes always suffice). */
+int tide_metrics_step_line(const tide_step_stats_t *s, double time_s, double unix_s, char *buf, size_t cap);
+/* Writes an evaluation line (kind TIDE_METRICS_EPOCH, _EVAL or _FINAL) after
+ * the step stats s: the test set's loss and accuracy (a fraction), time_s
+ * since training started and eval_s, the time spent evaluating so far.
+ * The line's length, or TIDE_EINVAL as tide_metrics_step_line. */
+int tide_metrics_eval_line(tide_metrics_line_t kind, const tide_step_stats_t *s, double test_loss,
+                           double test_accuracy, double time_s, double eval_s, char *buf, size_t cap);
+
 /* The default base batch (config.base_batch, the global batch the learning
  * rate and schedule were tuned for) of workers that each take `batch`:
  * batch x the job's size. In an elastic job batch x the launcher's first

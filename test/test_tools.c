@@ -11,6 +11,7 @@
  *           PNGs are written and the scratch files removed; a folder
  *           without metrics, one without step records and bad usage fail.
  * Skips (77): report without gnuplot or Fashion-MNIST. */
+#include <math.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <string.h>
@@ -206,6 +207,80 @@ static int case_report(void) {
   CHECK(run("%s/tide report", tools_dir) == 2);
   CHECK_SAYS("usage: tide report RUN_DIR");
   CHECK(run("rm -rf %s", dir) == 0);
+  return 0;
+}
+
+/* ---- the metrics line schema (what tide-train writes, tide report reads) ------- */
+
+static int case_metrics(void) {
+  tide_step_stats_t s;
+  memset(&s, 0, sizeof s);
+  s.step = 8, s.epoch = 2, s.progress = 7.5, s.epochs_done = 0.75, s.loss = 1.25, s.lr = 0.0125;
+  s.global_batch = 128, s.batch = 32, s.accum = 2, s.exchange = TIDE_EXCHANGE_DENSE, s.throughput = 4000.5;
+  s.compute_s = 0.5, s.exchange_s = 0.25, s.optim_s = 0.125, s.step_s = 1.5, s.noise_scale = 321.5;
+  s.grad_sq = NAN, s.trace_sigma = 2, s.gain_ratio = 1.5, s.lr_factor = 1, s.gain = 1.25, s.kfac_s = 0;
+  s.comm_share = 0.25, s.compute_min_s = 0.25, s.compute_median_s = 0.5, s.compute_max_s = 0.75, s.data_s = 0.01;
+  s.paused_s = 0, s.solo_step_s = NAN, s.pauses = 3, s.background_jobs = 1, s.slowest_rank = 1;
+  char line[1024];
+  int n = tide_metrics_step_line(&s, 12.5, 1700000000.25, line, sizeof line);
+  fprintf(stderr, "%s", line);
+  CHECK(n > 0 && (size_t)n == strlen(line) && line[n - 1] == '\n');
+  CHECK(tide_metrics_line_kind(line) == TIDE_METRICS_STEP);
+  const struct {
+    tide_metric_t metric;
+    double want;
+  } step_values[] = {{TIDE_METRIC_STEP, 7}, {TIDE_METRIC_EPOCH, 2}, {TIDE_METRIC_PROGRESS, 7.5},
+                     {TIDE_METRIC_EPOCHS_DONE, 0.75}, {TIDE_METRIC_LOSS, 1.25}, {TIDE_METRIC_LR, 0.0125},
+                     {TIDE_METRIC_GLOBAL_BATCH, 128}, {TIDE_METRIC_BATCH, 32}, {TIDE_METRIC_ACCUM, 2},
+                     {TIDE_METRIC_IMAGES_PER_S, 4000.5}, {TIDE_METRIC_COMPUTE_S, 0.5}, {TIDE_METRIC_COMM_S, 0.25},
+                     {TIDE_METRIC_OPTIM_S, 0.125}, {TIDE_METRIC_STEP_S, 1.5}, {TIDE_METRIC_TIME_S, 12.5},
+                     {TIDE_METRIC_NOISE_SCALE, 321.5}, {TIDE_METRIC_TRACE_SIGMA, 2}, {TIDE_METRIC_GAIN_RATIO, 1.5},
+                     {TIDE_METRIC_LR_FACTOR, 1}, {TIDE_METRIC_GAIN, 1.25}, {TIDE_METRIC_KFAC_S, 0},
+                     {TIDE_METRIC_COMM_SHARE, 0.25}, {TIDE_METRIC_RANK_COMPUTE_MIN_S, 0.25},
+                     {TIDE_METRIC_RANK_COMPUTE_MEDIAN_S, 0.5}, {TIDE_METRIC_RANK_COMPUTE_MAX_S, 0.75},
+                     {TIDE_METRIC_DATA_S, 0.01}, {TIDE_METRIC_PAUSED_S, 0}, {TIDE_METRIC_PAUSES, 3},
+                     {TIDE_METRIC_BACKGROUND_JOBS, 1}, {TIDE_METRIC_UNIX_S, 1700000000.25},
+                     {TIDE_METRIC_SLOWEST_RANK, 1}};
+  for (size_t i = 0; i < sizeof step_values / sizeof step_values[0]; i++) {
+    double got = tide_metric_read(line, step_values[i].metric);
+    if (!(fabs(got - step_values[i].want) <= 1e-9 * fabs(step_values[i].want) + 1e-12)) {
+      fprintf(stderr, "%s: read %g, wrote %g\n", tide_metric_key(step_values[i].metric), got, step_values[i].want);
+      return 1;
+    }
+  }
+  /* unmeasured statistics are null, names are not numbers, eval keys absent */
+  CHECK(isnan(tide_metric_read(line, TIDE_METRIC_GRAD_SQ)) && strstr(line, "\"grad_sq\":null") != NULL);
+  CHECK(isnan(tide_metric_read(line, TIDE_METRIC_SOLO_STEP_S)));
+  CHECK(isnan(tide_metric_read(line, TIDE_METRIC_EXCHANGE)) && strstr(line, "\"exchange\":\"dense\"") != NULL);
+  CHECK(isnan(tide_metric_read(line, TIDE_METRIC_TEST_LOSS)));
+  /* "step" the key is not "step" the type, nor a prefix of "step_s" */
+  CHECK(tide_metric_read("{\"type\":\"step\",\"step_s\":2,\"step\":5}", TIDE_METRIC_STEP) == 5);
+
+  n = tide_metrics_eval_line(TIDE_METRICS_EVAL, &s, 0.5, 0.875, 13, 0.5, line, sizeof line);
+  fprintf(stderr, "%s", line);
+  CHECK(n > 0 && tide_metrics_line_kind(line) == TIDE_METRICS_EVAL);
+  CHECK(tide_metric_read(line, TIDE_METRIC_STEP) == 8 && tide_metric_read(line, TIDE_METRIC_EPOCH) == 0.75);
+  CHECK(tide_metric_read(line, TIDE_METRIC_DATA_EPOCH) == 2 && tide_metric_read(line, TIDE_METRIC_TEST_LOSS) == 0.5);
+  CHECK(tide_metric_read(line, TIDE_METRIC_TEST_ACCURACY) == 0.875 && tide_metric_read(line, TIDE_METRIC_TIME_S) == 13);
+  CHECK(tide_metric_read(line, TIDE_METRIC_EVAL_S) == 0.5);
+  CHECK(tide_metrics_eval_line(TIDE_METRICS_FINAL, &s, 0.5, 0.875, 13, 0.5, line, sizeof line) > 0 &&
+        tide_metrics_line_kind(line) == TIDE_METRICS_FINAL);
+  CHECK(tide_metrics_eval_line(TIDE_METRICS_EPOCH, &s, 0.5, 0.875, 13, 0.5, line, sizeof line) > 0 &&
+        tide_metrics_line_kind(line) == TIDE_METRICS_EPOCH);
+
+  /* every key named, each once */
+  for (int a = 0; a < TIDE_METRIC_COUNT; a++) {
+    CHECK(strcmp(tide_metric_key((tide_metric_t)a), "?") != 0);
+    for (int b = 0; b < a; b++) CHECK(strcmp(tide_metric_key((tide_metric_t)a), tide_metric_key((tide_metric_t)b)) != 0);
+  }
+  CHECK(strcmp(tide_metric_key(TIDE_METRIC_COUNT), "?") == 0);
+  /* errors: a short buffer, NULLs, a bad kind; other lines */
+  char small[64];
+  CHECK(tide_metrics_step_line(&s, 1, 1, small, sizeof small) == TIDE_EINVAL);
+  CHECK(tide_metrics_step_line(NULL, 1, 1, line, sizeof line) == TIDE_EINVAL);
+  CHECK(tide_metrics_eval_line(TIDE_METRICS_STEP, &s, 0, 0, 0, 0, line, sizeof line) == TIDE_EINVAL);
+  CHECK(tide_metrics_line_kind("{\"type\":\"steps\"}") == TIDE_METRICS_NONE);
+  CHECK(tide_metrics_line_kind(NULL) == TIDE_METRICS_NONE && isnan(tide_metric_read(NULL, TIDE_METRIC_LR)));
   return 0;
 }
 

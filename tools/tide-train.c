@@ -639,11 +639,13 @@ static int evaluate(job_t *job, const char *type, const tide_step_stats_t *s) {
     job->target_epochs = s->epochs_done;
   }
   if (job->rank != 0) return 0;
-  fprintf(job->metrics,
-          "{\"type\":\"%s\",\"step\":%ld,\"epoch\":%.4f,\"data_epoch\":%llu,\"test_loss\":%.6f,"
-          "\"test_accuracy\":%.6f,\"time_s\":%.4f,\"eval_s\":%.4f}\n",
-          type, s->step, s->epochs_done, (unsigned long long)s->epoch, job->test_loss, job->test_acc, t1 - job->start,
-          job->eval_total);
+  char line[1024];
+  tide_metrics_line_t kind = strcmp(type, "eval") == 0    ? TIDE_METRICS_EVAL
+                             : strcmp(type, "final") == 0 ? TIDE_METRICS_FINAL
+                                                          : TIDE_METRICS_EPOCH;
+  if (tide_metrics_eval_line(kind, s, job->test_loss, job->test_acc, t1 - job->start, job->eval_total, line,
+                             sizeof line) > 0)
+    fputs(line, job->metrics);
   fflush(job->metrics);
   if (strcmp(type, "eval") != 0) {
     if (job->tty) fprintf(stderr, "\n");
@@ -660,13 +662,6 @@ static int evaluate(job_t *job, const char *type, const tide_step_stats_t *s) {
   return 0;
 }
 
-static void json_number(FILE *f, const char *key, double v) {
-  if (isfinite(v))
-    fprintf(f, ",\"%s\":%.6g", key, v);
-  else
-    fprintf(f, ",\"%s\":null", key);
-}
-
 /* One metrics.jsonl line per step, and the progress line (rank 0). */
 static void log_step(job_t *job, const tide_step_stats_t *s) {
   job->compute_total += s->compute_s + s->optim_s;
@@ -675,32 +670,13 @@ static void log_step(job_t *job, const tide_step_stats_t *s) {
   if (job->rank != 0) return;
   double elapsed = now_s() - job->start;
   FILE *f = job->metrics;
-  fprintf(f, "{\"type\":\"step\",\"step\":%ld,\"epoch\":%llu,\"progress\":%.4f,\"epochs_done\":%.5f,\"loss\":%.6f,"
-          "\"lr\":%.6g,\"global_batch\":%ld,\"batch\":%d,\"accum\":%d,\"exchange\":\"%s\",\"images_per_s\":%.1f,"
-          "\"compute_s\":%.6f,\"comm_s\":%.6f,\"optim_s\":%.6f,\"step_s\":%.6f,\"time_s\":%.4f",
-          s->step - 1, (unsigned long long)s->epoch, s->progress, s->epochs_done, s->loss, s->lr, s->global_batch,
-          s->batch, s->accum, tide_exchange_name(s->exchange), s->throughput, s->compute_s, s->exchange_s,
-          s->optim_s, s->step_s, elapsed);
-  json_number(f, "noise_scale", s->noise_scale);
-  json_number(f, "grad_sq", s->grad_sq);
-  json_number(f, "trace_sigma", s->trace_sigma);
-  json_number(f, "gain_ratio", s->gain_ratio);
-  json_number(f, "lr_factor", s->lr_factor);
-  json_number(f, "gain", s->gain);
-  json_number(f, "kfac_s", s->kfac_s);
-  json_number(f, "comm_share", s->comm_share);
-  json_number(f, "rank_compute_min_s", s->compute_min_s);
-  json_number(f, "rank_compute_median_s", s->compute_median_s);
-  json_number(f, "rank_compute_max_s", s->compute_max_s);
-  json_number(f, "data_s", s->data_s);
-  json_number(f, "paused_s", s->paused_s); /* multiplexing: a background job's pause */
-  json_number(f, "solo_step_s", s->solo_step_s);
   /* The wall clock, to line up two jobs that share hosts (scripts/bench-multiplex.sh),
    * and each line flushed: a background job stopped with its foreground keeps its steps. */
   struct timespec wall;
   clock_gettime(CLOCK_REALTIME, &wall);
-  fprintf(f, ",\"pauses\":%ld,\"background_jobs\":%d,\"unix_s\":%.3f,\"slowest_rank\":%d}\n", s->pauses,
-          s->background_jobs, (double)wall.tv_sec + wall.tv_nsec * 1e-9, s->slowest_rank);
+  char line[1024];
+  if (tide_metrics_step_line(s, elapsed, (double)wall.tv_sec + wall.tv_nsec * 1e-9, line, sizeof line) > 0)
+    fputs(line, f);
   fflush(f);
   if (elapsed - job->last_print < (job->tty ? 0.2 : 10.0) && !s->epoch_end) return;
   job->last_print = elapsed;

@@ -654,16 +654,8 @@ static int cmd_info(int argc, char **argv) {
 
 /* ---- report ---------------------------------------------------------------------- */
 
-/* The number after "key": in one flat JSON line, or NAN. */
-static double json_number(const char *line, const char *key) {
-  char pattern[64];
-  snprintf(pattern, sizeof pattern, "\"%s\":", key);
-  const char *at = strstr(line, pattern);
-  if (at == NULL) return NAN;
-  char *end;
-  double v = strtod(at + strlen(pattern), &end);
-  return end == at + strlen(pattern) ? NAN : v; /* null */
-}
+/* A number of a metrics.jsonl line (the schema is libtide's: tide_metric_read). */
+#define METRIC(name) tide_metric_read(line, TIDE_METRIC_##name)
 
 /* Multiplexing (docs/elastic.md): a background job's pauses, or a
  * foreground's step time while background jobs ran against its solo one. */
@@ -676,9 +668,9 @@ typedef struct {
 } multiplex_t;
 
 static void multiplex_add(multiplex_t *m, const char *line) {
-  double paused = json_number(line, "paused_s"), solo = json_number(line, "solo_step_s"),
-         jobs = json_number(line, "background_jobs"), step_s = json_number(line, "step_s"),
-         pauses = json_number(line, "pauses");
+  double paused = METRIC(PAUSED_S), solo = METRIC(SOLO_STEP_S),
+         jobs = METRIC(BACKGROUND_JOBS), step_s = METRIC(STEP_S),
+         pauses = METRIC(PAUSES);
   m->steps++;
   if (step_s > 0) m->step_total_s += step_s;
   if (paused > 0 || pauses > 0) m->role = "background";
@@ -772,28 +764,28 @@ static int cmd_report(int argc, char **argv) {
   double comm_sum = 0, compute_sum = 0;
   multiplex_t mux = {.solo_s = NAN};
   while (fgets(line, sizeof line, in) != NULL) {
-    if (strstr(line, "\"type\":\"step\"") != NULL) {
+    tide_metrics_line_t kind = tide_metrics_line_kind(line);
+    if (kind == TIDE_METRICS_STEP) {
       multiplex_add(&mux, line);
-      double c = json_number(line, "comm_s"), k = json_number(line, "compute_s");
+      double c = METRIC(COMM_S), k = METRIC(COMPUTE_S);
       comm_sum += c;
       compute_sum += k;
-      fprintf(steps, "%g %g %g %g %g %g %g %g %g %g %g %g %g ", json_number(line, "step"),
-              json_number(line, "time_s"), json_number(line, "loss"), json_number(line, "images_per_s"), c / (c + k),
-              json_number(line, "lr"), json_number(line, "noise_scale"), json_number(line, "global_batch"),
-              json_number(line, "lr_factor"), json_number(line, "gain_ratio"),
-              json_number(line, "rank_compute_min_s"), json_number(line, "rank_compute_median_s"),
-              json_number(line, "rank_compute_max_s"));
-      fprintf(steps, "%g %g %g %g %g\n", json_number(line, "data_s"), json_number(line, "step_s"),
-              json_number(line, "paused_s"), json_number(line, "solo_step_s"), json_number(line, "background_jobs"));
+      fprintf(steps, "%g %g %g %g %g %g %g %g %g %g %g %g %g ", METRIC(STEP),
+              METRIC(TIME_S), METRIC(LOSS), METRIC(IMAGES_PER_S), c / (c + k),
+              METRIC(LR), METRIC(NOISE_SCALE), METRIC(GLOBAL_BATCH),
+              METRIC(LR_FACTOR), METRIC(GAIN_RATIO),
+              METRIC(RANK_COMPUTE_MIN_S), METRIC(RANK_COMPUTE_MEDIAN_S),
+              METRIC(RANK_COMPUTE_MAX_S));
+      fprintf(steps, "%g %g %g %g %g\n", METRIC(DATA_S), METRIC(STEP_S),
+              METRIC(PAUSED_S), METRIC(SOLO_STEP_S), METRIC(BACKGROUND_JOBS));
       nsteps++;
-    } else if (strstr(line, "\"type\":\"epoch\"") != NULL || strstr(line, "\"type\":\"eval\"") != NULL ||
-               strstr(line, "\"type\":\"final\"") != NULL) {
+    } else if (kind != TIDE_METRICS_NONE) {
       /* Test evaluations at data-epoch ends, every --eval-every steps and
        * at the end; "epoch" is the progress in epochs, fractional. */
-      int end = strstr(line, "\"type\":\"eval\"") == NULL;
-      fprintf(epochs, "%g %g %g %g %g\n", json_number(line, "epoch"), json_number(line, "step"),
-              json_number(line, "time_s"), json_number(line, "test_loss"),
-              100 * json_number(line, "test_accuracy"));
+      int end = kind != TIDE_METRICS_EVAL;
+      fprintf(epochs, "%g %g %g %g %g\n", METRIC(EPOCH), METRIC(STEP),
+              METRIC(TIME_S), METRIC(TEST_LOSS),
+              100 * METRIC(TEST_ACCURACY));
       nepochs += end;
     }
   }
