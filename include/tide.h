@@ -1038,6 +1038,48 @@ int tide_trainer_state_get(const tide_trainer_t *tr, void *buf, size_t len);
  * rank restores its own (the same one, but for the residual). */
 int tide_trainer_state_set(tide_trainer_t *tr, const void *buf, size_t len);
 
+/* ---- datasets on disk (tide data; docs/data.md) --------------------------- */
+
+/* What a dataset call wrote. */
+typedef struct {
+  size_t images;  /* samples written or indexed */
+  size_t classes; /* class folders */
+  size_t shards;  /* shard files (0: one file per sample) */
+  uint64_t bytes; /* bytes of sample data written (export: PNG; packing: shards) */
+} tide_data_summary_t;
+/* Exports a dataset tide can read natively as an ImageFolder directory dir
+ * (created when absent): one PNG per image under K_CLASS/NNNNN.png and
+ * dir/index.txt; with shard_bytes > 0 packed into dir/shards/ of about that
+ * many bytes each instead. name: "fashion-mnist" (the one so far), read
+ * from `from` (an idx directory; NULL: /usr/share/datasets/fashion-mnist);
+ * split "train" or "test" (NULL: train); limit > 0 exports the first limit
+ * images only (0: all). *out (may be NULL) says what was written.
+ * TIDE_EINVAL naming a bad argument; the I/O error naming the path. */
+int tide_data_export(const char *name, const char *dir, const char *split, const char *from, long limit,
+                     uint64_t shard_bytes, tide_data_summary_t *out);
+/* Indexes an ImageFolder directory (dir/index.txt, which the loader and an
+ * HTTP server of the directory read); with shard_bytes > 0 packs its samples
+ * into out_dir/shards/ (NULL: dir) of about that many bytes each, with
+ * out_dir/index.txt. *out (may be NULL) says what was written. */
+int tide_data_index(const char *dir, uint64_t shard_bytes, const char *out_dir, tide_data_summary_t *out);
+/* A data cache's contents and the counters every run has added to it. */
+typedef struct {
+  size_t entries;        /* cached objects */
+  uint64_t bytes;        /* their size */
+  uint64_t bound_bytes;  /* TIDE_DATA_CACHE_BYTES */
+  uint64_t hits, misses; /* lookups */
+  uint64_t refetched;    /* bad entries fetched again */
+  uint64_t evicted;
+  uint64_t bytes_served;  /* from the cache */
+  uint64_t bytes_fetched; /* from sources, and stored */
+} tide_data_cache_stats_t;
+/* The data cache directory: TIDE_DATA_CACHE when set (and not "none"),
+ * else the default ($XDG_CACHE_HOME/tide/data or ~/.cache/tide/data).
+ * TIDE_EINVAL for a NULL or too small out. */
+int tide_data_cache_dir(char *out, size_t cap);
+/* Reads the cache at dir. TIDE_ENOENT when dir does not exist. */
+int tide_data_cache_stats(const char *dir, tide_data_cache_stats_t *out);
+
 /* ---- what a training program needs around the trainer -------------------- */
 
 /* The metrics line schema: one flat JSON object per line (metrics.jsonl),

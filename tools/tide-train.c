@@ -15,7 +15,6 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "core/core.h"
 #include "nn/nn.h"
 #include "tide.h"
 #include "tide-train-plan.h"
@@ -264,7 +263,7 @@ static int mkdirs(const char *path) {
   return mkdir(tmp, 0755) == 0 || errno == EEXIST ? 0 : -1;
 }
 
-static double now_s(void) {
+double now_s(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;

@@ -31,7 +31,6 @@
 
 #include "core/core.h"
 #include "core/half.h"
-#include "data/data.h"
 #ifdef TIDE_WITH_NN
 #include "nn/nn.h"
 #endif
@@ -865,24 +864,6 @@ static int cmd_report(int argc, char **argv) {
 
 /* ---- tide data -------------------------------------------------------------- */
 
-static int write_index(const tide__source_t *src, const char *dir) {
-  char path[4200], tmp[4300];
-  snprintf(path, sizeof path, "%s/index.txt", dir);
-  snprintf(tmp, sizeof tmp, "%s/.index.txt.%d", dir, (int)getpid());
-  FILE *f = fopen(tmp, "w");
-  if (f == NULL) {
-    fprintf(stderr, "tide data: cannot write %s: %s\n", tmp, strerror(errno));
-    return 1;
-  }
-  int rc = tide__source_write_index(src, f);
-  if (fclose(f) != 0 || rc != 0 || rename(tmp, path) != 0) {
-    fprintf(stderr, "tide data: cannot write %s\n", path);
-    remove(tmp);
-    return 1;
-  }
-  return 0;
-}
-
 /* "262144", "256K", "1M": bytes, > 0. */
 static int parse_byte_count(const char *what, const char *v, uint64_t *out) {
   char *end;
@@ -927,78 +908,16 @@ static int data_export(int argc, char **argv) {
       return EXIT_USAGE;
     }
   }
-  char spec[4200];
-  snprintf(spec, sizeof spec, "fashion-mnist%s%s", from ? ":" : "", from ? from : "");
-  tide__source_t *src;
-  if (tide__source_open(spec, split, NULL, &src) != 0) return 1;
-  size_t count = limit > 0 && (size_t)limit < src->count ? (size_t)limit : src->count;
-  /* Class folders are named K_NAME, so their sorted order is Fashion-MNIST's
-   * labels; a sharded export names its classes and samples the same way and
-   * keeps the per-file layout's order (by class, then by index). */
-  char **classes = tide__calloc(src->nclasses, sizeof *classes);
-  int rc = classes == NULL ? -1 : 0;
-  for (size_t k = 0; rc == 0 && k < src->nclasses; k++) {
-    char name[256];
-    snprintf(name, sizeof name, "%zu_%s", k, src->classes[k]);
-    if ((classes[k] = strdup(name)) == NULL) rc = -1;
-  }
-  if (rc == 0 && mkdir(dir, 0777) != 0 && errno != EEXIST) rc = -1;
-  for (size_t k = 0; rc == 0 && shard_bytes == 0 && k < src->nclasses; k++) {
-    char sub[4300];
-    snprintf(sub, sizeof sub, "%s/%s", dir, classes[k]);
-    if (mkdir(sub, 0777) != 0 && errno != EEXIST) rc = -1;
-  }
-  tide__shard_writer_t *w = NULL;
-  if (rc != 0) fprintf(stderr, "tide data export: cannot create %s: %s\n", dir, strerror(errno));
-  else if (shard_bytes > 0 && tide__shard_writer_open(dir, shard_bytes, classes, src->nclasses, &w) != 0) rc = -1;
-  size_t pixels = (size_t)src->idx_height * (size_t)src->idx_width;
-  uint64_t bytes = 0;
-  for (size_t pass = 0; pass < (shard_bytes > 0 ? src->nclasses : 1); pass++) {
-    for (size_t i = 0; rc == 0 && i < count; i++) {
-      int32_t label = src->items[i].label;
-      if (shard_bytes > 0 && (size_t)label != pass) continue;
-      uint8_t *png;
-      size_t len;
-      rc = tide__png_encode(src->idx_pixels + i * pixels, src->idx_height, src->idx_width, 1, &png, &len);
-      if (rc != 0) break;
-      char rel[300], path[4600];
-      snprintf(rel, sizeof rel, "%s/%05zu.png", classes[label], i);
-      if (w != NULL) {
-        rc = tide__shard_writer_add(w, label, rel, png, len);
-      } else {
-        snprintf(path, sizeof path, "%s/%s", dir, rel);
-        FILE *f = fopen(path, "wb");
-        if (f == NULL || fwrite(png, 1, len, f) != len || fclose(f) != 0) {
-          fprintf(stderr, "tide data export: cannot write %s: %s\n", path, strerror(errno));
-          rc = -1;
-        }
-      }
-      tide__free(png);
-      bytes += len;
-    }
-  }
-  size_t nclasses = src->nclasses, shards = 0;
-  tide__source_close(src);
-  if (rc == 0 && w != NULL) rc = tide__shard_writer_finish(w, &shards, NULL);
-  else tide__shard_writer_abort(w);
-  for (size_t k = 0; classes != NULL && k < nclasses; k++) free(classes[k]);
-  tide__free(classes);
-  if (rc != 0) return 1;
-  if (shard_bytes > 0) {
+  tide_data_summary_t sum;
+  if (tide_data_export("fashion-mnist", dir, split, from, limit > 0 ? limit : 0, shard_bytes, &sum) != 0) return 1;
+  if (shard_bytes > 0)
     printf("tide data export: %zu images (%.1f MiB of PNG) in %zu shards of about %llu bytes in %s/shards, index "
            "%s/index.txt\n",
-           count, (double)bytes / 1048576.0, shards, (unsigned long long)shard_bytes, dir, dir);
-    return 0;
-  }
-  /* The index lists the directory as written (sorted classes and names). */
-  tide__source_t *folder;
-  if (tide__source_open_listing(dir, &folder) != 0) return 1;
-  rc = write_index(folder, dir);
-  tide__source_close(folder);
-  if (rc == 0)
-    printf("tide data export: %zu images (%.1f MiB of PNG) in %s, index %s/index.txt\n", count,
-           (double)bytes / 1048576.0, dir, dir);
-  return rc;
+           sum.images, (double)sum.bytes / 1048576.0, sum.shards, (unsigned long long)shard_bytes, dir, dir);
+  else
+    printf("tide data export: %zu images (%.1f MiB of PNG) in %s, index %s/index.txt\n", sum.images,
+           (double)sum.bytes / 1048576.0, dir, dir);
+  return 0;
 }
 
 static int data_index(int argc, char **argv) {
@@ -1020,24 +939,16 @@ static int data_index(int argc, char **argv) {
     fprintf(stderr, "usage: tide data index DIR [--shard-bytes N|--shards [--out OUT_DIR]]\n");
     return EXIT_USAGE;
   }
-  tide__source_t *src;
-  if (tide__source_open_listing(dir, &src) != 0) return 1;
-  int rc;
-  if (shard_bytes > 0) {
-    size_t shards = 0;
-    uint64_t bytes = 0;
-    if (out == NULL) out = dir;
-    rc = tide__source_write_shards(src, out, shard_bytes, &shards, &bytes) == 0 ? 0 : 1;
-    if (rc == 0)
-      printf("tide data index: %zu images in %zu classes packed into %zu shards (%.1f MiB) -> %s/shards, "
-             "%s/index.txt\n",
-             src->count, src->nclasses, shards, (double)bytes / 1048576.0, out, out);
-  } else {
-    rc = write_index(src, dir);
-    if (rc == 0) printf("tide data index: %zu images in %zu classes -> %s/index.txt\n", src->count, src->nclasses, dir);
-  }
-  tide__source_close(src);
-  return rc;
+  tide_data_summary_t sum;
+  if (tide_data_index(dir, shard_bytes, out, &sum) != 0) return 1;
+  if (shard_bytes > 0)
+    printf("tide data index: %zu images in %zu classes packed into %zu shards (%.1f MiB) -> %s/shards, "
+           "%s/index.txt\n",
+           sum.images, sum.classes, sum.shards, (double)sum.bytes / 1048576.0, out != NULL ? out : dir,
+           out != NULL ? out : dir);
+  else
+    printf("tide data index: %zu images in %zu classes -> %s/index.txt\n", sum.images, sum.classes, dir);
+  return 0;
 }
 
 static int cmd_data(int argc, char **argv) {
@@ -1045,11 +956,24 @@ static int cmd_data(int argc, char **argv) {
   if (argc >= 2 && strcmp(argv[0], "index") == 0) return data_index(argc - 1, argv + 1);
   if (argc >= 1 && argc <= 2 && strcmp(argv[0], "stats") == 0) {
     char dir[4096];
-    const char *env = tide__param_str(TIDE__PARAM_DATA_CACHE);
-    if (argc == 2) snprintf(dir, sizeof dir, "%s", argv[1]);
-    else if (env[0] != '\0' && strcmp(env, "none") != 0) snprintf(dir, sizeof dir, "%s", env);
-    else tide__cache_default_dir(dir, sizeof dir);
-    return tide__cache_print_stats(dir, stdout) == 0 ? 0 : 1;
+    tide_data_cache_stats_t st;
+    if (argc == 2)
+      snprintf(dir, sizeof dir, "%s", argv[1]);
+    else if (tide_data_cache_dir(dir, sizeof dir) != 0)
+      return 1;
+    if (tide_data_cache_stats(dir, &st) != 0) return 1;
+    uint64_t lookups = st.hits + st.misses;
+    printf("cache %s\n", dir);
+    printf("  entries %zu, %.1f MiB (bound TIDE_DATA_CACHE_BYTES=%llu)\n", st.entries, (double)st.bytes / 1048576.0,
+           (unsigned long long)st.bound_bytes);
+    printf("  lookups %llu: hits %llu, misses %llu, hit rate %.1f%%\n", (unsigned long long)lookups,
+           (unsigned long long)st.hits, (unsigned long long)st.misses,
+           lookups ? 100.0 * (double)st.hits / (double)lookups : 0.0);
+    printf("  bad entries refetched %llu, evicted %llu\n", (unsigned long long)st.refetched,
+           (unsigned long long)st.evicted);
+    printf("  bytes served from the cache %llu, fetched from sources and stored %llu\n",
+           (unsigned long long)st.bytes_served, (unsigned long long)st.bytes_fetched);
+    return 0;
   }
   fprintf(stderr, "usage: tide data export fashion-mnist DIR [--split S] [--limit N] [--shard-bytes N] | tide data "
                   "index DIR [--shard-bytes N [--out OUT]] | tide data stats [CACHE_DIR]\n");
