@@ -46,6 +46,17 @@ size_t tide_dtype_size(tide_dtype_t dtype);
 const char *tide_dtype_name(tide_dtype_t dtype);
 /* "sum", "avg", ...; "?" for an unknown value. */
 const char *tide_op_name(tide_op_t op);
+/* Element i of buf, of type dtype, as a double (the 16-bit floats
+ * converted); NaN for a NULL buf or an unknown dtype. */
+double tide_element_get(const void *buf, tide_dtype_t dtype, size_t i);
+/* Sets element i of buf to value, converted to dtype (rounded to nearest
+ * even for f16 and bf16, truncated for the integers). TIDE_EINVAL for a
+ * NULL buf or an unknown dtype. */
+int tide_element_set(void *buf, tide_dtype_t dtype, size_t i, double value);
+/* Splits "HOST:PORT" at its last colon into host (at most host_cap bytes
+ * with its NUL) and port (1..65535). TIDE_EINVAL, and nothing written, for
+ * another form. */
+int tide_host_port_parse(const char *text, char *host, size_t host_cap, int *port);
 
 /* ---- allocator ----------------------------------------------------------- */
 
@@ -247,8 +258,8 @@ typedef struct {
   int done;       /* 1 when the workers said training is over (waiting joiners give up) */
 } tide_elastic_status_t;
 /* Reads an elastic job's state from a connection to its store (any client,
- * any time; it changes nothing in the store). *out is written only on
- * success; an unreachable store's error is returned. */
+ * any time; it only reads: an absent counter reads as 0). *out is written
+ * only on success; an unreachable store's error is returned. */
 int tide_elastic_status(tide_store_t *store, tide_elastic_status_t *out);
 
 /* ---- collectives (blocking) --------------------------------------------- */

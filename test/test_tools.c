@@ -284,6 +284,34 @@ static int case_metrics(void) {
   return 0;
 }
 
+/* ---- small public calls the tools use (element access, HOST:PORT) ------------------ */
+
+static int case_calls(void) {
+  /* every dtype round-trips a value it holds exactly; f16 and bf16 round */
+  uint8_t buf[64];
+  for (int dt = 0; dt < TIDE_DTYPE_COUNT; dt++) {
+    CHECK_OK(tide_element_set(buf, (tide_dtype_t)dt, 3, -12.5));
+    CHECK(tide_element_get(buf, (tide_dtype_t)dt, 3) == (dt == TIDE_I32 || dt == TIDE_I64 ? -12.0 : -12.5));
+  }
+  CHECK_OK(tide_element_set(buf, TIDE_F16, 0, 1.0 + 1.0 / 4096)); /* below f16's half ulp: rounds to 1 */
+  CHECK(tide_element_get(buf, TIDE_F16, 0) == 1.0);
+  CHECK_OK(tide_element_set(buf, TIDE_BF16, 0, 3.0));
+  CHECK(tide_element_get(buf, TIDE_BF16, 0) == 3.0);
+  CHECK(tide_element_set(buf, TIDE_DTYPE_COUNT, 0, 1.0) == TIDE_EINVAL && tide_element_set(NULL, TIDE_F32, 0, 1) == TIDE_EINVAL);
+  CHECK(isnan(tide_element_get(buf, TIDE_DTYPE_COUNT, 0)) && isnan(tide_element_get(NULL, TIDE_F32, 0)));
+  char host[16];
+  int port = 0;
+  CHECK_OK(tide_host_port_parse("node-7:29500", host, sizeof host, &port));
+  CHECK(strcmp(host, "node-7") == 0 && port == 29500);
+  port = -1;
+  CHECK(tide_host_port_parse("node-7", host, sizeof host, &port) == TIDE_EINVAL && port == -1);
+  CHECK(tide_host_port_parse("node-7:0", host, sizeof host, &port) == TIDE_EINVAL);
+  CHECK(tide_host_port_parse("node-7:65536", host, sizeof host, &port) == TIDE_EINVAL);
+  CHECK(tide_host_port_parse("a-very-long-host-name:1", host, sizeof host, &port) == TIDE_EINVAL);
+  CHECK(tide_host_port_parse(NULL, host, sizeof host, &port) == TIDE_EINVAL);
+  return 0;
+}
+
 /* test_tools CASE runs one case; no argument runs them all. */
 int main(int argc, char **argv) {
   const char *dir = getenv("TIDE_TOOLS_DIR");

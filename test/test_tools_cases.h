@@ -3,3 +3,4 @@
 TOOL_CASE(ctl)
 TOOL_CASE(report)
 TOOL_CASE(metrics)
+TOOL_CASE(calls)

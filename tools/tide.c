@@ -30,7 +30,6 @@
 #include <unistd.h>
 
 #include "core/core.h"
-#include "core/half.h"
 #ifdef TIDE_WITH_NN
 #include "nn/nn.h"
 #endif
@@ -265,29 +264,9 @@ static void parse_bench_options(int argc, char **argv, bench_options_t *o) {
 
 /* ---- element access, with the two 16-bit float formats ---------------------- */
 
-static void store_value(void *buf, tide_dtype_t dt, size_t i, double v) {
-  switch (dt) {
-    case TIDE_F32: ((float *)buf)[i] = (float)v; break;
-    case TIDE_F64: ((double *)buf)[i] = v; break;
-    case TIDE_I32: ((int32_t *)buf)[i] = (int32_t)v; break;
-    case TIDE_I64: ((int64_t *)buf)[i] = (int64_t)v; break;
-    case TIDE_F16: ((uint16_t *)buf)[i] = tide__f32_to_f16((float)v); break;
-    case TIDE_BF16: ((uint16_t *)buf)[i] = tide__f32_to_bf16((float)v); break;
-    default: break;
-  }
-}
+static void store_value(void *buf, tide_dtype_t dt, size_t i, double v) { tide_element_set(buf, dt, i, v); }
 
-static double load_value(const void *buf, tide_dtype_t dt, size_t i) {
-  switch (dt) {
-    case TIDE_F32: return ((const float *)buf)[i];
-    case TIDE_F64: return ((const double *)buf)[i];
-    case TIDE_I32: return ((const int32_t *)buf)[i];
-    case TIDE_I64: return (double)((const int64_t *)buf)[i];
-    case TIDE_F16: return tide__f16_to_f32(((const uint16_t *)buf)[i]);
-    case TIDE_BF16: return tide__bf16_to_f32(((const uint16_t *)buf)[i]);
-    default: return NAN;
-  }
-}
+static double load_value(const void *buf, tide_dtype_t dt, size_t i) { return tide_element_get(buf, dt, i); }
 
 /* ---- check values ------------------------------------------------------------ */
 /* Rank r contributes base(g) + 2r at global element g, base(g) = g % m + 1.
@@ -990,7 +969,7 @@ static int cmd_ctl(int argc, char **argv) {
   }
   char host[256];
   int port, size = 0;
-  if (tide__parse_host_port(argv[1], host, sizeof host, &port) != 0) {
+  if (tide_host_port_parse(argv[1], host, sizeof host, &port) != 0) {
     fprintf(stderr, "tide ctl: --rdzv expects HOST:PORT, got \"%s\"\n", argv[1]);
     return EXIT_USAGE;
   }

@@ -330,7 +330,7 @@ static int parse_args(int argc, char **argv, options_t *opts) {
       fprintf(stderr, "tiderun: --foreground needs --background (it names the foreground of a background job)\n");
       return -1;
     }
-    if (tide__parse_host_port(opts->foreground, host, sizeof host, &port) != 0) {
+    if (tide_host_port_parse(opts->foreground, host, sizeof host, &port) != 0) {
       fprintf(stderr, "tiderun: --foreground expects HOST:PORT with PORT in 1..65535, got \"%s\"\n",
               opts->foreground);
       return -1;
@@ -387,7 +387,7 @@ static int parse_args(int argc, char **argv, options_t *opts) {
     return -1;
   }
   if (opts->rdzv != NULL &&
-      tide__parse_host_port(opts->rdzv, opts->rdzv_host, sizeof opts->rdzv_host,
+      tide_host_port_parse(opts->rdzv, opts->rdzv_host, sizeof opts->rdzv_host,
                             &opts->rdzv_port) != 0) {
     fprintf(stderr, "tiderun: --rdzv expects HOST:PORT with PORT in 1..65535, got \"%s\"\n",
             opts->rdzv);

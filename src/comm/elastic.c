@@ -426,6 +426,19 @@ static int peek_counter(tide_store_t *store, const char *key, int64_t *out) {
   return 1;
 }
 
+/* The job's requests: *target (-1 when never asked) and the joiner
+ * counters; the three store round trips a member pays at each step
+ * boundary (tide_comm_elastic_status). */
+static int read_requests(tide_store_t *store, int *target, int64_t *joiners, int64_t *admitted) {
+  char value[32];
+  int got = peek(store, "elastic/target", value, sizeof value);
+  if (got < 0) return got;
+  *target = got ? atoi(value) : -1;
+  TIDE_CHECK(counter(store, "elastic/joiners", joiners));
+  TIDE_CHECK(counter(store, "elastic/admitted", admitted));
+  return 0;
+}
+
 int tide_elastic_status(tide_store_t *store, tide_elastic_status_t *out) {
   if (store == NULL || out == NULL) return tide__null_arg("tide_elastic_status", store == NULL ? "store" : "out");
   tide_elastic_status_t st = {.epoch = -1, .members = -1, .target = -1};
@@ -445,13 +458,11 @@ int tide_elastic_status(tide_store_t *store, tide_elastic_status_t *out) {
       st.members = count_ids(value);
     }
   }
-  if ((got = peek(store, "elastic/target", value, sizeof value)) < 0) return got;
-  if (got) st.target = atoi(value);
-  if ((got = peek_counter(store, "elastic/joiners", &n)) < 0) return got;
-  st.joiners = got ? (long)n : 0;
-  if ((got = peek_counter(store, "elastic/admitted", &n)) < 0) return got;
-  st.admitted = got ? (long)n : 0;
-  st.waiting = (int)(st.joiners - st.admitted);
+  int64_t joiners, admitted;
+  TIDE_CHECK(read_requests(store, &st.target, &joiners, &admitted));
+  st.joiners = (long)joiners;
+  st.admitted = (long)admitted;
+  st.waiting = (int)(joiners - admitted);
   if ((got = peek(store, "elastic/done", value, sizeof value)) < 0) return got;
   st.done = got;
   *out = st;
@@ -465,10 +476,11 @@ int tide_comm_elastic_status(tide_comm_t *comm, int *target, int *waiting) {
     *target = *waiting = 0;
     return 0;
   }
-  tide_elastic_status_t st;
-  TIDE_CHECK(tide_elastic_status(comm->store, &st));
-  *target = st.target > 0 ? st.target : 0;
-  *waiting = st.waiting;
+  int asked;
+  int64_t joiners, admitted;
+  TIDE_CHECK(read_requests(comm->store, &asked, &joiners, &admitted));
+  *target = asked > 0 ? asked : 0;
+  *waiting = (int)(joiners - admitted);
   return 0;
 }
 
