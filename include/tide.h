@@ -53,6 +53,11 @@ double tide_element_get(const void *buf, tide_dtype_t dtype, size_t i);
  * even for f16 and bf16, truncated for the integers). TIDE_EINVAL for a
  * NULL buf or an unknown dtype. */
 int tide_element_set(void *buf, tide_dtype_t dtype, size_t i, double value);
+/* This process's CPUs as a list ("0-3,8"; "?" when unknown, truncated to
+ * cap) and *bound: 1 when it runs on a share of its own (tiderun --bind,
+ * or TIDE_BIND in tide_comm_init), else 0. TIDE_EINVAL for NULL arguments
+ * or cap < 2. */
+int tide_process_cpus(char *cpus, size_t cap, int *bound);
 /* Splits "HOST:PORT" at its last colon into host (at most host_cap bytes
  * with its NUL) and port (1..65535). TIDE_EINVAL, and nothing written, for
  * another form. */

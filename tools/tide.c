@@ -29,7 +29,6 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "core/core.h"
 #ifdef TIDE_WITH_NN
 #include "nn/nn.h"
 #endif
@@ -593,16 +592,16 @@ static int print_binding(void) {
     fprintf(stderr, "tide info: fix the TIDE_* variable named above\n");
     return 1;
   }
-  cpu_set_t own;
-  char cpus[512] = "?";
-  if (sched_getaffinity(0, sizeof own, &own) == 0) tide__cpuset_format(&own, cpus, sizeof cpus);
+  char cpus[512];
+  int bound;
+  tide_process_cpus(cpus, sizeof cpus, &bound);
   const char *rank = getenv("TIDE_RANK"), *local = getenv("TIDE_LOCAL_RANK"), *local_size = getenv("TIDE_LOCAL_SIZE");
   const char *by_tiderun = getenv("TIDE_CPUS"), *bind = getenv("TIDE_BIND");
   if (rank != NULL && local != NULL && local_size != NULL)
     printf("binding: rank %s (local %s of %s): ", rank, local, local_size);
   else
     printf("binding: ");
-  if (by_tiderun != NULL && tide__placement_bound())
+  if (by_tiderun != NULL && bound)
     printf("cpus %s, bound by tiderun (--bind %s)", cpus, bind != NULL ? bind : "?");
   else if (by_tiderun != NULL)
     printf("cpus %s, unbound (tiderun --bind none)", cpus);
@@ -1429,10 +1428,10 @@ static int cmd_plan(int argc, char **argv) {
     rc = widths == NULL ? TIDE_ENOMEM : tide_plan_read_widths(check, p, o.workers, widths);
     if (rc == 0) rc = tide_plan_evaluate(p, &o, widths, &plan);
   } else if (rc == 0) {
-    int64_t t0 = tide__now_ns();
+    int64_t t0 = now_ns();
     rc = tide_plan_create(p, &o, &plan);
     if (rc == 0 && !quiet) printf("planned %d layers in %.6f s\n", tide_profile_layer_count(p),
-                                  (double)(tide__now_ns() - t0) * 1e-9);
+                                  seconds_since(t0));
   }
   tide_plan_options_t od = o;
   od.data_parallel = 1;
