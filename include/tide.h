@@ -53,6 +53,14 @@ double tide_element_get(const void *buf, tide_dtype_t dtype, size_t i);
  * even for f16 and bf16, truncated for the integers). TIDE_EINVAL for a
  * NULL buf or an unknown dtype. */
 int tide_element_set(void *buf, tide_dtype_t dtype, size_t i, double value);
+/* A fresh job token (TIDE_JOB_TOKEN): 64 hex digits from the system's
+ * random source, into token (at least 65 bytes). TIDE_EIO when no random
+ * bytes can be read. */
+int tide_job_token_create(char *token, size_t cap);
+/* A job's id, 16 hex digits into id (at least 17 bytes): derived from
+ * token when it is not NULL (every node of a multi-node job computes the
+ * same one), else random. */
+int tide_job_id(const char *token, char *id, size_t cap);
 /* This process's CPUs as a list ("0-3,8"; "?" when unknown, truncated to
  * cap) and *bound: 1 when it runs on a share of its own (tiderun --bind,
  * or TIDE_BIND in tide_comm_init), else 0. TIDE_EINVAL for NULL arguments

@@ -309,6 +309,19 @@ static int case_calls(void) {
   CHECK(tide_host_port_parse("node-7:65536", host, sizeof host, &port) == TIDE_EINVAL);
   CHECK(tide_host_port_parse("a-very-long-host-name:1", host, sizeof host, &port) == TIDE_EINVAL);
   CHECK(tide_host_port_parse(NULL, host, sizeof host, &port) == TIDE_EINVAL);
+  /* job tokens are fresh; a token's id is the same wherever it is computed */
+  char t1[65], t2[65], id1[17], id2[17];
+  CHECK_OK(tide_job_token_create(t1, sizeof t1));
+  CHECK_OK(tide_job_token_create(t2, sizeof t2));
+  CHECK(strlen(t1) == 64 && strspn(t1, "0123456789abcdef") == 64 && strcmp(t1, t2) != 0);
+  CHECK_OK(tide_job_id(t1, id1, sizeof id1));
+  CHECK_OK(tide_job_id(t1, id2, sizeof id2));
+  CHECK(strlen(id1) == 16 && strspn(id1, "0123456789abcdef") == 16 && strcmp(id1, id2) == 0);
+  CHECK_OK(tide_job_id(t2, id2, sizeof id2));
+  CHECK(strcmp(id1, id2) != 0);
+  CHECK_OK(tide_job_id(NULL, id2, sizeof id2));
+  CHECK(strlen(id2) == 16);
+  CHECK(tide_job_token_create(t1, 64) == TIDE_EINVAL && tide_job_id(NULL, id1, 16) == TIDE_EINVAL);
   return 0;
 }
 

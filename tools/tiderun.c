@@ -398,15 +398,6 @@ static int parse_args(int argc, char **argv, options_t *opts) {
 
 /* ---- job token and id ------------------------------------------------------------ */
 
-static void to_hex(const uint8_t *bytes, size_t n, char *out) {
-  static const char digits[] = "0123456789abcdef";
-  for (size_t i = 0; i < n; i++) {
-    out[2 * i] = digits[bytes[i] >> 4];
-    out[2 * i + 1] = digits[bytes[i] & 15];
-  }
-  out[2 * n] = '\0';
-}
-
 /* The job token: TIDE_JOB_TOKEN when set, required with several nodes (they
  * must all prove the same one), otherwise 32 random bytes in hex. token_buf
  * holds at least 65 bytes. */
@@ -422,28 +413,20 @@ static const char *job_token(const options_t *opts, char *token_buf) {
             opts->nnodes);
     return NULL;
   }
-  uint8_t bytes[32];
-  if (tide__random_bytes(bytes, sizeof bytes) != 0) {
-    fprintf(stderr, "tiderun: cannot read random bytes for the job token\n");
+  if (tide_job_token_create(token_buf, 65) != 0) {
+    fprintf(stderr, "tiderun: cannot make the job token (the log line above says why)\n");
     return NULL;
   }
-  to_hex(bytes, sizeof bytes, token_buf);
   return token_buf;
 }
 
 /* The job id: random for one node; with several, derived from the token so
  * every node computes the same one without talking. id_buf holds 17 bytes. */
 static int job_id(const options_t *opts, const char *token, char *id_buf) {
-  uint8_t bytes[32];
-  if (opts->nnodes > 1) {
-    uint8_t digest[32];
-    tide__hmac_sha256(token, strlen(token), "tide-job-id", 11, digest);
-    memcpy(bytes, digest, 8);
-  } else if (tide__random_bytes(bytes, 8) != 0) {
-    fprintf(stderr, "tiderun: cannot read random bytes for the job id\n");
+  if (tide_job_id(opts->nnodes > 1 ? token : NULL, id_buf, 17) != 0) {
+    fprintf(stderr, "tiderun: cannot make the job id (the log line above says why)\n");
     return -1;
   }
-  to_hex(bytes, 8, id_buf);
   return 0;
 }
 
