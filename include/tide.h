@@ -46,6 +46,30 @@ size_t tide_dtype_size(tide_dtype_t dtype);
 const char *tide_dtype_name(tide_dtype_t dtype);
 /* "sum", "avg", ...; "?" for an unknown value. */
 const char *tide_op_name(tide_op_t op);
+/* Element i of buf, of type dtype, as a double (the 16-bit floats
+ * converted); NaN for a NULL buf or an unknown dtype. */
+double tide_element_get(const void *buf, tide_dtype_t dtype, size_t i);
+/* Sets element i of buf to value, converted to dtype (rounded to nearest
+ * even for f16 and bf16, truncated for the integers). TIDE_EINVAL for a
+ * NULL buf or an unknown dtype. */
+int tide_element_set(void *buf, tide_dtype_t dtype, size_t i, double value);
+/* A fresh job token (TIDE_JOB_TOKEN): 64 hex digits from the system's
+ * random source, into token (at least 65 bytes). TIDE_EIO when no random
+ * bytes can be read. */
+int tide_job_token_create(char *token, size_t cap);
+/* A job's id, 16 hex digits into id (at least 17 bytes): derived from
+ * token when it is not NULL (every node of a multi-node job computes the
+ * same one), else random. */
+int tide_job_id(const char *token, char *id, size_t cap);
+/* This process's CPUs as a list ("0-3,8"; "?" when unknown, truncated to
+ * cap) and *bound: 1 when it runs on a share of its own (tiderun --bind,
+ * or TIDE_BIND in tide_comm_init), else 0. TIDE_EINVAL for NULL arguments
+ * or cap < 2. */
+int tide_process_cpus(char *cpus, size_t cap, int *bound);
+/* Splits "HOST:PORT" at its last colon into host (at most host_cap bytes
+ * with its NUL) and port (1..65535). TIDE_EINVAL, and nothing written, for
+ * another form. */
+int tide_host_port_parse(const char *text, char *host, size_t host_cap, int *port);
 
 /* ---- allocator ----------------------------------------------------------- */
 
@@ -251,6 +275,24 @@ int tide_comm_publish(tide_comm_t *comm, const char *key, const char *value);
  * through a connection to its store (tide ctl does this). The members act
  * at their next step boundary; the launcher starts or stops workers. */
 int tide_elastic_request(tide_store_t *store, int size);
+/* An elastic job's state as its store holds it, decoded once (the store's
+ * key schema is comm's business: tide ctl status, tiderun and the members
+ * all read it through this). */
+typedef struct {
+  long epoch;     /* the newest sealed membership epoch; -1 before any (no elastic job yet) */
+  int members;    /* members of that epoch; -1 for epoch 0 or none (the first members are not
+                     listed: the launcher knows how many it started) */
+  int failed;     /* 1 when that epoch cannot start (too few workers remain; the job ends) */
+  int target;     /* workers asked for (tide_elastic_request); -1 when never asked, 0 withdrawn */
+  long joiners;   /* workers that ever asked to join */
+  long admitted;  /* of those, the ones a change has admitted or skipped */
+  int waiting;    /* joiners - admitted: workers waiting to join now */
+  int done;       /* 1 when the workers said training is over (waiting joiners give up) */
+} tide_elastic_status_t;
+/* Reads an elastic job's state from a connection to its store (any client,
+ * any time; it only reads: an absent counter reads as 0). *out is written
+ * only on success; an unreachable store's error is returned. */
+int tide_elastic_status(tide_store_t *store, tide_elastic_status_t *out);
 
 /* ---- collectives (blocking) --------------------------------------------- */
 
@@ -502,6 +544,18 @@ typedef struct {
 /* Checks the fields `s->kind` uses; TIDE_EINVAL and a log line naming the
  * field otherwise. */
 int tide_lr_check(const tide_lr_schedule_t *s);
+/* The schedule of a training `epochs` epochs long (of progress, counted in
+ * base-batch steps) over dataset_size samples at global batch base_batch, as
+ * tide-train and the Python Trainer use it: per_epoch = ceil(dataset_size /
+ * base_batch) steps; warm-up over floor(warmup_epochs * per_epoch) steps
+ * from 0; total_steps = ceil(epochs * per_epoch); step: x0.1 every
+ * max(1, floor(epochs / 3)) epochs; poly: power 1; cosine and poly decay to
+ * final_lr. *out is written only on success; TIDE_EINVAL names the argument
+ * (a warm-up not shorter than the training for cosine and poly, a
+ * non-positive size or batch, a rate tide_lr_check refuses). */
+int tide_lr_schedule_from_epochs(tide_lr_kind_t kind, float base_lr, float final_lr, double epochs,
+                                 double warmup_epochs, size_t dataset_size, long base_batch,
+                                 tide_lr_schedule_t *out);
 /* The rate at `step` (>= 0); NaN when the schedule fails tide_lr_check or
  * step < 0 (logs nothing: call tide_lr_check once up front). Pure. */
 float tide_lr_at(const tide_lr_schedule_t *s, long step);
@@ -1029,6 +1083,140 @@ int tide_trainer_state_get(const tide_trainer_t *tr, void *buf, size_t len);
  * policies; TIDE_EINVAL (nothing changed) otherwise. Not collective: every
  * rank restores its own (the same one, but for the residual). */
 int tide_trainer_state_set(tide_trainer_t *tr, const void *buf, size_t len);
+
+/* ---- datasets on disk (tide data; docs/data.md) --------------------------- */
+
+/* What a dataset call wrote. */
+typedef struct {
+  size_t images;  /* samples written or indexed */
+  size_t classes; /* class folders */
+  size_t shards;  /* shard files (0: one file per sample) */
+  uint64_t bytes; /* bytes of sample data written (export: PNG; packing: shards) */
+} tide_data_summary_t;
+/* Exports a dataset tide can read natively as an ImageFolder directory dir
+ * (created when absent): one PNG per image under K_CLASS/NNNNN.png and
+ * dir/index.txt; with shard_bytes > 0 packed into dir/shards/ of about that
+ * many bytes each instead. name: "fashion-mnist" (the one so far), read
+ * from `from` (an idx directory; NULL: /usr/share/datasets/fashion-mnist);
+ * split "train" or "test" (NULL: train); limit > 0 exports the first limit
+ * images only (0: all). *out (may be NULL) says what was written.
+ * TIDE_EINVAL naming a bad argument; the I/O error naming the path. */
+int tide_data_export(const char *name, const char *dir, const char *split, const char *from, long limit,
+                     uint64_t shard_bytes, tide_data_summary_t *out);
+/* Indexes an ImageFolder directory (dir/index.txt, which the loader and an
+ * HTTP server of the directory read); with shard_bytes > 0 packs its samples
+ * into out_dir/shards/ (NULL: dir) of about that many bytes each, with
+ * out_dir/index.txt. *out (may be NULL) says what was written. */
+int tide_data_index(const char *dir, uint64_t shard_bytes, const char *out_dir, tide_data_summary_t *out);
+/* A data cache's contents and the counters every run has added to it. */
+typedef struct {
+  size_t entries;        /* cached objects */
+  uint64_t bytes;        /* their size */
+  uint64_t bound_bytes;  /* TIDE_DATA_CACHE_BYTES */
+  uint64_t hits, misses; /* lookups */
+  uint64_t refetched;    /* bad entries fetched again */
+  uint64_t evicted;
+  uint64_t bytes_served;  /* from the cache */
+  uint64_t bytes_fetched; /* from sources, and stored */
+} tide_data_cache_stats_t;
+/* The data cache directory: TIDE_DATA_CACHE when set (and not "none"),
+ * else the default ($XDG_CACHE_HOME/tide/data or ~/.cache/tide/data).
+ * TIDE_EINVAL for a NULL or too small out. */
+int tide_data_cache_dir(char *out, size_t cap);
+/* Reads the cache at dir. TIDE_ENOENT when dir does not exist. */
+int tide_data_cache_stats(const char *dir, tide_data_cache_stats_t *out);
+
+/* ---- what a training program needs around the trainer -------------------- */
+
+/* The metrics line schema: one flat JSON object per line (metrics.jsonl),
+ * written by tide-train and read by tide report. The keys are defined once
+ * (src/train/metrics.c); a program writes and reads them through these
+ * calls, never by spelling a key. */
+typedef enum {
+  TIDE_METRICS_NONE = 0, /* not a metrics line (or an unknown type) */
+  TIDE_METRICS_STEP,     /* "step": one per step */
+  TIDE_METRICS_EPOCH,    /* "epoch": a test evaluation at a data-epoch end */
+  TIDE_METRICS_EVAL,     /* "eval": a test evaluation every --eval-every steps */
+  TIDE_METRICS_FINAL     /* "final": the evaluation at the end */
+} tide_metrics_line_t;
+typedef enum {
+  /* step lines */
+  TIDE_METRIC_STEP = 0, /* step number from 0 (in evaluation lines: steps done) */
+  TIDE_METRIC_EPOCH,    /* step lines: the data epoch; evaluation lines: progress in epochs */
+  TIDE_METRIC_PROGRESS,
+  TIDE_METRIC_EPOCHS_DONE,
+  TIDE_METRIC_LOSS,
+  TIDE_METRIC_LR,
+  TIDE_METRIC_GLOBAL_BATCH,
+  TIDE_METRIC_BATCH,
+  TIDE_METRIC_ACCUM,
+  TIDE_METRIC_EXCHANGE, /* a name (tide_exchange_name), not a number */
+  TIDE_METRIC_IMAGES_PER_S,
+  TIDE_METRIC_COMPUTE_S,
+  TIDE_METRIC_COMM_S,
+  TIDE_METRIC_OPTIM_S,
+  TIDE_METRIC_STEP_S,
+  TIDE_METRIC_TIME_S, /* seconds since training started (both kinds of line) */
+  TIDE_METRIC_NOISE_SCALE,
+  TIDE_METRIC_GRAD_SQ,
+  TIDE_METRIC_TRACE_SIGMA,
+  TIDE_METRIC_GAIN_RATIO,
+  TIDE_METRIC_LR_FACTOR,
+  TIDE_METRIC_GAIN,
+  TIDE_METRIC_KFAC_S,
+  TIDE_METRIC_COMM_SHARE,
+  TIDE_METRIC_RANK_COMPUTE_MIN_S,
+  TIDE_METRIC_RANK_COMPUTE_MEDIAN_S,
+  TIDE_METRIC_RANK_COMPUTE_MAX_S,
+  TIDE_METRIC_DATA_S,
+  TIDE_METRIC_PAUSED_S,
+  TIDE_METRIC_SOLO_STEP_S,
+  TIDE_METRIC_PAUSES,
+  TIDE_METRIC_BACKGROUND_JOBS,
+  TIDE_METRIC_UNIX_S,
+  TIDE_METRIC_SLOWEST_RANK,
+  /* evaluation lines (and TIDE_METRIC_STEP, _EPOCH, _TIME_S) */
+  TIDE_METRIC_DATA_EPOCH,
+  TIDE_METRIC_TEST_LOSS,
+  TIDE_METRIC_TEST_ACCURACY,
+  TIDE_METRIC_EVAL_S,
+  TIDE_METRIC_COUNT
+} tide_metric_t;
+/* The key of a metric ("lr"); "?" for another value. Static storage. */
+const char *tide_metric_key(tide_metric_t metric);
+/* The kind of a metrics line (its "type"); TIDE_METRICS_NONE for NULL or
+ * another line. */
+tide_metrics_line_t tide_metrics_line_kind(const char *line);
+/* The number of `metric` in a metrics line; NaN when the line has none (the
+ * key absent, null, or not a number). */
+double tide_metric_read(const char *line, tide_metric_t metric);
+/* Writes the step line of stats s (as tide_trainer_stats gives it after a
+ * step) into buf, newline-terminated: time_s is the time since training
+ * started, unix_s the wall clock. Statistics not measured are null. The
+ * line's length, or TIDE_EINVAL for a NULL argument or a buf too small
+ * (1024 bytes always suffice). */
+int tide_metrics_step_line(const tide_step_stats_t *s, double time_s, double unix_s, char *buf, size_t cap);
+/* Writes an evaluation line (kind TIDE_METRICS_EPOCH, _EVAL or _FINAL) after
+ * the step stats s: the test set's loss and accuracy (a fraction), time_s
+ * since training started and eval_s, the time spent evaluating so far.
+ * The line's length, or TIDE_EINVAL as tide_metrics_step_line. */
+int tide_metrics_eval_line(tide_metrics_line_t kind, const tide_step_stats_t *s, double test_loss,
+                           double test_accuracy, double time_s, double eval_s, char *buf, size_t cap);
+
+/* The default base batch (config.base_batch, the global batch the learning
+ * rate and schedule were tuned for) of workers that each take `batch`:
+ * batch x the job's size. In an elastic job batch x the launcher's first
+ * worker count (TIDE_SIZE, which tiderun --elastic gives a worker that joins
+ * later too): a joiner's own default (batch x its new communicator's size)
+ * would differ from the members' and tide_trainer_create's agreement check
+ * would refuse it (docs/elastic.md). TIDE_EINVAL for batch <= 0 or a
+ * malformed TIDE_SIZE. Any thread; reads comm only. */
+int tide_trainer_base_batch(const tide_comm_t *comm, int batch, long *out);
+/* Collective: FNV-1a of the `bytes` bytes at data (a replica's parameters)
+ * on every rank, all-gathered. *checksum is rank 0's; *differing the lowest
+ * rank whose checksum differs from rank 0's, -1 when every replica is
+ * identical. Outputs written only on success. */
+int tide_replica_checksum(tide_comm_t *comm, const void *data, size_t bytes, uint64_t *checksum, int *differing);
 
 /* ---- elastic training (docs/elastic.md) ----------------------------------- */
 

@@ -11,6 +11,7 @@
  *           PNGs are written and the scratch files removed; a folder
  *           without metrics, one without step records and bad usage fail.
  * Skips (77): report without gnuplot or Fashion-MNIST. */
+#include <math.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <string.h>
@@ -79,7 +80,21 @@ static int case_ctl(void) {
   CHECK_SAYS("target: 6\n");
   CHECK_SAYS("joiners: 5\n");
   CHECK_SAYS("admitted: 4\n");
+  CHECK_SAYS("waiting: 1\n");
   CHECK_SAYS("done: -\n");
+  /* The same state through the public accessor: epoch 3's members listed */
+  tide_elastic_status_t st;
+  CHECK_OK(tide_store_set(store, "elastic/e3/members", "r0 r1 j2", 8));
+  CHECK_OK(tide_elastic_status(store, &st));
+  CHECK(st.epoch == 3 && st.members == 3 && !st.failed && st.target == 6 && st.joiners == 5 && st.admitted == 4 &&
+        st.waiting == 1 && !st.done);
+  CHECK(run("TIDE_JOB_TOKEN=ctl-token %s/tide ctl --rdzv %s status", tide, rdzv) == 0);
+  CHECK_SAYS("members: 3\n");
+  CHECK_OK(tide_store_set(store, "elastic/e3/members", "! too few", 9));
+  CHECK_OK(tide_store_set(store, "elastic/done", "1", 1));
+  CHECK_OK(tide_elastic_status(store, &st));
+  CHECK(st.members == 0 && st.failed && st.done);
+  CHECK(tide_elastic_status(NULL, &st) == TIDE_EINVAL && tide_elastic_status(store, NULL) == TIDE_EINVAL);
   /* resize 0 withdraws the request */
   CHECK(run("TIDE_JOB_TOKEN=ctl-token %s/tide ctl --rdzv %s resize 0", tide, rdzv) == 0);
   CHECK(run("TIDE_JOB_TOKEN=ctl-token %s/tide ctl --rdzv %s status", tide, rdzv) == 0);
@@ -192,6 +207,121 @@ static int case_report(void) {
   CHECK(run("%s/tide report", tools_dir) == 2);
   CHECK_SAYS("usage: tide report RUN_DIR");
   CHECK(run("rm -rf %s", dir) == 0);
+  return 0;
+}
+
+/* ---- the metrics line schema (what tide-train writes, tide report reads) ------- */
+
+static int case_metrics(void) {
+  tide_step_stats_t s;
+  memset(&s, 0, sizeof s);
+  s.step = 8, s.epoch = 2, s.progress = 7.5, s.epochs_done = 0.75, s.loss = 1.25, s.lr = 0.0125;
+  s.global_batch = 128, s.batch = 32, s.accum = 2, s.exchange = TIDE_EXCHANGE_DENSE, s.throughput = 4000.5;
+  s.compute_s = 0.5, s.exchange_s = 0.25, s.optim_s = 0.125, s.step_s = 1.5, s.noise_scale = 321.5;
+  s.grad_sq = NAN, s.trace_sigma = 2, s.gain_ratio = 1.5, s.lr_factor = 1, s.gain = 1.25, s.kfac_s = 0;
+  s.comm_share = 0.25, s.compute_min_s = 0.25, s.compute_median_s = 0.5, s.compute_max_s = 0.75, s.data_s = 0.01;
+  s.paused_s = 0, s.solo_step_s = NAN, s.pauses = 3, s.background_jobs = 1, s.slowest_rank = 1;
+  char line[1024];
+  int n = tide_metrics_step_line(&s, 12.5, 1700000000.25, line, sizeof line);
+  fprintf(stderr, "%s", line);
+  CHECK(n > 0 && (size_t)n == strlen(line) && line[n - 1] == '\n');
+  CHECK(tide_metrics_line_kind(line) == TIDE_METRICS_STEP);
+  const struct {
+    tide_metric_t metric;
+    double want;
+  } step_values[] = {{TIDE_METRIC_STEP, 7}, {TIDE_METRIC_EPOCH, 2}, {TIDE_METRIC_PROGRESS, 7.5},
+                     {TIDE_METRIC_EPOCHS_DONE, 0.75}, {TIDE_METRIC_LOSS, 1.25}, {TIDE_METRIC_LR, 0.0125},
+                     {TIDE_METRIC_GLOBAL_BATCH, 128}, {TIDE_METRIC_BATCH, 32}, {TIDE_METRIC_ACCUM, 2},
+                     {TIDE_METRIC_IMAGES_PER_S, 4000.5}, {TIDE_METRIC_COMPUTE_S, 0.5}, {TIDE_METRIC_COMM_S, 0.25},
+                     {TIDE_METRIC_OPTIM_S, 0.125}, {TIDE_METRIC_STEP_S, 1.5}, {TIDE_METRIC_TIME_S, 12.5},
+                     {TIDE_METRIC_NOISE_SCALE, 321.5}, {TIDE_METRIC_TRACE_SIGMA, 2}, {TIDE_METRIC_GAIN_RATIO, 1.5},
+                     {TIDE_METRIC_LR_FACTOR, 1}, {TIDE_METRIC_GAIN, 1.25}, {TIDE_METRIC_KFAC_S, 0},
+                     {TIDE_METRIC_COMM_SHARE, 0.25}, {TIDE_METRIC_RANK_COMPUTE_MIN_S, 0.25},
+                     {TIDE_METRIC_RANK_COMPUTE_MEDIAN_S, 0.5}, {TIDE_METRIC_RANK_COMPUTE_MAX_S, 0.75},
+                     {TIDE_METRIC_DATA_S, 0.01}, {TIDE_METRIC_PAUSED_S, 0}, {TIDE_METRIC_PAUSES, 3},
+                     {TIDE_METRIC_BACKGROUND_JOBS, 1}, {TIDE_METRIC_UNIX_S, 1700000000.25},
+                     {TIDE_METRIC_SLOWEST_RANK, 1}};
+  for (size_t i = 0; i < sizeof step_values / sizeof step_values[0]; i++) {
+    double got = tide_metric_read(line, step_values[i].metric);
+    if (!(fabs(got - step_values[i].want) <= 1e-9 * fabs(step_values[i].want) + 1e-12)) {
+      fprintf(stderr, "%s: read %g, wrote %g\n", tide_metric_key(step_values[i].metric), got, step_values[i].want);
+      return 1;
+    }
+  }
+  /* unmeasured statistics are null, names are not numbers, eval keys absent */
+  CHECK(isnan(tide_metric_read(line, TIDE_METRIC_GRAD_SQ)) && strstr(line, "\"grad_sq\":null") != NULL);
+  CHECK(isnan(tide_metric_read(line, TIDE_METRIC_SOLO_STEP_S)));
+  CHECK(isnan(tide_metric_read(line, TIDE_METRIC_EXCHANGE)) && strstr(line, "\"exchange\":\"dense\"") != NULL);
+  CHECK(isnan(tide_metric_read(line, TIDE_METRIC_TEST_LOSS)));
+  /* "step" the key is not "step" the type, nor a prefix of "step_s" */
+  CHECK(tide_metric_read("{\"type\":\"step\",\"step_s\":2,\"step\":5}", TIDE_METRIC_STEP) == 5);
+
+  n = tide_metrics_eval_line(TIDE_METRICS_EVAL, &s, 0.5, 0.875, 13, 0.5, line, sizeof line);
+  fprintf(stderr, "%s", line);
+  CHECK(n > 0 && tide_metrics_line_kind(line) == TIDE_METRICS_EVAL);
+  CHECK(tide_metric_read(line, TIDE_METRIC_STEP) == 8 && tide_metric_read(line, TIDE_METRIC_EPOCH) == 0.75);
+  CHECK(tide_metric_read(line, TIDE_METRIC_DATA_EPOCH) == 2 && tide_metric_read(line, TIDE_METRIC_TEST_LOSS) == 0.5);
+  CHECK(tide_metric_read(line, TIDE_METRIC_TEST_ACCURACY) == 0.875 && tide_metric_read(line, TIDE_METRIC_TIME_S) == 13);
+  CHECK(tide_metric_read(line, TIDE_METRIC_EVAL_S) == 0.5);
+  CHECK(tide_metrics_eval_line(TIDE_METRICS_FINAL, &s, 0.5, 0.875, 13, 0.5, line, sizeof line) > 0 &&
+        tide_metrics_line_kind(line) == TIDE_METRICS_FINAL);
+  CHECK(tide_metrics_eval_line(TIDE_METRICS_EPOCH, &s, 0.5, 0.875, 13, 0.5, line, sizeof line) > 0 &&
+        tide_metrics_line_kind(line) == TIDE_METRICS_EPOCH);
+
+  /* every key named, each once */
+  for (int a = 0; a < TIDE_METRIC_COUNT; a++) {
+    CHECK(strcmp(tide_metric_key((tide_metric_t)a), "?") != 0);
+    for (int b = 0; b < a; b++) CHECK(strcmp(tide_metric_key((tide_metric_t)a), tide_metric_key((tide_metric_t)b)) != 0);
+  }
+  CHECK(strcmp(tide_metric_key(TIDE_METRIC_COUNT), "?") == 0);
+  /* errors: a short buffer, NULLs, a bad kind; other lines */
+  char small[64];
+  CHECK(tide_metrics_step_line(&s, 1, 1, small, sizeof small) == TIDE_EINVAL);
+  CHECK(tide_metrics_step_line(NULL, 1, 1, line, sizeof line) == TIDE_EINVAL);
+  CHECK(tide_metrics_eval_line(TIDE_METRICS_STEP, &s, 0, 0, 0, 0, line, sizeof line) == TIDE_EINVAL);
+  CHECK(tide_metrics_line_kind("{\"type\":\"steps\"}") == TIDE_METRICS_NONE);
+  CHECK(tide_metrics_line_kind(NULL) == TIDE_METRICS_NONE && isnan(tide_metric_read(NULL, TIDE_METRIC_LR)));
+  return 0;
+}
+
+/* ---- small public calls the tools use (element access, HOST:PORT) ------------------ */
+
+static int case_calls(void) {
+  /* every dtype round-trips a value it holds exactly; f16 and bf16 round */
+  uint8_t buf[64];
+  for (int dt = 0; dt < TIDE_DTYPE_COUNT; dt++) {
+    CHECK_OK(tide_element_set(buf, (tide_dtype_t)dt, 3, -12.5));
+    CHECK(tide_element_get(buf, (tide_dtype_t)dt, 3) == (dt == TIDE_I32 || dt == TIDE_I64 ? -12.0 : -12.5));
+  }
+  CHECK_OK(tide_element_set(buf, TIDE_F16, 0, 1.0 + 1.0 / 4096)); /* below f16's half ulp: rounds to 1 */
+  CHECK(tide_element_get(buf, TIDE_F16, 0) == 1.0);
+  CHECK_OK(tide_element_set(buf, TIDE_BF16, 0, 3.0));
+  CHECK(tide_element_get(buf, TIDE_BF16, 0) == 3.0);
+  CHECK(tide_element_set(buf, TIDE_DTYPE_COUNT, 0, 1.0) == TIDE_EINVAL && tide_element_set(NULL, TIDE_F32, 0, 1) == TIDE_EINVAL);
+  CHECK(isnan(tide_element_get(buf, TIDE_DTYPE_COUNT, 0)) && isnan(tide_element_get(NULL, TIDE_F32, 0)));
+  char host[16];
+  int port = 0;
+  CHECK_OK(tide_host_port_parse("node-7:29500", host, sizeof host, &port));
+  CHECK(strcmp(host, "node-7") == 0 && port == 29500);
+  port = -1;
+  CHECK(tide_host_port_parse("node-7", host, sizeof host, &port) == TIDE_EINVAL && port == -1);
+  CHECK(tide_host_port_parse("node-7:0", host, sizeof host, &port) == TIDE_EINVAL);
+  CHECK(tide_host_port_parse("node-7:65536", host, sizeof host, &port) == TIDE_EINVAL);
+  CHECK(tide_host_port_parse("a-very-long-host-name:1", host, sizeof host, &port) == TIDE_EINVAL);
+  CHECK(tide_host_port_parse(NULL, host, sizeof host, &port) == TIDE_EINVAL);
+  /* job tokens are fresh; a token's id is the same wherever it is computed */
+  char t1[65], t2[65], id1[17], id2[17];
+  CHECK_OK(tide_job_token_create(t1, sizeof t1));
+  CHECK_OK(tide_job_token_create(t2, sizeof t2));
+  CHECK(strlen(t1) == 64 && strspn(t1, "0123456789abcdef") == 64 && strcmp(t1, t2) != 0);
+  CHECK_OK(tide_job_id(t1, id1, sizeof id1));
+  CHECK_OK(tide_job_id(t1, id2, sizeof id2));
+  CHECK(strlen(id1) == 16 && strspn(id1, "0123456789abcdef") == 16 && strcmp(id1, id2) == 0);
+  CHECK_OK(tide_job_id(t2, id2, sizeof id2));
+  CHECK(strcmp(id1, id2) != 0);
+  CHECK_OK(tide_job_id(NULL, id2, sizeof id2));
+  CHECK(strlen(id2) == 16);
+  CHECK(tide_job_token_create(t1, 64) == TIDE_EINVAL && tide_job_id(NULL, id1, 16) == TIDE_EINVAL);
   return 0;
 }
 

@@ -2,3 +2,5 @@
  * test/CMakeLists.txt reads the names of these lines). */
 TOOL_CASE(ctl)
 TOOL_CASE(report)
+TOOL_CASE(metrics)
+TOOL_CASE(calls)

@@ -7,7 +7,6 @@
 #include <string.h>
 #include <sys/resource.h>
 
-#include "core/core.h"
 #include "tide-train-plan.h"
 
 /* CPU seconds this process has used (all its threads). */
@@ -103,9 +102,9 @@ int train_plan(tide_comm_t *comm, const train_plan_args_t *a, const nn_dataset_t
       memcpy(x + (size_t)i * NN_IMAGE_SIZE, images + k * NN_IMAGE_SIZE, NN_IMAGE_SIZE * sizeof *x);
       labels[i] = all_labels[k];
     }
-    double t0 = tide__now_ns() * 1e-9;
+    double t0 = now_s();
     if ((rc = nn_burst_step(b, x, labels, (float)a->lr, &loss)) != 0) goto out;
-    times[s] = tide__now_ns() * 1e-9 - t0;
+    times[s] = now_s() - t0;
     if (s == 0) first = loss;
   }
   /* the CPU-seconds a step takes over all ranks: the measured worker-time,

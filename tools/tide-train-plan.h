@@ -22,5 +22,7 @@ typedef struct {
  * (0: all) images. Rank 0 prints the median step time and the test
  * accuracy. Returns the process's exit status. */
 int train_plan(tide_comm_t *comm, const train_plan_args_t *a, const nn_dataset_t *train, const nn_dataset_t *test);
+/* Seconds on the monotonic clock (tide-train.c). */
+double now_s(void);
 
 #endif

@@ -15,7 +15,6 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "core/core.h"
 #include "nn/nn.h"
 #include "tide.h"
 #include "tide-train-plan.h"
@@ -264,7 +263,7 @@ static int mkdirs(const char *path) {
   return mkdir(tmp, 0755) == 0 || errno == EEXIST ? 0 : -1;
 }
 
-static double now_s(void) {
+double now_s(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
@@ -526,18 +525,17 @@ static int build(job_t *job) {
     return 2;
   }
   /* The schedule counts base-batch steps of progress. */
-  long base = o->base_batch > 0 ? o->base_batch : (long)o->batch * job->size;
-  /* Elastic: the launcher's first worker count (TIDE_SIZE), the same on workers that join later. */
-  if (o->elastic && o->base_batch == 0 && getenv("TIDE_SIZE") != NULL) base = (long)o->batch * atoi(getenv("TIDE_SIZE"));
+  long base = o->base_batch;
+  if (base == 0 && tide_trainer_base_batch(job->comm, o->batch, &base) != 0) {
+    fprintf(stderr, "tide-train: no default base batch (the log line above says why); give --base-batch\n");
+    return 2;
+  }
   c.base_batch = base;
-  long per_epoch = (long)((job->n_train + (size_t)base - 1) / (size_t)base);
-  c.schedule.base_lr = (float)o->lr;
-  c.schedule.warmup_steps = o->warmup_epochs * per_epoch;
-  c.schedule.total_steps = o->epochs * per_epoch;
-  c.schedule.step_size = per_epoch * (o->epochs > 2 ? o->epochs / 3 : 1);
-  c.schedule.gamma = 0.1f;
-  c.schedule.power = 1.0f;
-  c.schedule.final_lr = (float)o->final_lr;
+  if (tide_lr_schedule_from_epochs(c.schedule.kind, (float)o->lr, (float)o->final_lr, o->epochs, o->warmup_epochs,
+                                   job->n_train, base, &c.schedule) != 0) {
+    fprintf(stderr, "tide-train: bad learning-rate schedule (the log line above names the field)\n");
+    return 2;
+  }
   if ((rc = tide_trainer_create(job->comm, &c, nn_params(job->model), nn_grads(job->model), nparams, tensors,
                                 ntensors, &job->trainer)) != 0) {
     fprintf(stderr, "tide-train: bad training settings: %s (the log line above names the field)\n",
@@ -640,11 +638,13 @@ static int evaluate(job_t *job, const char *type, const tide_step_stats_t *s) {
     job->target_epochs = s->epochs_done;
   }
   if (job->rank != 0) return 0;
-  fprintf(job->metrics,
-          "{\"type\":\"%s\",\"step\":%ld,\"epoch\":%.4f,\"data_epoch\":%llu,\"test_loss\":%.6f,"
-          "\"test_accuracy\":%.6f,\"time_s\":%.4f,\"eval_s\":%.4f}\n",
-          type, s->step, s->epochs_done, (unsigned long long)s->epoch, job->test_loss, job->test_acc, t1 - job->start,
-          job->eval_total);
+  char line[1024];
+  tide_metrics_line_t kind = strcmp(type, "eval") == 0    ? TIDE_METRICS_EVAL
+                             : strcmp(type, "final") == 0 ? TIDE_METRICS_FINAL
+                                                          : TIDE_METRICS_EPOCH;
+  if (tide_metrics_eval_line(kind, s, job->test_loss, job->test_acc, t1 - job->start, job->eval_total, line,
+                             sizeof line) > 0)
+    fputs(line, job->metrics);
   fflush(job->metrics);
   if (strcmp(type, "eval") != 0) {
     if (job->tty) fprintf(stderr, "\n");
@@ -661,13 +661,6 @@ static int evaluate(job_t *job, const char *type, const tide_step_stats_t *s) {
   return 0;
 }
 
-static void json_number(FILE *f, const char *key, double v) {
-  if (isfinite(v))
-    fprintf(f, ",\"%s\":%.6g", key, v);
-  else
-    fprintf(f, ",\"%s\":null", key);
-}
-
 /* One metrics.jsonl line per step, and the progress line (rank 0). */
 static void log_step(job_t *job, const tide_step_stats_t *s) {
   job->compute_total += s->compute_s + s->optim_s;
@@ -676,32 +669,13 @@ static void log_step(job_t *job, const tide_step_stats_t *s) {
   if (job->rank != 0) return;
   double elapsed = now_s() - job->start;
   FILE *f = job->metrics;
-  fprintf(f, "{\"type\":\"step\",\"step\":%ld,\"epoch\":%llu,\"progress\":%.4f,\"epochs_done\":%.5f,\"loss\":%.6f,"
-          "\"lr\":%.6g,\"global_batch\":%ld,\"batch\":%d,\"accum\":%d,\"exchange\":\"%s\",\"images_per_s\":%.1f,"
-          "\"compute_s\":%.6f,\"comm_s\":%.6f,\"optim_s\":%.6f,\"step_s\":%.6f,\"time_s\":%.4f",
-          s->step - 1, (unsigned long long)s->epoch, s->progress, s->epochs_done, s->loss, s->lr, s->global_batch,
-          s->batch, s->accum, tide_exchange_name(s->exchange), s->throughput, s->compute_s, s->exchange_s,
-          s->optim_s, s->step_s, elapsed);
-  json_number(f, "noise_scale", s->noise_scale);
-  json_number(f, "grad_sq", s->grad_sq);
-  json_number(f, "trace_sigma", s->trace_sigma);
-  json_number(f, "gain_ratio", s->gain_ratio);
-  json_number(f, "lr_factor", s->lr_factor);
-  json_number(f, "gain", s->gain);
-  json_number(f, "kfac_s", s->kfac_s);
-  json_number(f, "comm_share", s->comm_share);
-  json_number(f, "rank_compute_min_s", s->compute_min_s);
-  json_number(f, "rank_compute_median_s", s->compute_median_s);
-  json_number(f, "rank_compute_max_s", s->compute_max_s);
-  json_number(f, "data_s", s->data_s);
-  json_number(f, "paused_s", s->paused_s); /* multiplexing: a background job's pause */
-  json_number(f, "solo_step_s", s->solo_step_s);
   /* The wall clock, to line up two jobs that share hosts (scripts/bench-multiplex.sh),
    * and each line flushed: a background job stopped with its foreground keeps its steps. */
   struct timespec wall;
   clock_gettime(CLOCK_REALTIME, &wall);
-  fprintf(f, ",\"pauses\":%ld,\"background_jobs\":%d,\"unix_s\":%.3f,\"slowest_rank\":%d}\n", s->pauses,
-          s->background_jobs, (double)wall.tv_sec + wall.tv_nsec * 1e-9, s->slowest_rank);
+  char line[1024];
+  if (tide_metrics_step_line(s, elapsed, (double)wall.tv_sec + wall.tv_nsec * 1e-9, line, sizeof line) > 0)
+    fputs(line, f);
   fflush(f);
   if (elapsed - job->last_print < (job->tty ? 0.2 : 10.0) && !s->epoch_end) return;
   job->last_print = elapsed;
@@ -826,27 +800,15 @@ static int finish(job_t *job) {
   const tide_step_stats_t *s = tide_trainer_stats(job->trainer);
   double wall = now_s() - job->start;
   size_t nparams = nn_param_count(job->model);
-  /* FNV-1a of the bytes: equal on every rank or the replicas have drifted. */
-  uint64_t mine = tide__fnv1a(nn_params(job->model), nparams * sizeof(float));
-  uint64_t *sums = malloc((size_t)job->size * sizeof *sums);
-  if (sums == NULL) {
-    fprintf(stderr, "tide-train: rank %d: out of memory\n", job->rank);
-    return 1;
-  }
-  int rc = tide_allgather(job->comm, &mine, sums, 1, TIDE_I64), identical = 1;
-  if (rc != 0) {
-    free(sums);
-    return fail(job, rc, "checksum allgather");
-  }
-  for (int r = 1; r < job->size; r++)
-    if (sums[r] != sums[0]) {
-      identical = 0;
-      if (job->rank == 0)
-        fprintf(stderr, "tide-train: rank %d's parameters differ from rank 0's (checksum %016llx vs %016llx)\n", r,
-                (unsigned long long)sums[r], (unsigned long long)sums[0]);
-    }
-  uint64_t checksum0 = sums[0];
-  free(sums);
+  /* Equal on every rank or the replicas have drifted. */
+  uint64_t checksum0;
+  int differing;
+  int rc = tide_replica_checksum(job->comm, nn_params(job->model), nparams * sizeof(float), &checksum0, &differing);
+  if (rc != 0) return fail(job, rc, "checksum allgather");
+  int identical = differing < 0;
+  if (!identical && job->rank == 0)
+    fprintf(stderr, "tide-train: rank %d's parameters differ from rank 0's (checksum %016llx)\n", differing,
+            (unsigned long long)checksum0);
   if (job->rank != 0) return identical ? 0 : 1;
   char path[1100];
   snprintf(path, sizeof path, "%s/summary.json", job->dir);

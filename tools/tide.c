@@ -29,9 +29,6 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "core/core.h"
-#include "core/half.h"
-#include "data/data.h"
 #ifdef TIDE_WITH_NN
 #include "nn/nn.h"
 #endif
@@ -266,29 +263,9 @@ static void parse_bench_options(int argc, char **argv, bench_options_t *o) {
 
 /* ---- element access, with the two 16-bit float formats ---------------------- */
 
-static void store_value(void *buf, tide_dtype_t dt, size_t i, double v) {
-  switch (dt) {
-    case TIDE_F32: ((float *)buf)[i] = (float)v; break;
-    case TIDE_F64: ((double *)buf)[i] = v; break;
-    case TIDE_I32: ((int32_t *)buf)[i] = (int32_t)v; break;
-    case TIDE_I64: ((int64_t *)buf)[i] = (int64_t)v; break;
-    case TIDE_F16: ((uint16_t *)buf)[i] = tide__f32_to_f16((float)v); break;
-    case TIDE_BF16: ((uint16_t *)buf)[i] = tide__f32_to_bf16((float)v); break;
-    default: break;
-  }
-}
+static void store_value(void *buf, tide_dtype_t dt, size_t i, double v) { tide_element_set(buf, dt, i, v); }
 
-static double load_value(const void *buf, tide_dtype_t dt, size_t i) {
-  switch (dt) {
-    case TIDE_F32: return ((const float *)buf)[i];
-    case TIDE_F64: return ((const double *)buf)[i];
-    case TIDE_I32: return ((const int32_t *)buf)[i];
-    case TIDE_I64: return (double)((const int64_t *)buf)[i];
-    case TIDE_F16: return tide__f16_to_f32(((const uint16_t *)buf)[i]);
-    case TIDE_BF16: return tide__bf16_to_f32(((const uint16_t *)buf)[i]);
-    default: return NAN;
-  }
-}
+static double load_value(const void *buf, tide_dtype_t dt, size_t i) { return tide_element_get(buf, dt, i); }
 
 /* ---- check values ------------------------------------------------------------ */
 /* Rank r contributes base(g) + 2r at global element g, base(g) = g % m + 1.
@@ -615,16 +592,16 @@ static int print_binding(void) {
     fprintf(stderr, "tide info: fix the TIDE_* variable named above\n");
     return 1;
   }
-  cpu_set_t own;
-  char cpus[512] = "?";
-  if (sched_getaffinity(0, sizeof own, &own) == 0) tide__cpuset_format(&own, cpus, sizeof cpus);
+  char cpus[512];
+  int bound;
+  tide_process_cpus(cpus, sizeof cpus, &bound);
   const char *rank = getenv("TIDE_RANK"), *local = getenv("TIDE_LOCAL_RANK"), *local_size = getenv("TIDE_LOCAL_SIZE");
   const char *by_tiderun = getenv("TIDE_CPUS"), *bind = getenv("TIDE_BIND");
   if (rank != NULL && local != NULL && local_size != NULL)
     printf("binding: rank %s (local %s of %s): ", rank, local, local_size);
   else
     printf("binding: ");
-  if (by_tiderun != NULL && tide__placement_bound())
+  if (by_tiderun != NULL && bound)
     printf("cpus %s, bound by tiderun (--bind %s)", cpus, bind != NULL ? bind : "?");
   else if (by_tiderun != NULL)
     printf("cpus %s, unbound (tiderun --bind none)", cpus);
@@ -654,16 +631,8 @@ static int cmd_info(int argc, char **argv) {
 
 /* ---- report ---------------------------------------------------------------------- */
 
-/* The number after "key": in one flat JSON line, or NAN. */
-static double json_number(const char *line, const char *key) {
-  char pattern[64];
-  snprintf(pattern, sizeof pattern, "\"%s\":", key);
-  const char *at = strstr(line, pattern);
-  if (at == NULL) return NAN;
-  char *end;
-  double v = strtod(at + strlen(pattern), &end);
-  return end == at + strlen(pattern) ? NAN : v; /* null */
-}
+/* A number of a metrics.jsonl line (the schema is libtide's: tide_metric_read). */
+#define METRIC(name) tide_metric_read(line, TIDE_METRIC_##name)
 
 /* Multiplexing (docs/elastic.md): a background job's pauses, or a
  * foreground's step time while background jobs ran against its solo one. */
@@ -676,9 +645,9 @@ typedef struct {
 } multiplex_t;
 
 static void multiplex_add(multiplex_t *m, const char *line) {
-  double paused = json_number(line, "paused_s"), solo = json_number(line, "solo_step_s"),
-         jobs = json_number(line, "background_jobs"), step_s = json_number(line, "step_s"),
-         pauses = json_number(line, "pauses");
+  double paused = METRIC(PAUSED_S), solo = METRIC(SOLO_STEP_S),
+         jobs = METRIC(BACKGROUND_JOBS), step_s = METRIC(STEP_S),
+         pauses = METRIC(PAUSES);
   m->steps++;
   if (step_s > 0) m->step_total_s += step_s;
   if (paused > 0 || pauses > 0) m->role = "background";
@@ -772,28 +741,28 @@ static int cmd_report(int argc, char **argv) {
   double comm_sum = 0, compute_sum = 0;
   multiplex_t mux = {.solo_s = NAN};
   while (fgets(line, sizeof line, in) != NULL) {
-    if (strstr(line, "\"type\":\"step\"") != NULL) {
+    tide_metrics_line_t kind = tide_metrics_line_kind(line);
+    if (kind == TIDE_METRICS_STEP) {
       multiplex_add(&mux, line);
-      double c = json_number(line, "comm_s"), k = json_number(line, "compute_s");
+      double c = METRIC(COMM_S), k = METRIC(COMPUTE_S);
       comm_sum += c;
       compute_sum += k;
-      fprintf(steps, "%g %g %g %g %g %g %g %g %g %g %g %g %g ", json_number(line, "step"),
-              json_number(line, "time_s"), json_number(line, "loss"), json_number(line, "images_per_s"), c / (c + k),
-              json_number(line, "lr"), json_number(line, "noise_scale"), json_number(line, "global_batch"),
-              json_number(line, "lr_factor"), json_number(line, "gain_ratio"),
-              json_number(line, "rank_compute_min_s"), json_number(line, "rank_compute_median_s"),
-              json_number(line, "rank_compute_max_s"));
-      fprintf(steps, "%g %g %g %g %g\n", json_number(line, "data_s"), json_number(line, "step_s"),
-              json_number(line, "paused_s"), json_number(line, "solo_step_s"), json_number(line, "background_jobs"));
+      fprintf(steps, "%g %g %g %g %g %g %g %g %g %g %g %g %g ", METRIC(STEP),
+              METRIC(TIME_S), METRIC(LOSS), METRIC(IMAGES_PER_S), c / (c + k),
+              METRIC(LR), METRIC(NOISE_SCALE), METRIC(GLOBAL_BATCH),
+              METRIC(LR_FACTOR), METRIC(GAIN_RATIO),
+              METRIC(RANK_COMPUTE_MIN_S), METRIC(RANK_COMPUTE_MEDIAN_S),
+              METRIC(RANK_COMPUTE_MAX_S));
+      fprintf(steps, "%g %g %g %g %g\n", METRIC(DATA_S), METRIC(STEP_S),
+              METRIC(PAUSED_S), METRIC(SOLO_STEP_S), METRIC(BACKGROUND_JOBS));
       nsteps++;
-    } else if (strstr(line, "\"type\":\"epoch\"") != NULL || strstr(line, "\"type\":\"eval\"") != NULL ||
-               strstr(line, "\"type\":\"final\"") != NULL) {
+    } else if (kind != TIDE_METRICS_NONE) {
       /* Test evaluations at data-epoch ends, every --eval-every steps and
        * at the end; "epoch" is the progress in epochs, fractional. */
-      int end = strstr(line, "\"type\":\"eval\"") == NULL;
-      fprintf(epochs, "%g %g %g %g %g\n", json_number(line, "epoch"), json_number(line, "step"),
-              json_number(line, "time_s"), json_number(line, "test_loss"),
-              100 * json_number(line, "test_accuracy"));
+      int end = kind != TIDE_METRICS_EVAL;
+      fprintf(epochs, "%g %g %g %g %g\n", METRIC(EPOCH), METRIC(STEP),
+              METRIC(TIME_S), METRIC(TEST_LOSS),
+              100 * METRIC(TEST_ACCURACY));
       nepochs += end;
     }
   }
@@ -873,24 +842,6 @@ static int cmd_report(int argc, char **argv) {
 
 /* ---- tide data -------------------------------------------------------------- */
 
-static int write_index(const tide__source_t *src, const char *dir) {
-  char path[4200], tmp[4300];
-  snprintf(path, sizeof path, "%s/index.txt", dir);
-  snprintf(tmp, sizeof tmp, "%s/.index.txt.%d", dir, (int)getpid());
-  FILE *f = fopen(tmp, "w");
-  if (f == NULL) {
-    fprintf(stderr, "tide data: cannot write %s: %s\n", tmp, strerror(errno));
-    return 1;
-  }
-  int rc = tide__source_write_index(src, f);
-  if (fclose(f) != 0 || rc != 0 || rename(tmp, path) != 0) {
-    fprintf(stderr, "tide data: cannot write %s\n", path);
-    remove(tmp);
-    return 1;
-  }
-  return 0;
-}
-
 /* "262144", "256K", "1M": bytes, > 0. */
 static int parse_byte_count(const char *what, const char *v, uint64_t *out) {
   char *end;
@@ -935,78 +886,16 @@ static int data_export(int argc, char **argv) {
       return EXIT_USAGE;
     }
   }
-  char spec[4200];
-  snprintf(spec, sizeof spec, "fashion-mnist%s%s", from ? ":" : "", from ? from : "");
-  tide__source_t *src;
-  if (tide__source_open(spec, split, NULL, &src) != 0) return 1;
-  size_t count = limit > 0 && (size_t)limit < src->count ? (size_t)limit : src->count;
-  /* Class folders are named K_NAME, so their sorted order is Fashion-MNIST's
-   * labels; a sharded export names its classes and samples the same way and
-   * keeps the per-file layout's order (by class, then by index). */
-  char **classes = tide__calloc(src->nclasses, sizeof *classes);
-  int rc = classes == NULL ? -1 : 0;
-  for (size_t k = 0; rc == 0 && k < src->nclasses; k++) {
-    char name[256];
-    snprintf(name, sizeof name, "%zu_%s", k, src->classes[k]);
-    if ((classes[k] = strdup(name)) == NULL) rc = -1;
-  }
-  if (rc == 0 && mkdir(dir, 0777) != 0 && errno != EEXIST) rc = -1;
-  for (size_t k = 0; rc == 0 && shard_bytes == 0 && k < src->nclasses; k++) {
-    char sub[4300];
-    snprintf(sub, sizeof sub, "%s/%s", dir, classes[k]);
-    if (mkdir(sub, 0777) != 0 && errno != EEXIST) rc = -1;
-  }
-  tide__shard_writer_t *w = NULL;
-  if (rc != 0) fprintf(stderr, "tide data export: cannot create %s: %s\n", dir, strerror(errno));
-  else if (shard_bytes > 0 && tide__shard_writer_open(dir, shard_bytes, classes, src->nclasses, &w) != 0) rc = -1;
-  size_t pixels = (size_t)src->idx_height * (size_t)src->idx_width;
-  uint64_t bytes = 0;
-  for (size_t pass = 0; pass < (shard_bytes > 0 ? src->nclasses : 1); pass++) {
-    for (size_t i = 0; rc == 0 && i < count; i++) {
-      int32_t label = src->items[i].label;
-      if (shard_bytes > 0 && (size_t)label != pass) continue;
-      uint8_t *png;
-      size_t len;
-      rc = tide__png_encode(src->idx_pixels + i * pixels, src->idx_height, src->idx_width, 1, &png, &len);
-      if (rc != 0) break;
-      char rel[300], path[4600];
-      snprintf(rel, sizeof rel, "%s/%05zu.png", classes[label], i);
-      if (w != NULL) {
-        rc = tide__shard_writer_add(w, label, rel, png, len);
-      } else {
-        snprintf(path, sizeof path, "%s/%s", dir, rel);
-        FILE *f = fopen(path, "wb");
-        if (f == NULL || fwrite(png, 1, len, f) != len || fclose(f) != 0) {
-          fprintf(stderr, "tide data export: cannot write %s: %s\n", path, strerror(errno));
-          rc = -1;
-        }
-      }
-      tide__free(png);
-      bytes += len;
-    }
-  }
-  size_t nclasses = src->nclasses, shards = 0;
-  tide__source_close(src);
-  if (rc == 0 && w != NULL) rc = tide__shard_writer_finish(w, &shards, NULL);
-  else tide__shard_writer_abort(w);
-  for (size_t k = 0; classes != NULL && k < nclasses; k++) free(classes[k]);
-  tide__free(classes);
-  if (rc != 0) return 1;
-  if (shard_bytes > 0) {
+  tide_data_summary_t sum;
+  if (tide_data_export("fashion-mnist", dir, split, from, limit > 0 ? limit : 0, shard_bytes, &sum) != 0) return 1;
+  if (shard_bytes > 0)
     printf("tide data export: %zu images (%.1f MiB of PNG) in %zu shards of about %llu bytes in %s/shards, index "
            "%s/index.txt\n",
-           count, (double)bytes / 1048576.0, shards, (unsigned long long)shard_bytes, dir, dir);
-    return 0;
-  }
-  /* The index lists the directory as written (sorted classes and names). */
-  tide__source_t *folder;
-  if (tide__source_open_listing(dir, &folder) != 0) return 1;
-  rc = write_index(folder, dir);
-  tide__source_close(folder);
-  if (rc == 0)
-    printf("tide data export: %zu images (%.1f MiB of PNG) in %s, index %s/index.txt\n", count,
-           (double)bytes / 1048576.0, dir, dir);
-  return rc;
+           sum.images, (double)sum.bytes / 1048576.0, sum.shards, (unsigned long long)shard_bytes, dir, dir);
+  else
+    printf("tide data export: %zu images (%.1f MiB of PNG) in %s, index %s/index.txt\n", sum.images,
+           (double)sum.bytes / 1048576.0, dir, dir);
+  return 0;
 }
 
 static int data_index(int argc, char **argv) {
@@ -1028,24 +917,16 @@ static int data_index(int argc, char **argv) {
     fprintf(stderr, "usage: tide data index DIR [--shard-bytes N|--shards [--out OUT_DIR]]\n");
     return EXIT_USAGE;
   }
-  tide__source_t *src;
-  if (tide__source_open_listing(dir, &src) != 0) return 1;
-  int rc;
-  if (shard_bytes > 0) {
-    size_t shards = 0;
-    uint64_t bytes = 0;
-    if (out == NULL) out = dir;
-    rc = tide__source_write_shards(src, out, shard_bytes, &shards, &bytes) == 0 ? 0 : 1;
-    if (rc == 0)
-      printf("tide data index: %zu images in %zu classes packed into %zu shards (%.1f MiB) -> %s/shards, "
-             "%s/index.txt\n",
-             src->count, src->nclasses, shards, (double)bytes / 1048576.0, out, out);
-  } else {
-    rc = write_index(src, dir);
-    if (rc == 0) printf("tide data index: %zu images in %zu classes -> %s/index.txt\n", src->count, src->nclasses, dir);
-  }
-  tide__source_close(src);
-  return rc;
+  tide_data_summary_t sum;
+  if (tide_data_index(dir, shard_bytes, out, &sum) != 0) return 1;
+  if (shard_bytes > 0)
+    printf("tide data index: %zu images in %zu classes packed into %zu shards (%.1f MiB) -> %s/shards, "
+           "%s/index.txt\n",
+           sum.images, sum.classes, sum.shards, (double)sum.bytes / 1048576.0, out != NULL ? out : dir,
+           out != NULL ? out : dir);
+  else
+    printf("tide data index: %zu images in %zu classes -> %s/index.txt\n", sum.images, sum.classes, dir);
+  return 0;
 }
 
 static int cmd_data(int argc, char **argv) {
@@ -1053,11 +934,24 @@ static int cmd_data(int argc, char **argv) {
   if (argc >= 2 && strcmp(argv[0], "index") == 0) return data_index(argc - 1, argv + 1);
   if (argc >= 1 && argc <= 2 && strcmp(argv[0], "stats") == 0) {
     char dir[4096];
-    const char *env = tide__param_str(TIDE__PARAM_DATA_CACHE);
-    if (argc == 2) snprintf(dir, sizeof dir, "%s", argv[1]);
-    else if (env[0] != '\0' && strcmp(env, "none") != 0) snprintf(dir, sizeof dir, "%s", env);
-    else tide__cache_default_dir(dir, sizeof dir);
-    return tide__cache_print_stats(dir, stdout) == 0 ? 0 : 1;
+    tide_data_cache_stats_t st;
+    if (argc == 2)
+      snprintf(dir, sizeof dir, "%s", argv[1]);
+    else if (tide_data_cache_dir(dir, sizeof dir) != 0)
+      return 1;
+    if (tide_data_cache_stats(dir, &st) != 0) return 1;
+    uint64_t lookups = st.hits + st.misses;
+    printf("cache %s\n", dir);
+    printf("  entries %zu, %.1f MiB (bound TIDE_DATA_CACHE_BYTES=%llu)\n", st.entries, (double)st.bytes / 1048576.0,
+           (unsigned long long)st.bound_bytes);
+    printf("  lookups %llu: hits %llu, misses %llu, hit rate %.1f%%\n", (unsigned long long)lookups,
+           (unsigned long long)st.hits, (unsigned long long)st.misses,
+           lookups ? 100.0 * (double)st.hits / (double)lookups : 0.0);
+    printf("  bad entries refetched %llu, evicted %llu\n", (unsigned long long)st.refetched,
+           (unsigned long long)st.evicted);
+    printf("  bytes served from the cache %llu, fetched from sources and stored %llu\n",
+           (unsigned long long)st.bytes_served, (unsigned long long)st.bytes_fetched);
+    return 0;
   }
   fprintf(stderr, "usage: tide data export fashion-mnist DIR [--split S] [--limit N] [--shard-bytes N] | tide data "
                   "index DIR [--shard-bytes N [--out OUT]] | tide data stats [CACHE_DIR]\n");
@@ -1074,7 +968,7 @@ static int cmd_ctl(int argc, char **argv) {
   }
   char host[256];
   int port, size = 0;
-  if (tide__parse_host_port(argv[1], host, sizeof host, &port) != 0) {
+  if (tide_host_port_parse(argv[1], host, sizeof host, &port) != 0) {
     fprintf(stderr, "tide ctl: --rdzv expects HOST:PORT, got \"%s\"\n", argv[1]);
     return EXIT_USAGE;
   }
@@ -1097,23 +991,20 @@ static int cmd_ctl(int argc, char **argv) {
     rc = tide_elastic_request(store, size);
     if (rc == 0) printf("asked the job for %d worker(s)\n", size);
   } else {
-    static const char *const keys[] = {"elastic/epoch", "elastic/target", "elastic/joiners", "elastic/admitted",
-                                       "elastic/done"};
-    for (size_t k = 0; k < sizeof keys / sizeof keys[0]; k++) {
-      void *v;
-      size_t len;
-      if (tide_store_get(store, keys[k], 0, &v, &len) != 0) {
-        printf("%s: -\n", keys[k] + 8);
-        continue;
-      }
-      if (k == 1 || k == 4)
-        printf("%s: %.*s\n", keys[k] + 8, (int)len, (const char *)v);
-      else {
-        int64_t x = 0;
-        for (size_t b = 0; b < len && b < 8; b++) x |= (int64_t)((const uint8_t *)v)[b] << (8 * b);
-        printf("%s: %lld\n", keys[k] + 8, (long long)x);
-      }
-      tide_free(v);
+    tide_elastic_status_t st;
+    rc = tide_elastic_status(store, &st);
+    if (rc == 0) {
+      if (st.epoch >= 0)
+        printf("epoch: %ld\n", st.epoch);
+      else
+        printf("epoch: -\n");
+      if (st.members >= 0) printf("members: %d%s\n", st.members, st.failed ? " (the epoch cannot start)" : "");
+      if (st.target >= 0)
+        printf("target: %d\n", st.target);
+      else
+        printf("target: -\n");
+      printf("joiners: %ld\nadmitted: %ld\nwaiting: %d\n", st.joiners, st.admitted, st.waiting);
+      printf("done: %s\n", st.done ? "1" : "-");
     }
   }
   tide_store_close(store);
@@ -1537,10 +1428,10 @@ static int cmd_plan(int argc, char **argv) {
     rc = widths == NULL ? TIDE_ENOMEM : tide_plan_read_widths(check, p, o.workers, widths);
     if (rc == 0) rc = tide_plan_evaluate(p, &o, widths, &plan);
   } else if (rc == 0) {
-    int64_t t0 = tide__now_ns();
+    int64_t t0 = now_ns();
     rc = tide_plan_create(p, &o, &plan);
     if (rc == 0 && !quiet) printf("planned %d layers in %.6f s\n", tide_profile_layer_count(p),
-                                  (double)(tide__now_ns() - t0) * 1e-9);
+                                  seconds_since(t0));
   }
   tide_plan_options_t od = o;
   od.data_parallel = 1;

@@ -330,7 +330,7 @@ static int parse_args(int argc, char **argv, options_t *opts) {
       fprintf(stderr, "tiderun: --foreground needs --background (it names the foreground of a background job)\n");
       return -1;
     }
-    if (tide__parse_host_port(opts->foreground, host, sizeof host, &port) != 0) {
+    if (tide_host_port_parse(opts->foreground, host, sizeof host, &port) != 0) {
       fprintf(stderr, "tiderun: --foreground expects HOST:PORT with PORT in 1..65535, got \"%s\"\n",
               opts->foreground);
       return -1;
@@ -387,7 +387,7 @@ static int parse_args(int argc, char **argv, options_t *opts) {
     return -1;
   }
   if (opts->rdzv != NULL &&
-      tide__parse_host_port(opts->rdzv, opts->rdzv_host, sizeof opts->rdzv_host,
+      tide_host_port_parse(opts->rdzv, opts->rdzv_host, sizeof opts->rdzv_host,
                             &opts->rdzv_port) != 0) {
     fprintf(stderr, "tiderun: --rdzv expects HOST:PORT with PORT in 1..65535, got \"%s\"\n",
             opts->rdzv);
@@ -397,15 +397,6 @@ static int parse_args(int argc, char **argv, options_t *opts) {
 }
 
 /* ---- job token and id ------------------------------------------------------------ */
-
-static void to_hex(const uint8_t *bytes, size_t n, char *out) {
-  static const char digits[] = "0123456789abcdef";
-  for (size_t i = 0; i < n; i++) {
-    out[2 * i] = digits[bytes[i] >> 4];
-    out[2 * i + 1] = digits[bytes[i] & 15];
-  }
-  out[2 * n] = '\0';
-}
 
 /* The job token: TIDE_JOB_TOKEN when set, required with several nodes (they
  * must all prove the same one), otherwise 32 random bytes in hex. token_buf
@@ -422,28 +413,20 @@ static const char *job_token(const options_t *opts, char *token_buf) {
             opts->nnodes);
     return NULL;
   }
-  uint8_t bytes[32];
-  if (tide__random_bytes(bytes, sizeof bytes) != 0) {
-    fprintf(stderr, "tiderun: cannot read random bytes for the job token\n");
+  if (tide_job_token_create(token_buf, 65) != 0) {
+    fprintf(stderr, "tiderun: cannot make the job token (the log line above says why)\n");
     return NULL;
   }
-  to_hex(bytes, sizeof bytes, token_buf);
   return token_buf;
 }
 
 /* The job id: random for one node; with several, derived from the token so
  * every node computes the same one without talking. id_buf holds 17 bytes. */
 static int job_id(const options_t *opts, const char *token, char *id_buf) {
-  uint8_t bytes[32];
-  if (opts->nnodes > 1) {
-    uint8_t digest[32];
-    tide__hmac_sha256(token, strlen(token), "tide-job-id", 11, digest);
-    memcpy(bytes, digest, 8);
-  } else if (tide__random_bytes(bytes, 8) != 0) {
-    fprintf(stderr, "tiderun: cannot read random bytes for the job id\n");
+  if (tide_job_id(opts->nnodes > 1 ? token : NULL, id_buf, 17) != 0) {
+    fprintf(stderr, "tiderun: cannot make the job id (the log line above says why)\n");
     return -1;
   }
-  to_hex(bytes, 8, id_buf);
   return 0;
 }
 
@@ -750,19 +733,20 @@ static const char *signal_name(int sig, char *buf, size_t cap) {
 }
 
 static int elastic_want(job_t *job, int target);
-static int store_text(tide_store_t *store, const char *key, char *text, size_t cap);
+static void job_status(tide_store_t *store, tide_elastic_status_t *st);
 
 /* An elastic worker exited 0: training is over (torchrun's rule), unless it
  * left because the job was asked to shrink (as many still run as wanted).
  * So a program that does not say elastic/done itself still ends the job. */
 static void elastic_worker_done(job_t *job, const rank_t *r) {
   if (job->finished || job->store == NULL || job->opts->nnodes > 1) return;
-  char text[32];
-  if (store_text(job->store, "elastic/done", text, sizeof text) == 0) {
+  tide_elastic_status_t st;
+  job_status(job->store, &st);
+  if (st.done) {
     job->finished = 1;
     return;
   }
-  int target = store_text(job->store, "elastic/target", text, sizeof text) == 0 ? atoi(text) : 0;
+  int target = st.target > 0 ? st.target : 0;
   if (job->running >= elastic_want(job, target)) return; /* released by a shrink */
   job->finished = 1;
   fprintf(stderr, "tiderun: worker %d exited with status 0: training is over; no new workers are started\n",
@@ -1046,48 +1030,22 @@ static int launch(job_t *job, int i, int joiner) {
   return rc;
 }
 
-/* A store value as text (at most cap - 1 bytes); 0, or -1 when absent. */
-static int store_text(tide_store_t *store, const char *key, char *text, size_t cap) {
-  void *value;
-  size_t len;
-  if (tide_store_get(store, key, 0, &value, &len) != 0) return -1;
-  size_t n = len < cap - 1 ? len : cap - 1;
-  memcpy(text, value, n);
-  text[n] = '\0';
-  tide_free(value);
-  return 0;
-}
-
-/* The job's members now and the workers waiting to join it (epoch 0, the
- * first members, has no list in the store). */
-static void job_census(tide_store_t *store, int first, int *members, int *waiting) {
-  char key[64];
-  int64_t epoch = 0, joiners = 0, admitted = 0;
-  void *value;
-  size_t len;
-  *members = first;
-  tide_store_add(store, "elastic/epoch", 0, &epoch);
-  snprintf(key, sizeof key, "elastic/e%lld/members", (long long)epoch);
-  if (epoch > 0 && tide_store_get(store, key, 0, &value, &len) == 0) {
-    const char *ids = value; /* "id id ...", or "! why" */
-    *members = 0;
-    for (size_t i = 0; i < len && ids[0] != '!'; i++)
-      if (ids[i] != ' ' && (i == 0 || ids[i - 1] == ' ')) (*members)++;
-    tide_free(value);
-  }
-  tide_store_add(store, "elastic/joiners", 0, &joiners);
-  tide_store_add(store, "elastic/admitted", 0, &admitted);
-  *waiting = (int)(joiners - admitted);
+/* The job's elastic state (tide_elastic_status); when the store cannot be
+ * read, as if nothing were asked: no request, no joiner, not done. */
+static void job_status(tide_store_t *store, tide_elastic_status_t *st) {
+  if (tide_elastic_status(store, st) != 0)
+    *st = (tide_elastic_status_t){.epoch = -1, .members = -1, .target = -1};
 }
 
 /* A multi-node elastic job (--nnodes > 1): each node replaces its own failed
  * workers (up to --max-restarts) while the job has fewer than it asked for;
  * node 0 starts the workers a larger request needs, once per request. A
  * released worker (exit 0) is not replaced. */
-static void elastic_poll_nodes(job_t *job, int target) {
+static void elastic_poll_nodes(job_t *job, const tide_elastic_status_t *st, int target) {
   const options_t *opts = job->opts;
-  int members, waiting;
-  job_census(job->store, opts->nnodes_min * opts->nproc, &members, &waiting);
+  /* epoch 0's members, the first ones, are not listed in the store */
+  int members = st->members >= 0 ? st->members : opts->nnodes_min * opts->nproc;
+  int waiting = st->waiting;
   int want = target > 0 ? target : opts->max_np;
   int replaceable = (job->failures < opts->max_restarts ? job->failures : opts->max_restarts) - job->replaced;
   for (; replaceable > 0 && members + waiting < want && job->nranks < job->capacity; replaceable--) {
@@ -1123,15 +1081,16 @@ static int elastic_want(job_t *job, int target) {
 static void elastic_poll(job_t *job) {
   const options_t *opts = job->opts;
   if (job->store == NULL || job->finished) return;
-  char text[32];
-  if (store_text(job->store, "elastic/done", text, sizeof text) == 0) {
+  tide_elastic_status_t st;
+  job_status(job->store, &st);
+  if (st.done) {
     job->finished = 1;
     return;
   }
   if (job->stopping) return;
-  int target = store_text(job->store, "elastic/target", text, sizeof text) == 0 ? atoi(text) : 0;
+  int target = st.target > 0 ? st.target : 0;
   if (opts->nnodes > 1) {
-    elastic_poll_nodes(job, target);
+    elastic_poll_nodes(job, &st, target);
     return;
   }
   /* Every worker failed: no member is left to admit new ones. */

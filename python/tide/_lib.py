@@ -164,7 +164,18 @@ class TopkStats(ctypes.Structure):
 
 
 # Mirrored structs, for the ABI test: name in tide.h -> ctypes class.
-STRUCTS = {"tide_topk_opts_t": TopkOpts, "tide_topk_stats_t": TopkStats, "tide_tensor_t": Tensor, "tide_optim_config_t": OptimConfig, "tide_lr_schedule_t": LrSchedule,
+class DataSummary(ctypes.Structure):
+    _fields_ = [("images", c_size_t), ("classes", c_size_t), ("shards", c_size_t), ("bytes", c_uint64)]
+
+
+class DataCacheStats(ctypes.Structure):
+    _fields_ = [("entries", c_size_t), ("bytes", c_uint64), ("bound_bytes", c_uint64), ("hits", c_uint64),
+                ("misses", c_uint64), ("refetched", c_uint64), ("evicted", c_uint64), ("bytes_served", c_uint64),
+                ("bytes_fetched", c_uint64)]
+
+
+STRUCTS = {"tide_data_summary_t": DataSummary, "tide_data_cache_stats_t": DataCacheStats,
+           "tide_topk_opts_t": TopkOpts, "tide_topk_stats_t": TopkStats, "tide_tensor_t": Tensor, "tide_optim_config_t": OptimConfig, "tide_lr_schedule_t": LrSchedule,
            "tide_trainer_config_t": TrainerConfig, "tide_batch_t": Batch, "tide_step_stats_t": StepStats}
 
 _PROTOS = {
@@ -215,6 +226,15 @@ _PROTOS = {
     "tide_optim_parse": (c_int, [c_char_p, P(c_int)]),
     "tide_optim_config_default": (None, [c_int, P(OptimConfig)]),
     "tide_lr_parse": (c_int, [c_char_p, P(c_int)]),
+    "tide_lr_schedule_from_epochs": (c_int, [c_int, c_float, c_float, c_double, c_double, c_size_t, c_long,
+                                             P(LrSchedule)]),
+    "tide_lr_at": (c_float, [P(LrSchedule), c_long]),
+    "tide_data_export": (c_int, [c_char_p, c_char_p, c_char_p, c_char_p, c_long, c_uint64, P(DataSummary)]),
+    "tide_data_index": (c_int, [c_char_p, c_uint64, c_char_p, P(DataSummary)]),
+    "tide_data_cache_dir": (c_int, [c_char_p, c_size_t]),
+    "tide_data_cache_stats": (c_int, [c_char_p, P(DataCacheStats)]),
+    "tide_trainer_base_batch": (c_int, [c_void_p, c_int, P(c_long)]),
+    "tide_replica_checksum": (c_int, [c_void_p, c_void_p, c_size_t, P(c_uint64), P(c_int)]),
     "tide_exchange_parse": (c_int, [c_char_p, P(c_int)]),
     "tide_exchange_name": (c_char_p, [c_int]),
     "tide_topk_parse": (c_int, [c_char_p, P(c_int)]),

@@ -96,8 +96,8 @@ static int put(tide_store_t *store, const char *key, const char *value) {
 
 static int counter(tide_store_t *store, const char *key, int64_t *out) { return tide_store_add(store, key, 0, out); }
 
-/* Splits "id id ..." into m (count and ids). */
-static int parse_members(const char *text, long epoch, const char *me, struct tide__membership **out, int *my_rank) {
+/* The number of ids in "id id ...". */
+static int count_ids(const char *text) {
   int count = 0;
   for (const char *p = text; *p;) {
     p += strspn(p, " ");
@@ -105,6 +105,12 @@ static int parse_members(const char *text, long epoch, const char *me, struct ti
     count++;
     p += strcspn(p, " ");
   }
+  return count;
+}
+
+/* Splits "id id ..." into m (count and ids). */
+static int parse_members(const char *text, long epoch, const char *me, struct tide__membership **out, int *my_rank) {
+  int count = count_ids(text);
   if (count == 0) return TIDE_EPROTO;
   struct tide__membership *m = membership_alloc(epoch, me, count);
   if (m == NULL) return TIDE_ENOMEM;
@@ -410,6 +416,59 @@ int tide_elastic_request(tide_store_t *store, int size) {
   return put(store, "elastic/target", value);
 }
 
+/* A counter's value without creating it (tide_store_add would): 1 and *out
+ * when the key is set, 0 when absent, or an error. */
+static int peek_counter(tide_store_t *store, const char *key, int64_t *out) {
+  char value[32];
+  int got = peek(store, key, value, sizeof value);
+  if (got <= 0) return got;
+  TIDE_CHECK(counter(store, key, out));
+  return 1;
+}
+
+/* The job's requests: *target (-1 when never asked) and the joiner
+ * counters; the three store round trips a member pays at each step
+ * boundary (tide_comm_elastic_status). */
+static int read_requests(tide_store_t *store, int *target, int64_t *joiners, int64_t *admitted) {
+  char value[32];
+  int got = peek(store, "elastic/target", value, sizeof value);
+  if (got < 0) return got;
+  *target = got ? atoi(value) : -1;
+  TIDE_CHECK(counter(store, "elastic/joiners", joiners));
+  TIDE_CHECK(counter(store, "elastic/admitted", admitted));
+  return 0;
+}
+
+int tide_elastic_status(tide_store_t *store, tide_elastic_status_t *out) {
+  if (store == NULL || out == NULL) return tide__null_arg("tide_elastic_status", store == NULL ? "store" : "out");
+  tide_elastic_status_t st = {.epoch = -1, .members = -1, .target = -1};
+  char key[64], value[4096];
+  int64_t n = 0;
+  int got = peek_counter(store, "elastic/epoch", &n);
+  if (got < 0) return got;
+  if (got) st.epoch = (long)n;
+  if (st.epoch > 0) {
+    snprintf(key, sizeof key, "elastic/e%ld/members", st.epoch);
+    got = peek(store, key, value, sizeof value);
+    if (got < 0) return got;
+    if (got && value[0] == '!') {
+      st.failed = 1;
+      st.members = 0;
+    } else if (got) {
+      st.members = count_ids(value);
+    }
+  }
+  int64_t joiners, admitted;
+  TIDE_CHECK(read_requests(store, &st.target, &joiners, &admitted));
+  st.joiners = (long)joiners;
+  st.admitted = (long)admitted;
+  st.waiting = (int)(joiners - admitted);
+  if ((got = peek(store, "elastic/done", value, sizeof value)) < 0) return got;
+  st.done = got;
+  *out = st;
+  return 0;
+}
+
 int tide_comm_elastic_status(tide_comm_t *comm, int *target, int *waiting) {
   if (comm == NULL || target == NULL || waiting == NULL)
     return tide__null_arg("tide_comm_elastic_status", comm == NULL ? "comm" : target == NULL ? "target" : "waiting");
@@ -417,13 +476,10 @@ int tide_comm_elastic_status(tide_comm_t *comm, int *target, int *waiting) {
     *target = *waiting = 0;
     return 0;
   }
-  char value[32];
-  int got = peek(comm->store, "elastic/target", value, sizeof value);
-  if (got < 0) return got;
-  *target = got ? atoi(value) : 0;
+  int asked;
   int64_t joiners, admitted;
-  TIDE_CHECK(counter(comm->store, "elastic/joiners", &joiners));
-  TIDE_CHECK(counter(comm->store, "elastic/admitted", &admitted));
+  TIDE_CHECK(read_requests(comm->store, &asked, &joiners, &admitted));
+  *target = asked > 0 ? asked : 0;
   *waiting = (int)(joiners - admitted);
   return 0;
 }

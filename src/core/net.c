@@ -280,3 +280,9 @@ int tide__auth_server_check(const uint8_t hello[TIDE__AUTH_HELLO_BYTES], const c
   proof(token, 'S', their_nonce, my_nonce, answer);
   return 1;
 }
+
+int tide_host_port_parse(const char *text, char *host, size_t host_cap, int *port) {
+  if (text == NULL || host == NULL || port == NULL)
+    return tide__null_arg("tide_host_port_parse", text == NULL ? "text" : host == NULL ? "host" : "port");
+  return tide__parse_host_port(text, host, host_cap, port);
+}

@@ -293,3 +293,17 @@ uint64_t tide__placement_key(void) {
   if (sched_getaffinity(0, sizeof set, &set) != 0 || CPU_COUNT(&set) >= online) return 0;
   return tide__fnv1a(&set, sizeof set) | 1;
 }
+
+int tide_process_cpus(char *cpus, size_t cap, int *bound) {
+  if (cpus == NULL || bound == NULL || cap < 2) {
+    TIDE_ERROR("tide_process_cpus: cpus (at least 2 bytes; give 512) and bound must not be NULL");
+    return TIDE_EINVAL;
+  }
+  cpu_set_t own;
+  if (sched_getaffinity(0, sizeof own, &own) == 0)
+    tide__cpuset_format(&own, cpus, cap);
+  else
+    snprintf(cpus, cap, "?");
+  *bound = tide__placement_bound();
+  return 0;
+}

@@ -414,7 +414,29 @@ void tide__cache_close(tide__cache_t *c) {
   tide__free(c);
 }
 
-int tide__cache_print_stats(const char *dir, FILE *out) {
+int tide_data_cache_dir(char *out, size_t cap) {
+  if (out == NULL || cap < 2) {
+    TIDE_ERROR("tide_data_cache_dir: out must hold at least 2 bytes (give 4096)");
+    return TIDE_EINVAL;
+  }
+  const char *env = tide__param_str(TIDE__PARAM_DATA_CACHE);
+  int n;
+  if (env[0] != '\0' && strcmp(env, "none") != 0) {
+    n = snprintf(out, cap, "%s", env);
+  } else {
+    char dir[4096];
+    tide__cache_default_dir(dir, sizeof dir);
+    n = snprintf(out, cap, "%s", dir);
+  }
+  if (n < 0 || (size_t)n >= cap) {
+    TIDE_ERROR("tide_data_cache_dir: the directory does not fit in %zu bytes (give 4096)", cap);
+    return TIDE_EINVAL;
+  }
+  return 0;
+}
+
+int tide_data_cache_stats(const char *dir, tide_data_cache_stats_t *out) {
+  if (dir == NULL || out == NULL) return tide__null_arg("tide_data_cache_stats", dir == NULL ? "dir" : "out");
   struct stat st;
   if (stat(dir, &st) != 0) {
     TIDE_ERROR("tide data stats: no cache at %s: %s", dir, strerror(errno));
@@ -426,14 +448,9 @@ int tide__cache_print_stats(const char *dir, FILE *out) {
   TIDE_CHECK(scan(dir, &entries, &count, &bytes));
   tide__free(entries);
   read_stats(dir, v);
-  uint64_t lookups = v[0] + v[1];
-  fprintf(out, "cache %s\n", dir);
-  fprintf(out, "  entries %zu, %.1f MiB (bound TIDE_DATA_CACHE_BYTES=%lld)\n", count, (double)bytes / 1048576.0,
-          (long long)tide__param_int(TIDE__PARAM_DATA_CACHE_BYTES));
-  fprintf(out, "  lookups %llu: hits %llu, misses %llu, hit rate %.1f%%\n", (unsigned long long)lookups,
-          (unsigned long long)v[0], (unsigned long long)v[1], lookups ? 100.0 * (double)v[0] / (double)lookups : 0.0);
-  fprintf(out, "  bad entries refetched %llu, evicted %llu\n", (unsigned long long)v[2], (unsigned long long)v[3]);
-  fprintf(out, "  bytes served from the cache %llu, fetched from sources and stored %llu\n",
-          (unsigned long long)v[4], (unsigned long long)v[5]);
+  *out = (tide_data_cache_stats_t){.entries = count, .bytes = bytes,
+                                   .bound_bytes = (uint64_t)tide__param_int(TIDE__PARAM_DATA_CACHE_BYTES),
+                                   .hits = v[0], .misses = v[1], .refetched = v[2], .evicted = v[3],
+                                   .bytes_served = v[4], .bytes_fetched = v[5]};
   return 0;
 }

@@ -39,9 +39,8 @@ void tide__cache_counts(const tide__cache_t *cache, tide__cache_counts_t *out);
 /* The default directory: $XDG_CACHE_HOME/tide/data, ~/.cache/tide/data, or
  * /tmp/tide-data-cache-UID. */
 void tide__cache_default_dir(char *out, size_t cap);
-/* Prints what dir holds (entries, bytes) and the counters every run has
- * added to dir/stats (hits, misses, hit rate, bytes from the source). */
-int tide__cache_print_stats(const char *dir, FILE *out);
+/* What dir holds and the counters every run has added to dir/stats: the
+ * public tide_data_cache_stats. */
 
 /* ---- sources (source.c) ---------------------------------------------------- */
 

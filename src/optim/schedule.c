@@ -102,3 +102,36 @@ float tide_lr_at(const tide_lr_schedule_t *s, long step) {
       return (float)base;
   }
 }
+
+int tide_lr_schedule_from_epochs(tide_lr_kind_t kind, float base_lr, float final_lr, double epochs,
+                                 double warmup_epochs, size_t dataset_size, long base_batch,
+                                 tide_lr_schedule_t *out) {
+  static const char fn[] = "tide_lr_schedule_from_epochs";
+  if (out == NULL) return tide__null_arg(fn, "out");
+  if (!(epochs > 0.0 && epochs < 1e9)) {
+    TIDE_ERROR("%s: epochs %g must be finite and > 0", fn, epochs);
+    return TIDE_EINVAL;
+  }
+  if (!(warmup_epochs >= 0.0 && warmup_epochs < 1e9)) {
+    TIDE_ERROR("%s: warmup_epochs %g must be finite and >= 0", fn, warmup_epochs);
+    return TIDE_EINVAL;
+  }
+  if (dataset_size == 0 || base_batch <= 0) {
+    TIDE_ERROR("%s: dataset_size (%zu) and base_batch (%ld) must be > 0", fn, dataset_size, base_batch);
+    return TIDE_EINVAL;
+  }
+  long per_epoch = (long)((dataset_size + (size_t)base_batch - 1) / (size_t)base_batch);
+  tide_lr_schedule_t s = {.kind = kind, .base_lr = base_lr, .final_lr = final_lr, .gamma = 0.1f, .power = 1.0f};
+  s.warmup_steps = (long)floor(warmup_epochs * (double)per_epoch);
+  s.total_steps = (long)ceil(epochs * (double)per_epoch);
+  long every = (long)floor(epochs / 3.0);
+  s.step_size = per_epoch * (every > 1 ? every : 1);
+  if ((kind == TIDE_LR_COSINE || kind == TIDE_LR_POLY) && s.warmup_steps >= s.total_steps) {
+    TIDE_ERROR("%s: warmup_epochs (%g) must be less than epochs (%g): the %s decay needs a step after the warm-up",
+               fn, warmup_epochs, epochs, tide_lr_name(kind));
+    return TIDE_EINVAL;
+  }
+  TIDE_CHECK(tide_lr_check(&s));
+  *out = s;
+  return 0;
+}

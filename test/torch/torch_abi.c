@@ -10,6 +10,11 @@
 #define FIELD(s, f) printf(#s " " #f " %zu\n", offsetof(s, f))
 
 int main(void) {
+  SIZE(tide_data_summary_t);
+  FIELD(tide_data_summary_t, classes); FIELD(tide_data_summary_t, shards); FIELD(tide_data_summary_t, bytes);
+  SIZE(tide_data_cache_stats_t);
+  FIELD(tide_data_cache_stats_t, bytes); FIELD(tide_data_cache_stats_t, hits); FIELD(tide_data_cache_stats_t, evicted);
+  FIELD(tide_data_cache_stats_t, bytes_fetched);
   SIZE(tide_topk_opts_t);
   FIELD(tide_topk_opts_t, mstopk_rounds); FIELD(tide_topk_opts_t, num_threads);
   SIZE(tide_topk_stats_t);

@@ -20,6 +20,7 @@ import torch
 
 from .. import _lib
 from .._lib import lib
+from ..schedule import lr_schedule
 from . import _comm
 
 
@@ -101,7 +102,6 @@ class Trainer:
         self._model_params = [p for _, p in named]
         _comm.broadcast_(self.params, 0, "Trainer parameters")
 
-        size = _comm.size()
         cfg = _lib.TrainerConfig()
         lib.tide_trainer_config_default(ctypes.byref(cfg))
         cfg.dataset_size = int(dataset_size)
@@ -109,21 +109,18 @@ class Trainer:
         cfg.batch = int(batch)
         cfg.max_batch = int(max_batch)
         cfg.max_accum = int(max_accum)
-        cfg.base_batch = int(base_batch)
         cfg.epochs = float(epochs)
         kind = _parse(lib.tide_optim_parse, optimizer, "optimizer")
         lib.tide_optim_config_default(kind, ctypes.byref(cfg.optim))
         if momentum is not None:
             cfg.optim.momentum = float(momentum)
         cfg.optim.weight_decay = float(weight_decay)
-        cfg.schedule.kind = _parse(lib.tide_lr_parse, schedule, "schedule")
-        cfg.schedule.base_lr = float(lr)
-        m0 = base_batch if base_batch else batch * size
-        steps = max(1, int(epochs * dataset_size / m0))
-        cfg.schedule.warmup_steps = int(warmup_epochs * dataset_size / m0)
-        cfg.schedule.total_steps = max(steps, cfg.schedule.warmup_steps + 1)
-        cfg.schedule.final_lr = float(final_lr)
-        cfg.schedule.gamma, cfg.schedule.step_size, cfg.schedule.power = 0.1, max(1, steps // 3), 2.0
+        # The base batch and the schedule as tide-train sets them (one C definition each).
+        m0 = ctypes.c_long(int(base_batch))
+        if not base_batch:
+            _lib.check(lib.tide_trainer_base_batch(comm, int(batch), ctypes.byref(m0)), call)
+        cfg.base_batch = m0.value
+        cfg.schedule = lr_schedule(schedule, lr, epochs, dataset_size, m0.value, warmup_epochs, final_lr)
         cfg.exchange = _parse(lib.tide_exchange_parse, exchange, "exchange")
         cfg.density = float(density)
         cfg.selector = _parse(lib.tide_topk_parse, selector, "selector")
