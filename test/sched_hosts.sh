@@ -4,7 +4,9 @@
 # the scheduler on host 0 with --hostfile, 2 small trace-replay jobs. Checks:
 # a job grows across both hosts and shrinks back in place (its step counter
 # goes on, no worker restarted from scratch), workers really run on host 1,
-# both jobs finish done, nothing of any job outlives it.
+# then host 1 dies (its agent and workers SIGKILLed): the scheduler sees it
+# lost and job a goes on and finishes on host 0; both jobs finish done,
+# nothing of any job outlives it.
 # Skips (77) without root / network namespaces, as the other emulated tests.
 # Usage: sched_hosts.sh BUILD_DIR SOURCE_DIR
 set -u
@@ -43,13 +45,23 @@ replay() {
 wait_for() { local n=$(($1 * 10)); shift; for _ in $(seq "$n"); do "$@" && return 0; sleep 0.1; done; return 1; }
 state_of() { sed -n 's/^state //p' "$dir/jobs/$1/state"; }
 is_state() { [ "$(state_of "$1")" = "$2" ]; }
+ended() { grep -q '^state \(done\|failed\|cancelled\)' "$dir/jobs/$1/state"; }
 rc=0
-a=$(replay a 0.06) || { echo "FAIL: submit a"; rc=1; }
+a=$(replay a 0.1) || { echo "FAIL: submit a"; rc=1; }
 wait_for 60 grep -q "job $a (a) runs on 2 2 worker(s)" "$tmp/sched.log" || { echo "FAIL: a never ran on both hosts (2 2)"; rc=1; }
 b=$(replay b 0.03) || { echo "FAIL: submit b"; rc=1; }
 wait_for 60 grep -Eq "job $a \(a\): 2 2 -> [0-9] [0-9]" "$tmp/sched.log" || { echo "FAIL: a was never shrunk for b"; rc=1; }
-wait_for 120 is_state "$b" done || { echo "FAIL: b is $(state_of "$b")"; rc=1; }
-wait_for 120 is_state "$a" done || { echo "FAIL: a is $(state_of "$a")"; rc=1; }
+echo "$a $b" > "$tmp/ids"
+wait_for 120 ended "$b" && is_state "$b" done || { echo "FAIL: b is $(state_of "$b")"; rc=1; }
+# a gets host 0 back, then host 1 dies under it.
+both_again() { [ "$(grep -c "job $a (a) runs on 2 2 worker" "$tmp/sched.log")" -ge 2 ]; }
+wait_for 30 both_again || { echo "FAIL: a never got both hosts back"; rc=1; }
+agent1=$(pgrep -f -- "sched --agent --dir $dir --node 1")
+[ -n "$agent1" ] && kill -STOP "$agent1" && pkill -9 -P "$agent1" && kill -9 "$agent1" || { echo "FAIL: no agent on host 1"; rc=1; }
+wait_for 20 grep -q "host 1 (10.213.0.2) is lost" "$tmp/sched.log" || { echo "FAIL: host 1 was not seen lost"; rc=1; }
+wait_for 40 grep -q "job $a (a) .*runs on [12] 0 worker" <(grep -A100 "is lost" "$tmp/sched.log") ||
+  is_state "$a" done || { echo "FAIL: a did not go on on host 0"; rc=1; }
+wait_for 120 ended "$a" && is_state "$a" done || { echo "FAIL: a is $(state_of "$a")"; rc=1; }
 "$tools/tide" jobs --dir "$dir" > "$tmp/jobs.txt" 2>&1
 echo "$a $b" > "$tmp/ids"
 kill "$daemon" "$agent"; wait "$daemon" "$agent" 2> /dev/null
@@ -78,7 +90,7 @@ pgrep -f -- "$mark" > /dev/null && fail "processes of the jobs outlived them: $(
 if [ $fails -ne 0 ]; then
   echo "--- emulate"; tail -30 "$tmp/emu.log"; echo "--- scheduler"; cat "$tmp/sched.log"
   for f in "$tmp"/agent*.log; do echo "--- $f"; tail -5 "$f"; done
-  [ -n "${a:-}" ] && { echo "--- a"; tail -20 "$dir/jobs/$a/log"; }
+  [ -n "${a:-}" ] && { echo "--- a"; grep -v '^tide-replay' "$dir/jobs/$a/log" | tail -30; tail -3 "$dir/jobs/$a/log"; }
   exit 1
 fi
 cat "$tmp/sched.log"

@@ -46,6 +46,8 @@
 #define CHANGE_TICK_MS 10
 #define CLIENT_TIMEOUT_MS 5000
 #define MAX_NODES 64
+#define AGENT_LOST_S 3.0
+#define CHANGE_GIVE_UP_S 30.0 /* a change whose workers never came (their host was lost, say) */
 
 typedef enum { JOB_PENDING, JOB_RUNNING, JOB_CANCELLING, JOB_DONE, JOB_FAILED, JOB_CANCELLED } job_state_t;
 static const char *const state_names[] = {"pending", "running", "cancelling", "done", "failed", "cancelled"};
@@ -79,6 +81,7 @@ typedef struct {
   int real[MAX_NODES];          /* workers per node in the current membership */
   int pend_leave[MAX_NODES];    /* a move's second half: members to take off once the grow is in */
   int started;                  /* workers the agents were asked to start */
+  int started_on[MAX_NODES];    /* of which on each node */
 } job_t;
 
 typedef struct {
@@ -96,6 +99,11 @@ typedef struct {
   const char *address;          /* this host as agents and workers reach it */
   tide_store_server_t *ctl_server; /* the agents' control store */
   tide_store_t *ctl;
+  int dead[MAX_NODES];          /* hosts whose agent stopped beating */
+  int64_t beat[MAX_NODES];      /* each agent's last beat count */
+  double beat_at[MAX_NODES];    /* and when it changed (monotonic s) */
+  double last_beat_check;
+  int live[MAX_NODES], nlive;   /* the hosts d->sched allocates over (all but the lost ones) */
 } daemon_t;
 
 static double wall_s(void) {
@@ -317,6 +325,8 @@ static int save_job(const daemon_t *d, const job_t *j) {
   if (d->multi) {
     fprintf(f, "started %d\non", j->started);
     for (int n = 0; n < d->o->nodes; n++) fprintf(f, "%c%d", n ? ',' : ' ', j->on[n]);
+    fprintf(f, "\nstarted_on");
+    for (int n = 0; n < d->o->nodes; n++) fprintf(f, "%c%d", n ? ',' : ' ', j->started_on[n]);
     fprintf(f, "\n");
   }
   if (fclose(f) != 0 || rename(tmp, path) != 0) {
@@ -352,10 +362,11 @@ static int load_job(const daemon_t *d, job_t *j) {
     else if (strcmp(key, "latency") == 0) j->last_latency = atof(value);
     else if (strcmp(key, "max_latency") == 0) j->max_latency = atof(value);
     else if (strcmp(key, "started") == 0) j->started = atoi(value);
-    else if (strcmp(key, "on") == 0) {
+    else if (strcmp(key, "on") == 0 || strcmp(key, "started_on") == 0) {
+      int *v = key[0] == 'o' ? j->on : j->started_on;
       char *p = value;
       for (int n = 0; n < MAX_NODES && *p; n++) {
-        j->on[n] = (int)strtol(p, &p, 10);
+        v[n] = (int)strtol(p, &p, 10);
         if (*p == ',') p++;
       }
     }
@@ -769,7 +780,8 @@ static void allocate(daemon_t *d) {
   int n = 0;
   for (int i = 0; i < d->njobs; i++) n += active(&d->jobs[i]);
   if (n == 0) return;
-  int nodes = d->multi ? d->o->nodes : 1;
+  if (d->multi && d->nlive == 0) return;
+  int nodes = d->multi ? d->nlive : 1;
   tide_sched_job_t *sj = tide__calloc((size_t)n, sizeof *sj);
   int *cur = tide__calloc((size_t)n * nodes, sizeof *cur), *next = tide__calloc((size_t)n * nodes, sizeof *next);
   job_t **map = tide__calloc((size_t)n, sizeof *map);
@@ -787,7 +799,7 @@ static void allocate(daemon_t *d) {
                                .resizes = j->resizes, .remaining = 1,
                                .speedup = j->speedup ? tide_speedup_cb : NULL, .speedup_arg = j->speedup};
     if (d->multi)
-      for (int m = 0; m < nodes; m++) cur[k * nodes + m] = j->state == JOB_RUNNING ? j->on[m] : 0;
+      for (int m = 0; m < nodes; m++) cur[k * nodes + m] = j->state == JOB_RUNNING ? j->on[d->live[m]] : 0;
     else
       cur[k] = j->state == JOB_RUNNING ? j->alloc : 0;
     k++;
@@ -796,8 +808,13 @@ static void allocate(daemon_t *d) {
     TIDE_WARN("tide sched: the allocation round failed; allocations unchanged");
     goto out;
   }
-  if (d->multi) {
-    allocate_apply_multi(d, map, n, next);
+  if (d->multi) { /* rows over every host, the lost ones 0 */
+    int *full = tide__calloc((size_t)n * d->o->nodes, sizeof *full);
+    if (full == NULL) goto out;
+    for (int i = 0; i < n; i++)
+      for (int m = 0; m < nodes; m++) full[(size_t)i * d->o->nodes + d->live[m]] = next[(size_t)i * nodes + m];
+    allocate_apply_multi(d, map, n, full);
+    tide__free(full);
     goto out;
   }
   /* A running job cannot be suspended: it keeps at least its minimum. */
@@ -856,7 +873,7 @@ static void place_workers(daemon_t *d, job_t *j, int node, int k, int first, int
   for (int i = 0; i < k; i++) {
     if (agent_cmd(d, node, "start %llu %s:%d %d %d %d %d", (unsigned long long)j->id, d->address, j->port,
                   first < 0 ? -1 : first + i, size, j->min_np, j->max_np) == 0)
-      j->started++;
+      j->started++, j->started_on[node]++;
   }
 }
 
@@ -940,6 +957,7 @@ static int start_job_multi(daemon_t *d, job_t *j, const int *per_node) {
   j->start = wall_s();
   j->state = JOB_RUNNING;
   j->started = 0;
+  memset(j->started_on, 0, sizeof j->started_on);
   for (int n = 0, r = 0; n < d->o->nodes; n++) {
     j->on[n] = j->real[n] = per_node[n];
     place_workers(d, j, n, per_node[n], r, size);
@@ -1079,23 +1097,78 @@ static void finish_move(daemon_t *d, job_t *j) {
 /* Per-node capacity left, over the running jobs' placements. */
 static void free_per_node(const daemon_t *d, int *free_slots) {
   for (int n = 0; n < d->o->nodes; n++) {
-    free_slots[n] = d->o->slots[n];
+    free_slots[n] = d->dead[n] ? 0 : d->o->slots[n];
     for (int i = 0; i < d->njobs; i++)
       if (d->jobs[i].state == JOB_RUNNING || d->jobs[i].state == JOB_CANCELLING) free_slots[n] -= d->jobs[i].on[n];
   }
+}
+
+/* Agents that stopped beating for AGENT_LOST_S: their hosts leave the
+ * pool (the allocator is rebuilt over the others); one that beats again
+ * comes back. */
+static void check_agents(daemon_t *d, double now) {
+  if (now - d->last_beat_check < 0.5) return;
+  d->last_beat_check = now;
+  int changed = 0;
+  for (int n = 0; n < d->o->nodes; n++) {
+    char key[64];
+    int64_t beat;
+    snprintf(key, sizeof key, "agent/%d/beat", n);
+    if (tide_store_add(d->ctl, key, 0, &beat) != 0) return;
+    if (d->beat_at[n] == 0 || beat != d->beat[n]) {
+      if (beat != d->beat[n] && d->dead[n]) {
+        d->dead[n] = 0, changed = 1;
+        if (!d->o->quiet) fprintf(stderr, "tide sched: host %d (%s) is back\n", n, d->o->hosts ? d->o->hosts[n] : "");
+      }
+      d->beat[n] = beat;
+      d->beat_at[n] = now;
+    } else if (!d->dead[n] && now - d->beat_at[n] > AGENT_LOST_S) {
+      d->dead[n] = 1, changed = 1;
+      for (int i = 0; i < d->njobs; i++) { /* its workers are gone: a change toward it will not come */
+        job_t *j = &d->jobs[i];
+        if (j->state != JOB_RUNNING || j->on[n] == 0) continue;
+        j->on[n] = 0;
+        j->pend_leave[n] = 0;
+        j->alloc = sum_nodes(d, j->on);
+        if (j->change_at > 0 && job_connect(j) == 0 && tide_elastic_request(j->store, j->alloc) == 0)
+          j->change_to = j->alloc;
+        save_job(d, j);
+      }
+      if (!d->o->quiet)
+        fprintf(stderr, "tide sched: host %d (%s) is lost (its agent has not beaten for %.0f s); its workers are "
+                        "gone and the jobs go on without them\n",
+                n, d->o->hosts ? d->o->hosts[n] : "", now - d->beat_at[n]);
+    }
+  }
+  if (!changed) return;
+  int slots[MAX_NODES], k = 0;
+  for (int n = 0; n < d->o->nodes; n++)
+    if (!d->dead[n]) slots[k] = d->o->slots[n], d->live[k++] = n;
+  tide_sched_t *s;
+  if (k > 0 && tide_sched_create(&d->o->sched, k, slots, &s) == 0) {
+    tide_sched_destroy(d->sched);
+    d->sched = s;
+  }
+  d->nlive = k;
 }
 
 /* Multi-host ticks: a job ends when every worker the agents started has
  * exited (agents count them in job/ID/exited); the census per node. */
 static void tick_multi(daemon_t *d, job_t *j, double now) {
   char key[64];
-  int64_t exited = 0, failed = 0;
-  snprintf(key, sizeof key, "job/%llu/exited", (unsigned long long)j->id);
-  if (tide_store_add(d->ctl, key, 0, &exited) != 0) return;
-  snprintf(key, sizeof key, "job/%llu/failed", (unsigned long long)j->id);
-  if (tide_store_add(d->ctl, key, 0, &failed) != 0) return;
+  int64_t failed = 0;
+  int all_exited = j->started > 0;
+  for (int n = 0; n < d->o->nodes; n++) { /* a lost host's workers are gone with it */
+    int64_t exited = 0, f = 0;
+    snprintf(key, sizeof key, "job/%llu/%d/exited", (unsigned long long)j->id, n);
+    if (tide_store_add(d->ctl, key, 0, &exited) != 0) return;
+    snprintf(key, sizeof key, "job/%llu/%d/failed", (unsigned long long)j->id, n);
+    if (tide_store_add(d->ctl, key, 0, &f) != 0) return;
+    if (!d->dead[n]) failed += f;
+    if (!d->dead[n] && exited < j->started_on[n]) all_exited = 0;
+  }
   int keeper_gone = !keeper_alive(j);
-  if ((j->started > 0 && exited >= j->started) || keeper_gone) {
+  if (all_exited || keeper_gone) {
     int finished = 0;
     char text[8];
     if (!keeper_gone && job_connect(j) == 0) {
@@ -1139,6 +1212,17 @@ static void tick_multi(daemon_t *d, job_t *j, double now) {
       fprintf(stderr, " worker(s), %.3f s after the decision\n", j->last_latency);
     }
     finish_move(d, j);
+    save_job(d, j);
+  } else if (j->change_at > 0 && now - j->change_at > CHANGE_GIVE_UP_S) {
+    TIDE_WARN("tide sched: job %llu: its membership has not reached %d worker(s) %.0f s after the decision; it "
+              "stays on %d",
+              (unsigned long long)j->id, j->change_to, now - j->change_at, members);
+    j->change_at = 0;
+    memset(j->pend_leave, 0, sizeof j->pend_leave);
+    if (members > 0 && tide_elastic_request(j->store, members) == 0) {
+      memcpy(j->on, real, sizeof(int) * (size_t)d->o->nodes);
+      j->alloc = members;
+    }
     save_job(d, j);
   } else if (j->change_at == 0 && members > 0) {
     memcpy(j->on, real, sizeof(int) * (size_t)d->o->nodes); /* a host or worker lost: what is left */
@@ -1218,6 +1302,7 @@ static void tick(daemon_t *d) {
   d->last_tick = now;
   while (waitpid(-1, NULL, WNOHANG) > 0) {
   }
+  if (d->multi) check_agents(d, now);
   for (int i = 0; i < d->njobs; i++) {
     job_t *j = &d->jobs[i];
     if (j->state != JOB_RUNNING && j->state != JOB_CANCELLING) continue;
@@ -1582,6 +1667,8 @@ int tide_sched_serve(const tide_sched_daemon_options_t *opts) {
   chmod(addr.sun_path, 0600);
   if ((rc = tide_sched_create(&opts->sched, opts->nodes, opts->slots, &d.sched)) != 0) goto out;
   d.multi = opts->nodes > 1;
+  for (int n = 0; n < opts->nodes && n < MAX_NODES; n++) d.live[n] = n;
+  d.nlive = opts->nodes;
   d.address = opts->address != NULL ? opts->address : opts->hosts != NULL ? opts->hosts[0] : "127.0.0.1";
   if (d.multi && (rc = control_start(&d)) != 0) goto out;
   d.next_id = 1;
@@ -1800,9 +1887,9 @@ int tide_sched_agent(const char *dir, int node) {
         }
         if (pid > 0 && sscanf(cmd, "start %llu", &id) == 1) workers[nworkers++] = (agent_worker_t){pid, id};
         if (pid <= 0 && sscanf(cmd, "start %llu", &id) == 1) { /* counts as a failed worker */
-          snprintf(key, sizeof key, "job/%llu/failed", id);
+          snprintf(key, sizeof key, "job/%llu/%d/failed", id, node);
           tide_store_add(ctl, key, 1, &beat);
-          snprintf(key, sizeof key, "job/%llu/exited", id);
+          snprintf(key, sizeof key, "job/%llu/%d/exited", id, node);
           tide_store_add(ctl, key, 1, &beat);
         }
       } else if (sscanf(cmd, "kill %llu", &id) == 1) {
@@ -1826,10 +1913,10 @@ int tide_sched_agent(const char *dir, int node) {
       kill(-workers[i].pid, SIGKILL); /* what it left in its group */
       int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
       if (code != 0) {
-        snprintf(key, sizeof key, "job/%llu/failed", workers[i].job);
+        snprintf(key, sizeof key, "job/%llu/%d/failed", workers[i].job, node);
         tide_store_add(ctl, key, 1, &beat);
       }
-      snprintf(key, sizeof key, "job/%llu/exited", workers[i].job);
+      snprintf(key, sizeof key, "job/%llu/%d/exited", workers[i].job, node);
       tide_store_add(ctl, key, 1, &beat);
       workers[i] = workers[--nworkers];
     }
