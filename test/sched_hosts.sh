@@ -38,6 +38,9 @@ daemon=$!
 "$tools/tide" sched --agent --dir "$dir" --node 0 2> "$tmp/agent0.log" &
 agent=$!
 for _ in $(seq 100); do "$tools/tide" jobs --dir "$dir" > /dev/null 2>&1 && break; sleep 0.1; done
+# The flat ring: with the hierarchical allreduce (the default on 2 hosts x 2) the survivors of host 1's
+# death hung in 1 of 3 runs (docs/scheduling.md, "Several hosts").
+export TIDE_ALGO=ring
 replay() {
   "$tools/tide" submit --dir "$dir" --min-np 1 --max-np 4 --name "$1" -- "$tools/tide-replay" --app cifar10 \
     --traces "$traces" --speed 5 --work "$2" --grad-floats 65536 --log-every 5 --name "$mark$1"
@@ -79,7 +82,7 @@ read -r a b < "$tmp/ids" 2> /dev/null || fail "no job ids"
 dir=$tmp/d
 if [ -n "${a:-}" ]; then
   # In place: a's steps go on across its sizes; it ran 4 and fewer workers.
-  awk '/^tide-replay/ { s = $4; if (s <= last) { print "step " s " after " last; bad = 1 } last = s }
+  awk '/^tide-replay [^ ]*: step [0-9]+ workers/ { s = $4; if (s <= last) { print "step " s " after " last; bad = 1 } last = s }
        END { exit bad }' "$dir/jobs/$a/log" || fail "a's step counter did not go on across the resizes"
   grep -q "workers 4 batch" "$dir/jobs/$a/log" || fail "a's log has no step on 4 workers (2 hosts)"
   grep -Eq "workers [123] batch" "$dir/jobs/$a/log" || fail "a's log has no step on fewer workers"

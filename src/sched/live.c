@@ -1416,8 +1416,11 @@ static void jobs_table(daemon_t *d, text_t *t) {
     if (j->state >= JOB_DONE) snprintf(exit_code, sizeof exit_code, "%d", j->exit_code);
     if (j->max_latency > 0) snprintf(lat, sizeof lat, "%.3f", j->max_latency);
     double time_s = (j->state >= JOB_DONE ? j->finish : now) - j->submit;
-    char slots[16], workers[16];
+    char slots[64], workers[16];
     snprintf(slots, sizeof slots, "%d", j->state == JOB_RUNNING || j->state == JOB_CANCELLING ? j->alloc : 0);
+    if (d->multi && j->state == JOB_RUNNING) /* per host: 2+0+1 */
+      for (int n = 0, at = 0; n < d->o->nodes && at < (int)sizeof slots - 4; n++)
+        at += snprintf(slots + at, sizeof slots - (size_t)at, "%s%d", n ? "+" : "", j->on[n]);
     snprintf(workers, sizeof workers, "%d", j->state == JOB_RUNNING ? j->members : 0);
     text_add(t, "%-4llu %-16.16s %-10s %5s %7s %7s %9s %11s %7d %7s %8.1f %5s\n", (unsigned long long)j->id,
              j->name, state_names[j->state], slots, workers, batch, goodput, speedup, j->resizes, lat, time_s,
