@@ -1746,7 +1746,8 @@ typedef struct {
 static int env_taken(const char *e) {
   static const char *const names[] = {"TIDE_RANK=", "TIDE_SIZE=", "TIDE_LOCAL_RANK=", "TIDE_LOCAL_SIZE=",
                                       "TIDE_NODE_RANK=", "TIDE_NNODES=", "TIDE_RDZV=", "TIDE_JOB_TOKEN=",
-                                      "TIDE_JOB_ID=", "TIDE_ELASTIC", "TIDE_SCHED_JOB=", "TIDE_BIND=", "TIDE_CPUS="};
+                                      "TIDE_JOB_ID=", "TIDE_ELASTIC", "TIDE_SCHED_JOB=", "TIDE_BIND=", "TIDE_CPUS=",
+                                      "SLURM_" /* a worker is not a task of the submitter's Slurm step */};
   for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
     if (strncmp(e, names[i], strlen(names[i])) == 0) return 1;
   return 0;
