@@ -610,11 +610,9 @@ static void free_spec(spec_t *s) {
   tide__free(s->buf);
 }
 
-/* The keeper (child of fork, in its own session): starts tiderun, forwards
- * SIGTERM/SIGINT/SIGHUP to it, writes its exit status to jobs/ID/exit.
- * Never returns. */
-static void __attribute__((noreturn)) keeper_main(const char *tiderun, const char *job_dir, spec_t *s, int np,
-                                                  const job_t *j, const sigset_t *mask) {
+/* A keeper's start (its own session, output to the job's log, no
+ * inherited descriptors) and end (its status to the job's exit file). */
+static void keeper_io(const char *job_dir) {
   setsid();
   char path[4400];
   snprintf(path, sizeof path, "%s/log", job_dir);
@@ -623,6 +621,28 @@ static void __attribute__((noreturn)) keeper_main(const char *tiderun, const cha
   if (log_fd >= 0) dup2(log_fd, 1), dup2(log_fd, 2);
   if (null_fd >= 0) dup2(null_fd, 0);
   for (int fd = 3; fd < 1024; fd++) close(fd);
+}
+
+static void __attribute__((noreturn)) keeper_exit(const char *job_dir, int code) {
+  char path[4400];
+  char tmp[4500];
+  snprintf(path, sizeof path, "%s/exit", job_dir);
+  snprintf(tmp, sizeof tmp, "%s.tmp", path);
+  FILE *f = fopen(tmp, "w");
+  if (f != NULL) {
+    fprintf(f, "%d\n", code);
+    fclose(f);
+    rename(tmp, path);
+  }
+  _exit(0);
+}
+
+/* The keeper (child of fork, in its own session): starts tiderun, forwards
+ * SIGTERM/SIGINT/SIGHUP to it, writes its exit status to jobs/ID/exit.
+ * Never returns. */
+static void __attribute__((noreturn)) keeper_main(const char *tiderun, const char *job_dir, spec_t *s, int np,
+                                                  const job_t *j, const sigset_t *mask) {
+  keeper_io(job_dir);
   char rdzv[64], min_np[16], max_np[16], nps[16];
   snprintf(rdzv, sizeof rdzv, "127.0.0.1:%d", j->port);
   snprintf(min_np, sizeof min_np, "%d", j->min_np);
@@ -683,16 +703,26 @@ static void __attribute__((noreturn)) keeper_main(const char *tiderun, const cha
   tide__free(args);
   tide__free(env);
   free_spec(s);
-  char tmp[4500];
-  snprintf(path, sizeof path, "%s/exit", job_dir);
-  snprintf(tmp, sizeof tmp, "%s.tmp", path);
-  FILE *f = fopen(tmp, "w");
-  if (f != NULL) {
-    fprintf(f, "%d\n", code);
-    fclose(f);
-    rename(tmp, path);
+  keeper_exit(job_dir, code);
+}
+
+/* A starting job's store port and token (saved in its directory's token file). */
+static int job_credentials(job_t *j, const char *job_dir) {
+  char path[4300];
+  j->port = free_port();
+  if (j->port < 0 || random_token(j->token, sizeof j->token) != 0) {
+    TIDE_ERROR("tide sched: job %llu: no free port or random token", (unsigned long long)j->id);
+    return TIDE_EIO;
   }
-  _exit(0);
+  snprintf(path, sizeof path, "%s/token", job_dir);
+  int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (fd < 0 || write_all(fd, j->token, strlen(j->token)) != 0) {
+    if (fd >= 0) close(fd);
+    TIDE_ERROR("tide sched: cannot write %s: %s", path, strerror(errno));
+    return TIDE_EIO;
+  }
+  close(fd);
+  return 0;
 }
 
 static int start_job(daemon_t *d, job_t *j, int slots) {
@@ -709,21 +739,10 @@ static int start_job(daemon_t *d, job_t *j, int slots) {
     save_job(d, j);
     return rc;
   }
-  j->port = free_port();
-  if (j->port < 0 || random_token(j->token, sizeof j->token) != 0) {
+  if ((rc = job_credentials(j, job_dir)) != 0) {
     free_spec(&s);
-    TIDE_ERROR("tide sched: job %llu: no free port or random token", (unsigned long long)j->id);
-    return TIDE_EIO;
+    return rc;
   }
-  snprintf(path, sizeof path, "%s/token", job_dir);
-  int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-  if (fd < 0 || write_all(fd, j->token, strlen(j->token)) != 0) {
-    if (fd >= 0) close(fd);
-    free_spec(&s);
-    TIDE_ERROR("tide sched: cannot write %s: %s", path, strerror(errno));
-    return TIDE_EIO;
-  }
-  close(fd);
   j->np0 = slots;
   j->alloc = slots;
   j->members = slots;
@@ -880,14 +899,7 @@ static void place_workers(daemon_t *d, job_t *j, int node, int k, int first, int
 /* The keeper of a multi-host job: hosts the job's store (so that it stays
  * with the scheduler, whatever hosts the workers leave) until SIGTERM. */
 static void __attribute__((noreturn)) keeper_store_main(const char *job_dir, const job_t *j, const sigset_t *mask) {
-  setsid();
-  char path[4400];
-  snprintf(path, sizeof path, "%s/log", job_dir);
-  int log_fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
-  int null_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
-  if (log_fd >= 0) dup2(log_fd, 1), dup2(log_fd, 2);
-  if (null_fd >= 0) dup2(null_fd, 0);
-  for (int fd = 3; fd < 1024; fd++) close(fd);
+  keeper_io(job_dir);
   tide_store_server_t *server = NULL;
   int code = tide_store_server_start(NULL, j->port, j->token, &server) == 0 ? 0 : 1;
   if (code != 0) fprintf(stderr, "tide sched: job %llu: cannot serve its store on port %d\n", (unsigned long long)j->id, j->port);
@@ -897,37 +909,17 @@ static void __attribute__((noreturn)) keeper_store_main(const char *job_dir, con
     if (sig > 0 && sig != SIGCHLD) break;
   }
   tide_store_server_stop(server);
-  char tmp[4500];
-  snprintf(path, sizeof path, "%s/exit", job_dir);
-  snprintf(tmp, sizeof tmp, "%s.tmp", path);
-  FILE *f = fopen(tmp, "w");
-  if (f != NULL) {
-    fprintf(f, "%d\n", code);
-    fclose(f);
-    rename(tmp, path);
-  }
-  _exit(0);
+  keeper_exit(job_dir, code);
 }
 
 /* Starts job j with per_node[n] workers on node n: its keeper (the store),
  * the initial ranks' hosts in the store, then the agents start the ranks. */
 static int start_job_multi(daemon_t *d, job_t *j, const int *per_node) {
-  char job_dir[4200], path[4300];
+  char job_dir[4200];
   snprintf(job_dir, sizeof job_dir, "%s/%llu", d->jobs_dir, (unsigned long long)j->id);
   int size = sum_nodes(d, per_node);
-  j->port = free_port();
-  if (j->port < 0 || random_token(j->token, sizeof j->token) != 0) {
-    TIDE_ERROR("tide sched: job %llu: no free port or random token", (unsigned long long)j->id);
-    return TIDE_EIO;
-  }
-  snprintf(path, sizeof path, "%s/token", job_dir);
-  int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-  if (fd < 0 || write_all(fd, j->token, strlen(j->token)) != 0) {
-    if (fd >= 0) close(fd);
-    TIDE_ERROR("tide sched: cannot write %s: %s", path, strerror(errno));
-    return TIDE_EIO;
-  }
-  close(fd);
+  int rc = job_credentials(j, job_dir);
+  if (rc != 0) return rc;
   pid_t pid = fork();
   if (pid == 0) keeper_store_main(job_dir, j, &d->mask);
   if (pid < 0) {
@@ -938,7 +930,7 @@ static int start_job_multi(daemon_t *d, job_t *j, const int *per_node) {
   int zombie;
   j->keeper_start = proc_start(pid, &zombie);
   job_disconnect(j);
-  int rc = tide_store_connect("127.0.0.1", j->port, j->token, 5000, &j->store);
+  rc = tide_store_connect("127.0.0.1", j->port, j->token, 5000, &j->store);
   char key[64], value[16];
   for (int n = 0, r = 0; rc == 0 && n < d->o->nodes; n++)
     for (int i = 0; rc == 0 && i < per_node[n]; i++, r++) {
