@@ -1702,7 +1702,8 @@ double tide_trace_app_total(const tide_trace_app_t *app);
  * socket dir/sock. */
 typedef struct {
   const char *dir;        /* state directory (created, mode 0700) */
-  int nodes;              /* hosts in the pool (only 1, the local host, is run today) */
+  int nodes;              /* hosts in the pool; with more than one, each host runs an agent
+                             (tide_sched_agent) and the jobs' workers run there */
   const int *slots;       /* slots per host */
   const char *const *hosts; /* host names (NULL: "localhost") */
   double interval;        /* s between allocation rounds (> 0) */
@@ -1711,6 +1712,9 @@ typedef struct {
   double resize_cost;     /* s a change costs a job (the allocator's penalty) until the job's
                              own is measured (decision to membership), default 0.1 */
   int quiet;              /* 1: no line per decision on stderr */
+  const char *address;    /* several hosts: this host's address as the agents and workers reach it
+                             (NULL: hosts[0]); the jobs' stores and the agents' control store
+                             listen there */
 } tide_sched_daemon_options_t;
 
 void tide_sched_daemon_options_init(tide_sched_daemon_options_t *opts);
@@ -1739,6 +1743,13 @@ int tide_sched_job_state(const char *dir, const char *job, char *buf, size_t cap
 /* The default state directory: $XDG_RUNTIME_DIR/tide-sched, else
  * /tmp/tide-sched-$USER. */
 int tide_sched_default_dir(char *buf, size_t cap);
+/* The per-host agent of a multi-host tide sched (`tide sched --agent`):
+ * connects to the control store the daemon serving dir advertises in
+ * dir/control (dir on a file system every host shares), then starts and
+ * stops the workers the daemon places on host `node` (its index in the
+ * pool), reports their exits, and beats every 0.5 s. Runs until SIGINT or
+ * SIGTERM (its workers get SIGTERM). Call from the main thread. */
+int tide_sched_agent(const char *dir, int node);
 
 /* ---- burst-parallel planning (DeepPool; docs/burst-parallel.md) ----------- */
 

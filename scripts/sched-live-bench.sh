@@ -6,12 +6,15 @@
 # decision to the membership that has it.
 # Usage: [SPEED=10] [WORK_SCALE=1] [INTERVAL=2] scripts/sched-live-bench.sh BUILD_DIR [POLICIES (default
 #        pollux,fifo)] [RUNS (default 1)] [SLOTS (default 8)]
+# With HOSTS=H: H emulated hosts (scripts/emulate-cluster.sh, 1 Gbit/s, 0.5 ms; needs root) x SLOTS
+# slots each, one agent per host, the scheduler on host 0 (--hostfile), and 8 jobs submitted 20 s apart.
 set -eu
 build=${1:?usage: sched-live-bench.sh BUILD_DIR [POLICIES] [RUNS] [SLOTS]}
 policies=${2:-pollux,fifo}
 runs=${3:-1}
 slots=${4:-8}
 tools=$(cd "$build/tools" && pwd)
+hosts=${HOSTS:-}
 traces=$(cd "$(dirname "$0")/../../shared/data/pollux-osdi21/traces" && pwd)
 speed=${SPEED:-10}           # the replay jobs' --speed
 work_scale=${WORK_SCALE:-1}  # their --work times this
@@ -22,25 +25,45 @@ j3 10 deepspeech2 0.01 4
 j4 15 cifar10 0.06 8
 j5 20 bert 0.015 2
 j6 25 deepspeech2 0.015 4"
+if [ -n "$hosts" ]; then
+  jobs_list="j1 0 cifar10 0.04 4
+j2 20 bert 0.02 2
+j3 40 deepspeech2 0.01 4
+j4 60 cifar10 0.06 8
+j5 80 bert 0.015 2
+j6 100 deepspeech2 0.015 4
+j7 120 cifar10 0.04 4
+j8 140 bert 0.02 4"
+fi
+total=$((slots * ${hosts:-1}))
 
 run_one() { # POLICY RUN
-  local policy=$1 dir daemon t0
-  dir=$(mktemp -d /tmp/tide-sched-bench.XXXXXX)
-  "$tools/tide" sched --slots "$slots" --interval "${INTERVAL:-2}" --policy "$policy" --dir "$dir/d" \
-    > "$dir/sched.log" 2>&1 &
-  daemon=$!
+  local policy=$1 dir daemon t0 agent=
+  dir=${BENCH_DIR:-$(mktemp -d /tmp/tide-sched-bench.XXXXXX)}
+  if [ -n "$hosts" ]; then
+    for ((h = 0; h < hosts; h++)); do echo "10.213.0.$((h + 1)) $slots"; done > "$dir/hosts"
+    "$tools/tide" sched --hostfile "$dir/hosts" --interval "${INTERVAL:-2}" --policy "$policy" --dir "$dir/d" \
+      > "$dir/sched.log" 2>&1 &
+    daemon=$!
+    "$tools/tide" sched --agent --dir "$dir/d" --node 0 2> "$dir/agent0.log" &
+    agent=$!
+  else
+    "$tools/tide" sched --slots "$slots" --interval "${INTERVAL:-2}" --policy "$policy" --dir "$dir/d" \
+      > "$dir/sched.log" 2>&1 &
+    daemon=$!
+  fi
   for _ in $(seq 100); do "$tools/tide" jobs --dir "$dir/d" > /dev/null 2>&1 && break; sleep 0.1; done
   t0=$(date +%s.%N)
   while read -r name at app work np; do
     while [ "$(echo "$(date +%s.%N) - $t0 < $at" | bc)" = 1 ]; do sleep 0.1; done
-    "$tools/tide" submit --dir "$dir/d" --min-np 1 --max-np "$slots" --np "$np" --name "$name" -- \
+    "$tools/tide" submit --dir "$dir/d" --min-np 1 --max-np "$total" --np "$np" --name "$name" -- \
       "$tools/tide-replay" --app "$app" --traces "$traces" --speed "$speed" --work "$(echo "$work * $work_scale" | bc -l)" --grad-floats 65536 \
       --log-every 50 --name "bench-$name" > /dev/null
   done <<< "$jobs_list"
   local n
   n=$(echo "$jobs_list" | wc -l)
   while [ "$(grep -l '^state \(done\|failed\|cancelled\)' "$dir"/d/jobs/*/state 2> /dev/null | wc -l)" -lt "$n" ]; do sleep 0.5; done
-  kill "$daemon"
+  kill "$daemon" $agent
   wait "$daemon" || true
   awk -v policy="$policy" -v run="$2" '
     function flush() { if (st != "done") bad++; jct += f - s; n++ }
@@ -50,8 +73,36 @@ run_one() { # POLICY RUN
     END { flush(); printf "{\"policy\": \"%s\", \"run\": %d, \"jobs\": %d, \"not_done\": %d, \"avg_jct_s\": %.1f, \"resizes\": %d, \"max_realloc_latency_s\": %.3f}\n",
                  policy, run, n, bad, jct / n, r, lat }' "$dir"/d/jobs/*/state
   cp "$dir/sched.log" "/tmp/tide-sched-bench-$policy-$2.log"
-  rm -rf "$dir"
+  [ -n "${BENCH_DIR:-}" ] || rm -rf "$dir"
 }
+
+# Inside the emulated cluster (one rank per host): host 0 runs the measurement, the others an agent.
+if [ -n "${BENCH_INSIDE:-}" ]; then
+  node=$TIDE_NODE_RANK
+  unset TIDE_RANK TIDE_SIZE TIDE_LOCAL_RANK TIDE_LOCAL_SIZE TIDE_NNODES TIDE_RDZV TIDE_JOB_TOKEN TIDE_JOB_ID TIDE_NODE_RANK
+  if [ "$node" != 0 ]; then
+    for _ in $(seq 100); do [ -f "$BENCH_DIR/d/control" ] && break; sleep 0.1; done
+    "$tools/tide" sched --agent --dir "$BENCH_DIR/d" --node "$node" 2> "$BENCH_DIR/agent$node.log" || true
+    exit 0
+  fi
+  run_one "$BENCH_INSIDE" "$BENCH_RUN" > "$BENCH_DIR/result"
+  exit 0
+fi
+if [ -n "$hosts" ]; then
+  for ((r = 1; r <= runs; r++)); do
+    for policy in ${policies//,/ }; do
+      d=$(mktemp -d /tmp/tide-sched-bench.XXXXXX)
+      chmod 755 "$d"
+      BENCH_INSIDE=$policy BENCH_RUN=$r BENCH_DIR=$d "$(dirname "$0")/emulate-cluster.sh" --build "$build" \
+        --hosts "$hosts" --ranks-per-host 1 --bandwidth 1gbit --latency 0.5ms --no-prefix -- \
+        /bin/bash "$(cd "$(dirname "$0")" && pwd)/sched-live-bench.sh" "$build" "$policy" 1 "$slots" > "$d/emu.log" 2>&1 ||
+        { echo "run failed: $d/emu.log"; tail -5 "$d/emu.log"; }
+      cat "$d/result" 2> /dev/null
+      rm -rf "$d"
+    done
+  done
+  exit 0
+fi
 
 for ((r = 1; r <= runs; r++)); do
   for policy in ${policies//,/ }; do run_one "$policy" "$r"; done

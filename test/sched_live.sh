@@ -64,9 +64,8 @@ replay() { # NAME WORK: submits a trace-replay job of cifar10 at 5x
 [ $rc -eq 1 ] && grep -q "no tide sched serves $dir" "$tmp/err" || fail "jobs without a scheduler: rc $rc, $(cat "$tmp/err")"
 "$tools/tide" sched --slots 0 --dir "$dir" 2> "$tmp/err"; rc=$?
 [ $rc -eq 2 ] && grep -q -- "--slots: '0'" "$tmp/err" || fail "sched --slots 0: rc $rc, $(cat "$tmp/err")"
-printf 'localhost 2\nnode9 2\n' > "$tmp/hosts"
-"$tools/tide" sched --hostfile "$tmp/hosts" --dir "$dir" 2> "$tmp/err"; rc=$?
-[ $rc -eq 2 ] && grep -q "per-node agent" "$tmp/err" || fail "sched with 2 hosts: rc $rc, $(cat "$tmp/err")"
+"$tools/tide" sched --agent --slots 2 --dir "$dir" 2> "$tmp/err"; rc=$?
+[ $rc -eq 2 ] && grep -q -- "--agent takes no --slots" "$tmp/err" || fail "sched --agent --slots: rc $rc, $(cat "$tmp/err")"
 printf 'node9.invalid 2\n' > "$tmp/hosts"
 "$tools/tide" sched --hostfile "$tmp/hosts" --dir "$dir" 2> "$tmp/err"; rc=$?
 [ $rc -eq 2 ] && grep -q "is not this host" "$tmp/err" || fail "sched with another host: rc $rc, $(cat "$tmp/err")"

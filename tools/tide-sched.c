@@ -24,6 +24,7 @@ int tide_cli_cancel(int argc, char **argv);
 
 const char tide_cli_sched_usage[] =
     "usage: tide sched (--slots N | --hostfile F) [options]\n"
+    "       tide sched --agent [--dir DIR] [--node I]     (each host of a multi-host pool)\n"
     "\n"
     "A scheduler daemon that shares N slots among elastic jobs (tide submit) and every\n"
     "--interval seconds reallocates them in place (docs/scheduling.md, \"The live scheduler\").\n"
@@ -31,7 +32,14 @@ const char tide_cli_sched_usage[] =
     "same --dir takes them over.\n"
     "\n"
     "  --slots N            the local host with N slots\n"
-    "  --hostfile F         one host a line: NAME SLOTS (today one host, the local one)\n"
+    "  --hostfile F         one host a line: NAME SLOTS; with several hosts, each runs\n"
+    "                       `tide sched --agent --node I` (I: its line, from 0) and --dir\n"
+    "                       must be shared by every host; the jobs' stores stay here\n"
+    "  --address HOST       several hosts: this host as the others reach it (default: the\n"
+    "                       hostfile's first host)\n"
+    "  --agent              run the per-host agent instead: starts and stops the workers\n"
+    "                       the scheduler at --dir places on host --node I (default\n"
+    "                       $SLURM_NODEID, else 0)\n"
     "  --dir DIR            state directory (default $XDG_RUNTIME_DIR/tide-sched, else\n"
     "                       /tmp/tide-sched-$USER); the clients find the daemon there\n"
     "  --interval S         seconds between allocation rounds (default 60)\n"
@@ -116,6 +124,7 @@ int tide_cli_sched(int argc, char **argv) {
   const char *hostfile = NULL;
   char **hosts = NULL;
   int *host_slots = NULL;
+  int agent = 0, node = -1;
   for (int i = 0; i < argc; i++) {
     const char *a = argv[i];
     if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
@@ -124,6 +133,10 @@ int tide_cli_sched(int argc, char **argv) {
     }
     if (strcmp(a, "--quiet") == 0) {
       o.quiet = 1;
+      continue;
+    }
+    if (strcmp(a, "--agent") == 0) {
+      agent = 1;
       continue;
     }
     const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -152,11 +165,25 @@ int tide_cli_sched(int argc, char **argv) {
     } else if (strcmp(a, "--seed") == 0) {
       if (to_int(v, 0, &k)) fail_usage("sched", "--seed: '%s' is not an integer >= 0", v);
       o.sched.seed = (uint64_t)k;
+    } else if (strcmp(a, "--node") == 0) {
+      if (to_int(v, 0, &node)) fail_usage("sched", "--node: '%s' is not an integer >= 0", v);
+    } else if (strcmp(a, "--address") == 0) {
+      o.address = v;
     } else if (strcmp(a, "--tiderun") == 0) {
       o.tiderun = v;
     } else {
       fail_usage("sched", "unknown option '%s'", a);
     }
+  }
+  if (agent) {
+    if (slots > 0 || hostfile != NULL) fail_usage("sched", "--agent takes no --slots or --hostfile (the scheduler has them)");
+    const char *slurm_node = getenv("SLURM_NODEID");
+    if (node < 0 && slurm_node != NULL && to_int(slurm_node, 0, &node))
+      fail_usage("sched", "SLURM_NODEID '%s' is not an integer >= 0: give --node I", slurm_node);
+    if (node < 0) node = 0;
+    if (o.dir == NULL) o.dir = default_dir(dir, sizeof dir);
+    int rc = tide_sched_agent(o.dir, node);
+    return rc == TIDE_EINVAL ? EXIT_USAGE : rc != 0;
   }
   if ((slots > 0) == (hostfile != NULL)) fail_usage("sched", "give one of --slots N or --hostfile F");
   if (hostfile != NULL) {

@@ -236,6 +236,14 @@ static int propose(tide_comm_t *comm, long next, int size, int exclude) {
   int count = 0;
   for (int r = 0; r < n; r++) {
     if (state[r] != 1 || r == exclude || count >= want) continue;
+    /* A scheduler marks the members it takes off a host (elastic/leave/ID). */
+    snprintf(key, sizeof key, "elastic/leave/%s", m->ids[r]);
+    int leave = peek(store, key, value, sizeof value);
+    if (leave < 0) {
+      rc = leave;
+      goto out;
+    }
+    if (leave) continue;
     at += (size_t)snprintf(list + at, sizeof list - at, "%s%s", count ? " " : "", m->ids[r]);
     count++;
   }
@@ -359,6 +367,12 @@ int tide__elastic_join(tide_comm_t **out) {
   /* Watched from before it asks, so its death while waiting is seen. */
   snprintf(name, sizeof name, "elastic-join:%s", id);
   TIDE_CHECK_GOTO(tide__store_watch_open(host, port, token, name, (int)timeout, &watch), rc, out);
+  int64_t node = tide__param_int(TIDE__PARAM_NODE_RANK);
+  if (node >= 0) { /* where it runs, for a scheduler, before it asks */
+    snprintf(key, sizeof key, "elastic/node/%s", id);
+    snprintf(value, sizeof value, "%lld", (long long)node);
+    TIDE_CHECK_GOTO(put(store, key, value), rc, out);
+  }
   TIDE_CHECK_GOTO(tide_store_add(store, "elastic/joiners", 1, &slot), rc, out);
   snprintf(key, sizeof key, "elastic/joiner/%lld", (long long)slot);
   TIDE_CHECK_GOTO(put(store, key, id), rc, out);

@@ -95,6 +95,9 @@ int tide__array_bytes(const char *fn, const char *arg, size_t count, size_t size
   XX(RDZV, STR, "", 0, 0, "host:port of the rendezvous store (set by tiderun)")          \
   XX(JOB_TOKEN, STR, "", 0, 0, "job secret every store and peer connection proves")      \
   XX(RANK, INT, "-1", -1, 1048575, "rank of this process (set by tiderun)")              \
+  XX(NODE_RANK, INT, "-1", -1, 1048575,                                                 \
+     "index of this process's host in the job (set by tiderun and tide sched's agents); "  \
+     "an elastic joiner publishes it as elastic/node/ID so a scheduler knows its host")   \
   XX(SIZE, INT, "-1", -1, 1048576, "number of ranks in the job (set by tiderun)")        \
   XX(LOCAL_RANK, INT, "-1", -1, 1048575, "rank among the ranks of this host (tiderun)")  \
   XX(SOCKET_IFNAME, STR, "",  0, 0,                                                      \

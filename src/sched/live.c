@@ -45,6 +45,9 @@
 #define TICK_MS 100
 #define CHANGE_TICK_MS 10
 #define CLIENT_TIMEOUT_MS 5000
+#define MAX_NODES 64
+#define AGENT_LOST_S 3.0
+#define CHANGE_GIVE_UP_S 30.0 /* a change whose workers never came (their host was lost, say) */
 
 typedef enum { JOB_PENDING, JOB_RUNNING, JOB_CANCELLING, JOB_DONE, JOB_FAILED, JOB_CANCELLED } job_state_t;
 static const char *const state_names[] = {"pending", "running", "cancelling", "done", "failed", "cancelled"};
@@ -73,6 +76,12 @@ typedef struct {
   tide_sched_hints_t hints;
   int has_hints;
   tide_speedup_t *speedup;
+  /* Several hosts (the daemon's pool has more than one): */
+  int on[MAX_NODES];            /* workers per node as decided */
+  int real[MAX_NODES];          /* workers per node in the current membership */
+  int pend_leave[MAX_NODES];    /* a move's second half: members to take off once the grow is in */
+  int started;                  /* workers the agents were asked to start */
+  int started_on[MAX_NODES];    /* of which on each node */
 } job_t;
 
 typedef struct {
@@ -86,6 +95,15 @@ typedef struct {
   sigset_t mask;
   int listen_fd, signal_fd;
   double last_tick;
+  int multi;                    /* several hosts: agents start the workers */
+  const char *address;          /* this host as agents and workers reach it */
+  tide_store_server_t *ctl_server; /* the agents' control store */
+  tide_store_t *ctl;
+  int dead[MAX_NODES];          /* hosts whose agent stopped beating */
+  int64_t beat[MAX_NODES];      /* each agent's last beat count */
+  double beat_at[MAX_NODES];    /* and when it changed (monotonic s) */
+  double last_beat_check;
+  int live[MAX_NODES], nlive;   /* the hosts d->sched allocates over (all but the lost ones) */
 } daemon_t;
 
 static double wall_s(void) {
@@ -304,6 +322,13 @@ static int save_job(const daemon_t *d, const job_t *j) {
              "alloc %d\nnp0 %d\nkeeper %d\nkeeper_start %llu\nport %d\nresizes %d\nattained %.3f\nlatency %.6f\nmax_latency %.6f\n",
           j->name, j->min_np, j->max_np, j->np, j->submit, j->start, j->finish, state_names[j->state], j->exit_code,
           j->alloc, j->np0, (int)j->keeper, j->keeper_start, j->port, j->resizes, j->attained, j->last_latency, j->max_latency);
+  if (d->multi) {
+    fprintf(f, "started %d\non", j->started);
+    for (int n = 0; n < d->o->nodes; n++) fprintf(f, "%c%d", n ? ',' : ' ', j->on[n]);
+    fprintf(f, "\nstarted_on");
+    for (int n = 0; n < d->o->nodes; n++) fprintf(f, "%c%d", n ? ',' : ' ', j->started_on[n]);
+    fprintf(f, "\n");
+  }
   if (fclose(f) != 0 || rename(tmp, path) != 0) {
     TIDE_ERROR("tide sched: cannot write %s: %s", path, strerror(errno));
     return TIDE_EIO;
@@ -336,6 +361,15 @@ static int load_job(const daemon_t *d, job_t *j) {
     else if (strcmp(key, "attained") == 0) j->attained = atof(value);
     else if (strcmp(key, "latency") == 0) j->last_latency = atof(value);
     else if (strcmp(key, "max_latency") == 0) j->max_latency = atof(value);
+    else if (strcmp(key, "started") == 0) j->started = atoi(value);
+    else if (strcmp(key, "on") == 0 || strcmp(key, "started_on") == 0) {
+      int *v = key[0] == 'o' ? j->on : j->started_on;
+      char *p = value;
+      for (int n = 0; n < MAX_NODES && *p; n++) {
+        v[n] = (int)strtol(p, &p, 10);
+        if (*p == ',') p++;
+      }
+    }
     else if (strcmp(key, "state") == 0) {
       for (int s = 0; s <= JOB_CANCELLED; s++)
         if (strcmp(value, state_names[s]) == 0) j->state = (job_state_t)s;
@@ -576,11 +610,9 @@ static void free_spec(spec_t *s) {
   tide__free(s->buf);
 }
 
-/* The keeper (child of fork, in its own session): starts tiderun, forwards
- * SIGTERM/SIGINT/SIGHUP to it, writes its exit status to jobs/ID/exit.
- * Never returns. */
-static void __attribute__((noreturn)) keeper_main(const char *tiderun, const char *job_dir, spec_t *s, int np,
-                                                  const job_t *j, const sigset_t *mask) {
+/* A keeper's start (its own session, output to the job's log, no
+ * inherited descriptors) and end (its status to the job's exit file). */
+static void keeper_io(const char *job_dir) {
   setsid();
   char path[4400];
   snprintf(path, sizeof path, "%s/log", job_dir);
@@ -589,6 +621,28 @@ static void __attribute__((noreturn)) keeper_main(const char *tiderun, const cha
   if (log_fd >= 0) dup2(log_fd, 1), dup2(log_fd, 2);
   if (null_fd >= 0) dup2(null_fd, 0);
   for (int fd = 3; fd < 1024; fd++) close(fd);
+}
+
+static void __attribute__((noreturn)) keeper_exit(const char *job_dir, int code) {
+  char path[4400];
+  char tmp[4500];
+  snprintf(path, sizeof path, "%s/exit", job_dir);
+  snprintf(tmp, sizeof tmp, "%s.tmp", path);
+  FILE *f = fopen(tmp, "w");
+  if (f != NULL) {
+    fprintf(f, "%d\n", code);
+    fclose(f);
+    rename(tmp, path);
+  }
+  _exit(0);
+}
+
+/* The keeper (child of fork, in its own session): starts tiderun, forwards
+ * SIGTERM/SIGINT/SIGHUP to it, writes its exit status to jobs/ID/exit.
+ * Never returns. */
+static void __attribute__((noreturn)) keeper_main(const char *tiderun, const char *job_dir, spec_t *s, int np,
+                                                  const job_t *j, const sigset_t *mask) {
+  keeper_io(job_dir);
   char rdzv[64], min_np[16], max_np[16], nps[16];
   snprintf(rdzv, sizeof rdzv, "127.0.0.1:%d", j->port);
   snprintf(min_np, sizeof min_np, "%d", j->min_np);
@@ -649,16 +703,26 @@ static void __attribute__((noreturn)) keeper_main(const char *tiderun, const cha
   tide__free(args);
   tide__free(env);
   free_spec(s);
-  char tmp[4500];
-  snprintf(path, sizeof path, "%s/exit", job_dir);
-  snprintf(tmp, sizeof tmp, "%s.tmp", path);
-  FILE *f = fopen(tmp, "w");
-  if (f != NULL) {
-    fprintf(f, "%d\n", code);
-    fclose(f);
-    rename(tmp, path);
+  keeper_exit(job_dir, code);
+}
+
+/* A starting job's store port and token (saved in its directory's token file). */
+static int job_credentials(job_t *j, const char *job_dir) {
+  char path[4300];
+  j->port = free_port();
+  if (j->port < 0 || random_token(j->token, sizeof j->token) != 0) {
+    TIDE_ERROR("tide sched: job %llu: no free port or random token", (unsigned long long)j->id);
+    return TIDE_EIO;
   }
-  _exit(0);
+  snprintf(path, sizeof path, "%s/token", job_dir);
+  int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (fd < 0 || write_all(fd, j->token, strlen(j->token)) != 0) {
+    if (fd >= 0) close(fd);
+    TIDE_ERROR("tide sched: cannot write %s: %s", path, strerror(errno));
+    return TIDE_EIO;
+  }
+  close(fd);
+  return 0;
 }
 
 static int start_job(daemon_t *d, job_t *j, int slots) {
@@ -675,21 +739,10 @@ static int start_job(daemon_t *d, job_t *j, int slots) {
     save_job(d, j);
     return rc;
   }
-  j->port = free_port();
-  if (j->port < 0 || random_token(j->token, sizeof j->token) != 0) {
+  if ((rc = job_credentials(j, job_dir)) != 0) {
     free_spec(&s);
-    TIDE_ERROR("tide sched: job %llu: no free port or random token", (unsigned long long)j->id);
-    return TIDE_EIO;
+    return rc;
   }
-  snprintf(path, sizeof path, "%s/token", job_dir);
-  int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-  if (fd < 0 || write_all(fd, j->token, strlen(j->token)) != 0) {
-    if (fd >= 0) close(fd);
-    free_spec(&s);
-    TIDE_ERROR("tide sched: cannot write %s: %s", path, strerror(errno));
-    return TIDE_EIO;
-  }
-  close(fd);
   j->np0 = slots;
   j->alloc = slots;
   j->members = slots;
@@ -740,12 +793,16 @@ static void resize_job(daemon_t *d, job_t *j, int slots) {
   save_job(d, j);
 }
 
+static void allocate_apply_multi(daemon_t *d, job_t **map, int n, const int *next);
+
 static void allocate(daemon_t *d) {
   int n = 0;
   for (int i = 0; i < d->njobs; i++) n += active(&d->jobs[i]);
   if (n == 0) return;
+  if (d->multi && d->nlive == 0) return;
+  int nodes = d->multi ? d->nlive : 1;
   tide_sched_job_t *sj = tide__calloc((size_t)n, sizeof *sj);
-  int *cur = tide__calloc((size_t)n, sizeof *cur), *next = tide__calloc((size_t)n, sizeof *next);
+  int *cur = tide__calloc((size_t)n * nodes, sizeof *cur), *next = tide__calloc((size_t)n * nodes, sizeof *next);
   job_t **map = tide__calloc((size_t)n, sizeof *map);
   if (sj == NULL || cur == NULL || next == NULL || map == NULL) goto out;
   double now = wall_s();
@@ -760,11 +817,23 @@ static void allocate(daemon_t *d) {
                                .resize_cost = j->last_latency > 0 ? j->last_latency : d->o->resize_cost,
                                .resizes = j->resizes, .remaining = 1,
                                .speedup = j->speedup ? tide_speedup_cb : NULL, .speedup_arg = j->speedup};
-    cur[k] = j->state == JOB_RUNNING ? j->alloc : 0;
+    if (d->multi)
+      for (int m = 0; m < nodes; m++) cur[k * nodes + m] = j->state == JOB_RUNNING ? j->on[d->live[m]] : 0;
+    else
+      cur[k] = j->state == JOB_RUNNING ? j->alloc : 0;
     k++;
   }
   if (tide_sched_allocate(d->sched, now, sj, n, cur, next) != 0) {
     TIDE_WARN("tide sched: the allocation round failed; allocations unchanged");
+    goto out;
+  }
+  if (d->multi) { /* rows over every host, the lost ones 0 */
+    int *full = tide__calloc((size_t)n * d->o->nodes, sizeof *full);
+    if (full == NULL) goto out;
+    for (int i = 0; i < n; i++)
+      for (int m = 0; m < nodes; m++) full[(size_t)i * d->o->nodes + d->live[m]] = next[(size_t)i * nodes + m];
+    allocate_apply_multi(d, map, n, full);
+    tide__free(full);
     goto out;
   }
   /* A running job cannot be suspended: it keeps at least its minimum. */
@@ -790,10 +859,426 @@ out:
   tide__free(map);
 }
 
+/* ---- several hosts: agents ------------------------------------------------------ */
+
+/* Sends a command line to node's agent (agent/N/cmd/SEQ in the control store). */
+static int agent_cmd(daemon_t *d, int node, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static int agent_cmd(daemon_t *d, int node, const char *fmt, ...) {
+  char key[64], text[512];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(text, sizeof text, fmt, ap);
+  va_end(ap);
+  int64_t seq;
+  snprintf(key, sizeof key, "agent/%d/next", node);
+  int rc = tide_store_add(d->ctl, key, 1, &seq);
+  if (rc == 0) {
+    snprintf(key, sizeof key, "agent/%d/cmd/%lld", node, (long long)seq);
+    rc = tide_store_set(d->ctl, key, text, strlen(text));
+  }
+  if (rc != 0) TIDE_WARN("tide sched: cannot reach the control store to tell host %d: %s", node, text);
+  return rc;
+}
+
+static int sum_nodes(const daemon_t *d, const int *v) {
+  int t = 0;
+  for (int n = 0; n < d->o->nodes; n++) t += v[n];
+  return t;
+}
+
+/* Asks node's agent for k workers of job j: joiners, or ranks first..first+k-1
+ * of a starting job of size `size`. */
+static void place_workers(daemon_t *d, job_t *j, int node, int k, int first, int size) {
+  for (int i = 0; i < k; i++) {
+    if (agent_cmd(d, node, "start %llu %s:%d %d %d %d %d", (unsigned long long)j->id, d->address, j->port,
+                  first < 0 ? -1 : first + i, size, j->min_np, j->max_np) == 0)
+      j->started++, j->started_on[node]++;
+  }
+}
+
+/* The keeper of a multi-host job: hosts the job's store (so that it stays
+ * with the scheduler, whatever hosts the workers leave) until SIGTERM. */
+static void __attribute__((noreturn)) keeper_store_main(const char *job_dir, const job_t *j, const sigset_t *mask) {
+  keeper_io(job_dir);
+  tide_store_server_t *server = NULL;
+  int code = tide_store_server_start(NULL, j->port, j->token, &server) == 0 ? 0 : 1;
+  if (code != 0) fprintf(stderr, "tide sched: job %llu: cannot serve its store on port %d\n", (unsigned long long)j->id, j->port);
+  for (; code == 0;) {
+    siginfo_t si;
+    int sig = sigwaitinfo(mask, &si);
+    if (sig > 0 && sig != SIGCHLD) break;
+  }
+  tide_store_server_stop(server);
+  keeper_exit(job_dir, code);
+}
+
+/* Starts job j with per_node[n] workers on node n: its keeper (the store),
+ * the initial ranks' hosts in the store, then the agents start the ranks. */
+static int start_job_multi(daemon_t *d, job_t *j, const int *per_node) {
+  char job_dir[4200];
+  snprintf(job_dir, sizeof job_dir, "%s/%llu", d->jobs_dir, (unsigned long long)j->id);
+  int size = sum_nodes(d, per_node);
+  int rc = job_credentials(j, job_dir);
+  if (rc != 0) return rc;
+  pid_t pid = fork();
+  if (pid == 0) keeper_store_main(job_dir, j, &d->mask);
+  if (pid < 0) {
+    TIDE_ERROR("tide sched: fork: %s", strerror(errno));
+    return TIDE_EIO;
+  }
+  j->keeper = pid;
+  int zombie;
+  j->keeper_start = proc_start(pid, &zombie);
+  job_disconnect(j);
+  rc = tide_store_connect("127.0.0.1", j->port, j->token, 5000, &j->store);
+  char key[64], value[16];
+  for (int n = 0, r = 0; rc == 0 && n < d->o->nodes; n++)
+    for (int i = 0; rc == 0 && i < per_node[n]; i++, r++) {
+      snprintf(key, sizeof key, "elastic/node/r%d", r);
+      snprintf(value, sizeof value, "%d", n);
+      rc = tide_store_set(j->store, key, value, strlen(value));
+    }
+  if (rc != 0) {
+    TIDE_ERROR("tide sched: job %llu: its keeper's store did not come up: %s", (unsigned long long)j->id,
+               tide_strerror(rc));
+    kill(pid, SIGTERM);
+    j->keeper = -1;
+    return rc;
+  }
+  j->np0 = j->alloc = j->members = size;
+  j->start = wall_s();
+  j->state = JOB_RUNNING;
+  j->started = 0;
+  memset(j->started_on, 0, sizeof j->started_on);
+  for (int n = 0, r = 0; n < d->o->nodes; n++) {
+    j->on[n] = j->real[n] = per_node[n];
+    place_workers(d, j, n, per_node[n], r, size);
+    r += per_node[n];
+  }
+  if (!d->o->quiet) {
+    fprintf(stderr, "tide sched: job %llu (%s) starts on %d slot(s):", (unsigned long long)j->id, j->name, size);
+    for (int n = 0; n < d->o->nodes; n++) fprintf(stderr, " %d", per_node[n]);
+    fprintf(stderr, "\n");
+  }
+  return save_job(d, j);
+}
+
+/* The members of the job's current epoch per node (elastic/node/ID), and
+ * their ids, newest last, in ids (cap bytes, space-separated). */
+static int census_nodes(daemon_t *d, job_t *j, int *real, char *ids, size_t cap) {
+  int64_t epoch = 0;
+  int rc = tide_store_add(j->store, "elastic/epoch", 0, &epoch);
+  if (rc != 0) return rc;
+  ids[0] = 0;
+  if (epoch == 0) {
+    size_t at = 0;
+    for (int r = 0; r < j->np0 && at + 16 < cap; r++) at += (size_t)snprintf(ids + at, cap - at, "%sr%d", r ? " " : "", r);
+  } else {
+    char key[64];
+    snprintf(key, sizeof key, "elastic/e%lld/members", (long long)epoch);
+    void *value;
+    size_t len;
+    if (tide_store_get(j->store, key, 0, &value, &len) != 0) return 1; /* being sealed: try at the next tick */
+    size_t n = len < cap - 1 ? len : cap - 1;
+    memcpy(ids, value, n);
+    ids[n] = 0;
+    tide_free(value);
+    if (ids[0] == '!') ids[0] = 0;
+  }
+  memset(real, 0, sizeof(int) * (size_t)d->o->nodes);
+  char copy[4096];
+  snprintf(copy, sizeof copy, "%s", ids);
+  for (char *save = NULL, *id = strtok_r(copy, " ", &save); id != NULL; id = strtok_r(NULL, " ", &save)) {
+    char key[96];
+    void *value;
+    size_t len;
+    snprintf(key, sizeof key, "elastic/node/%s", id);
+    if (tide_store_get(j->store, key, 0, &value, &len) != 0) continue;
+    char text[16];
+    size_t k = len < sizeof text - 1 ? len : sizeof text - 1;
+    memcpy(text, value, k);
+    text[k] = 0;
+    tide_free(value);
+    int node = atoi(text);
+    if (node >= 0 && node < d->o->nodes) real[node]++;
+  }
+  return 0;
+}
+
+/* Marks `count` members on `node` (the newest first) to leave at the next change. */
+static int mark_leaves(daemon_t *d, job_t *j, int node, int count) {
+  char ids[4096], copy[4096];
+  int real[MAX_NODES];
+  if (count <= 0) return 0;
+  int rc = census_nodes(d, j, real, ids, sizeof ids);
+  if (rc != 0) return rc;
+  char *list[1024];
+  int n = 0;
+  snprintf(copy, sizeof copy, "%s", ids);
+  for (char *save = NULL, *id = strtok_r(copy, " ", &save); id != NULL && n < 1024; id = strtok_r(NULL, " ", &save))
+    list[n++] = id;
+  for (int i = n - 1; i >= 0 && count > 0; i--) {
+    char key[96];
+    void *value;
+    size_t len;
+    snprintf(key, sizeof key, "elastic/node/%s", list[i]);
+    if (tide_store_get(j->store, key, 0, &value, &len) != 0) continue;
+    int on = atoi((const char *)value) == node && len > 0;
+    char first = len > 0 ? ((const char *)value)[0] : 0;
+    tide_free(value);
+    if (!on || first < '0' || first > '9') continue;
+    snprintf(key, sizeof key, "elastic/leave/%s", list[i]);
+    if ((rc = tide_store_set(j->store, key, "1", 1)) != 0) return rc;
+    count--;
+  }
+  return 0;
+}
+
+/* Applies job j's next placement: members leave the nodes that lose
+ * workers, agents start joiners on the nodes that gain; a move (same
+ * size) grows first and takes the others off once the grow is in. */
+static void resize_job_multi(daemon_t *d, job_t *j, const int *next) {
+  int nodes = d->o->nodes, cur_total = sum_nodes(d, j->on), next_total = sum_nodes(d, next), grows = 0, changed = 0;
+  for (int n = 0; n < nodes; n++) changed |= next[n] != j->on[n];
+  if (!changed || job_connect(j) != 0) return;
+  for (int n = 0; n < nodes; n++) grows += next[n] > j->on[n] ? next[n] - j->on[n] : 0;
+  int two_phase = next_total == cur_total;
+  int target = two_phase ? cur_total + grows : next_total;
+  for (int n = 0; n < nodes; n++) {
+    if (next[n] < j->on[n]) {
+      if (two_phase)
+        j->pend_leave[n] = j->on[n] - next[n];
+      else if (mark_leaves(d, j, n, j->on[n] - next[n]) != 0)
+        return;
+    }
+    if (next[n] > j->on[n]) place_workers(d, j, n, next[n] - j->on[n], -1, 0);
+  }
+  if (tide_elastic_request(j->store, target) != 0) {
+    job_disconnect(j);
+    return;
+  }
+  if (!d->o->quiet) {
+    fprintf(stderr, "tide sched: job %llu (%s):", (unsigned long long)j->id, j->name);
+    for (int n = 0; n < nodes; n++) fprintf(stderr, " %d", j->on[n]);
+    fprintf(stderr, " ->");
+    for (int n = 0; n < nodes; n++) fprintf(stderr, " %d", next[n]);
+    fprintf(stderr, "%s\n", two_phase ? " (a move: grow, then shrink)" : "");
+  }
+  memcpy(j->on, next, sizeof(int) * (size_t)nodes);
+  j->alloc = next_total;
+  j->resizes++;
+  j->change_at = mono_s();
+  j->change_to = target;
+  save_job(d, j);
+}
+
+/* A move's second half, once its grow is in: the leaves, then the size. */
+static void finish_move(daemon_t *d, job_t *j) {
+  int leaves = 0;
+  for (int n = 0; n < d->o->nodes; n++) leaves += j->pend_leave[n];
+  if (leaves == 0) return;
+  for (int n = 0; n < d->o->nodes; n++) {
+    if (j->pend_leave[n] > 0 && mark_leaves(d, j, n, j->pend_leave[n]) != 0) return;
+    j->pend_leave[n] = 0;
+  }
+  if (tide_elastic_request(j->store, j->alloc) != 0) return;
+  j->change_at = mono_s();
+  j->change_to = j->alloc;
+}
+
+/* Per-node capacity left, over the running jobs' placements. */
+static void free_per_node(const daemon_t *d, int *free_slots) {
+  for (int n = 0; n < d->o->nodes; n++) {
+    free_slots[n] = d->dead[n] ? 0 : d->o->slots[n];
+    for (int i = 0; i < d->njobs; i++)
+      if (d->jobs[i].state == JOB_RUNNING || d->jobs[i].state == JOB_CANCELLING) free_slots[n] -= d->jobs[i].on[n];
+  }
+}
+
+/* Agents that stopped beating for AGENT_LOST_S: their hosts leave the
+ * pool (the allocator is rebuilt over the others); one that beats again
+ * comes back. */
+static void check_agents(daemon_t *d, double now) {
+  if (now - d->last_beat_check < 0.5) return;
+  d->last_beat_check = now;
+  int changed = 0;
+  for (int n = 0; n < d->o->nodes; n++) {
+    char key[64];
+    int64_t beat;
+    snprintf(key, sizeof key, "agent/%d/beat", n);
+    if (tide_store_add(d->ctl, key, 0, &beat) != 0) return;
+    if (d->beat_at[n] == 0 || beat != d->beat[n]) {
+      if (beat != d->beat[n] && d->dead[n]) {
+        d->dead[n] = 0, changed = 1;
+        if (!d->o->quiet) fprintf(stderr, "tide sched: host %d (%s) is back\n", n, d->o->hosts ? d->o->hosts[n] : "");
+      }
+      d->beat[n] = beat;
+      d->beat_at[n] = now;
+    } else if (!d->dead[n] && now - d->beat_at[n] > AGENT_LOST_S) {
+      d->dead[n] = 1, changed = 1;
+      for (int i = 0; i < d->njobs; i++) { /* its workers are gone: a change toward it will not come */
+        job_t *j = &d->jobs[i];
+        if (j->state != JOB_RUNNING || j->on[n] == 0) continue;
+        j->on[n] = 0;
+        j->pend_leave[n] = 0;
+        j->alloc = sum_nodes(d, j->on);
+        if (j->change_at > 0 && job_connect(j) == 0 && tide_elastic_request(j->store, j->alloc) == 0)
+          j->change_to = j->alloc;
+        save_job(d, j);
+      }
+      if (!d->o->quiet)
+        fprintf(stderr, "tide sched: host %d (%s) is lost (its agent has not beaten for %.0f s); its workers are "
+                        "gone and the jobs go on without them\n",
+                n, d->o->hosts ? d->o->hosts[n] : "", now - d->beat_at[n]);
+    }
+  }
+  if (!changed) return;
+  int slots[MAX_NODES], k = 0;
+  for (int n = 0; n < d->o->nodes; n++)
+    if (!d->dead[n]) slots[k] = d->o->slots[n], d->live[k++] = n;
+  tide_sched_t *s;
+  if (k > 0 && tide_sched_create(&d->o->sched, k, slots, &s) == 0) {
+    tide_sched_destroy(d->sched);
+    d->sched = s;
+  }
+  d->nlive = k;
+}
+
+/* Multi-host ticks: a job ends when every worker the agents started has
+ * exited (agents count them in job/ID/exited); the census per node. */
+static void tick_multi(daemon_t *d, job_t *j, double now) {
+  char key[64];
+  int64_t failed = 0;
+  int all_exited = j->started > 0;
+  for (int n = 0; n < d->o->nodes; n++) { /* a lost host's workers are gone with it */
+    int64_t exited = 0, f = 0;
+    snprintf(key, sizeof key, "job/%llu/%d/exited", (unsigned long long)j->id, n);
+    if (tide_store_add(d->ctl, key, 0, &exited) != 0) return;
+    snprintf(key, sizeof key, "job/%llu/%d/failed", (unsigned long long)j->id, n);
+    if (tide_store_add(d->ctl, key, 0, &f) != 0) return;
+    if (!d->dead[n]) failed += f;
+    if (!d->dead[n] && exited < j->started_on[n]) all_exited = 0;
+  }
+  int keeper_gone = !keeper_alive(j);
+  if (all_exited || keeper_gone) {
+    int finished = 0;
+    char text[8];
+    if (!keeper_gone && job_connect(j) == 0) {
+      void *v;
+      size_t len;
+      if (tide_store_get(j->store, "elastic/done", 0, &v, &len) == 0) finished = 1, tide_free(v);
+    }
+    job_disconnect(j);
+    if (!keeper_gone) kill(j->keeper, SIGTERM);
+    (void)text;
+    j->exit_code = finished || (failed == 0 && !keeper_gone) ? 0 : keeper_gone ? -1 : 1;
+    j->state = j->state == JOB_CANCELLING ? JOB_CANCELLED : j->exit_code == 0 ? JOB_DONE : JOB_FAILED;
+    j->finish = wall_s();
+    j->alloc = 0;
+    memset(j->on, 0, sizeof j->on);
+    if (!d->o->quiet)
+      fprintf(stderr, "tide sched: job %llu (%s) %s (exit %d), %.1f s after its submission\n",
+              (unsigned long long)j->id, j->name, state_names[j->state], j->exit_code, j->finish - j->submit);
+    save_job(d, j);
+    return;
+  }
+  if (j->state != JOB_RUNNING || job_connect(j) != 0) return;
+  char ids[4096];
+  int real[MAX_NODES];
+  int rc = census_nodes(d, j, real, ids, sizeof ids);
+  if (rc == 1) return;
+  if (rc != 0) {
+    job_disconnect(j);
+    return;
+  }
+  int members = sum_nodes(d, real);
+  memcpy(j->real, real, sizeof(int) * (size_t)d->o->nodes);
+  j->members = members;
+  if (j->change_at > 0 && members == j->change_to) {
+    j->last_latency = now - j->change_at;
+    if (j->last_latency > j->max_latency) j->max_latency = j->last_latency;
+    j->change_at = 0;
+    if (!d->o->quiet) {
+      fprintf(stderr, "tide sched: job %llu (%s) runs on", (unsigned long long)j->id, j->name);
+      for (int n = 0; n < d->o->nodes; n++) fprintf(stderr, " %d", real[n]);
+      fprintf(stderr, " worker(s), %.3f s after the decision\n", j->last_latency);
+    }
+    finish_move(d, j);
+    save_job(d, j);
+  } else if (j->change_at > 0 && now - j->change_at > CHANGE_GIVE_UP_S) {
+    TIDE_WARN("tide sched: job %llu: its membership has not reached %d worker(s) %.0f s after the decision; it "
+              "stays on %d",
+              (unsigned long long)j->id, j->change_to, now - j->change_at, members);
+    j->change_at = 0;
+    memset(j->pend_leave, 0, sizeof j->pend_leave);
+    if (members > 0 && tide_elastic_request(j->store, members) == 0) {
+      memcpy(j->on, real, sizeof(int) * (size_t)d->o->nodes);
+      j->alloc = members;
+    }
+    save_job(d, j);
+  } else if (j->change_at == 0 && members > 0) {
+    memcpy(j->on, real, sizeof(int) * (size_t)d->o->nodes); /* a host or worker lost: what is left */
+    j->alloc = members;
+  }
+}
+
+/* A round's matrix applied: running jobs keep at least their minimum (a
+ * job whose row falls below it keeps its placement), shrinks first, then
+ * grows and starts while every node has room. */
+static void allocate_apply_multi(daemon_t *d, job_t **map, int n, const int *next) {
+  int nodes = d->o->nodes;
+  for (int pass = 0; pass < 2; pass++)
+    for (int i = 0; i < n; i++) {
+      job_t *j = map[i];
+      const int *row = next + (size_t)i * nodes;
+      int total = sum_nodes(d, row), shrinks = 0;
+      if (j->state != JOB_RUNNING || j->change_at > 0 || total < j->min_np) continue;
+      for (int m = 0; m < nodes; m++) shrinks |= row[m] < j->on[m];
+      if ((pass == 0) != (shrinks && total <= j->alloc)) continue;
+      int free_slots[MAX_NODES], fits = 1;
+      free_per_node(d, free_slots);
+      for (int m = 0; m < nodes; m++) fits &= row[m] - j->on[m] <= free_slots[m];
+      if (fits) resize_job_multi(d, j, row);
+    }
+  for (int i = 0; i < n; i++) {
+    job_t *j = map[i];
+    const int *row = next + (size_t)i * nodes;
+    if (j->state != JOB_PENDING || sum_nodes(d, row) < j->min_np || sum_nodes(d, row) == 0) continue;
+    int free_slots[MAX_NODES], fits = 1;
+    free_per_node(d, free_slots);
+    for (int m = 0; m < nodes; m++) fits &= row[m] <= free_slots[m];
+    if (fits) start_job_multi(d, j, row);
+  }
+}
+
+/* Admits pending jobs at their minimum on the nodes with the most room. */
+static void admit_multi(daemon_t *d) {
+  for (int i = 0; i < d->njobs; i++) {
+    job_t *j = &d->jobs[i];
+    if (j->state != JOB_PENDING) continue;
+    int free_slots[MAX_NODES], per[MAX_NODES] = {0}, left = j->min_np;
+    free_per_node(d, free_slots);
+    while (left > 0) {
+      int best = -1;
+      for (int n = 0; n < d->o->nodes; n++)
+        if (free_slots[n] > 0 && (best < 0 || free_slots[n] > free_slots[best])) best = n;
+      if (best < 0) break;
+      int k = free_slots[best] < left ? free_slots[best] : left;
+      per[best] += k, free_slots[best] -= k, left -= k;
+    }
+    if (left > 0) break;
+    start_job_multi(d, j, per);
+  }
+}
+
 /* Admits pending jobs at their minimum, in submission order, while they fit
  * (a newly submitted job starts at once). FIFO waits for its round. */
 static void admit(daemon_t *d) {
   if (d->o->sched.policy == TIDE_SCHED_FIFO || d->o->sched.policy == TIDE_SCHED_TIRESIAS) return;
+  if (d->multi) {
+    admit_multi(d);
+    return;
+  }
   for (int i = 0; i < d->njobs; i++) {
     job_t *j = &d->jobs[i];
     if (j->state != JOB_PENDING) continue;
@@ -809,10 +1294,15 @@ static void tick(daemon_t *d) {
   d->last_tick = now;
   while (waitpid(-1, NULL, WNOHANG) > 0) {
   }
+  if (d->multi) check_agents(d, now);
   for (int i = 0; i < d->njobs; i++) {
     job_t *j = &d->jobs[i];
     if (j->state != JOB_RUNNING && j->state != JOB_CANCELLING) continue;
     j->attained += dt * j->alloc;
+    if (d->multi) {
+      tick_multi(d, j, now);
+      continue;
+    }
     char path[4200];
     job_path(d, j, "exit", path, sizeof path);
     int ok, code = read_int_file(path, &ok);
@@ -918,8 +1408,11 @@ static void jobs_table(daemon_t *d, text_t *t) {
     if (j->state >= JOB_DONE) snprintf(exit_code, sizeof exit_code, "%d", j->exit_code);
     if (j->max_latency > 0) snprintf(lat, sizeof lat, "%.3f", j->max_latency);
     double time_s = (j->state >= JOB_DONE ? j->finish : now) - j->submit;
-    char slots[16], workers[16];
+    char slots[64], workers[16];
     snprintf(slots, sizeof slots, "%d", j->state == JOB_RUNNING || j->state == JOB_CANCELLING ? j->alloc : 0);
+    if (d->multi && j->state == JOB_RUNNING) /* per host: 2+0+1 */
+      for (int n = 0, at = 0; n < d->o->nodes && at < (int)sizeof slots - 4; n++)
+        at += snprintf(slots + at, sizeof slots - (size_t)at, "%s%d", n ? "+" : "", j->on[n]);
     snprintf(workers, sizeof workers, "%d", j->state == JOB_RUNNING ? j->members : 0);
     text_add(t, "%-4llu %-16.16s %-10s %5s %7s %7s %9s %11s %7d %7s %8.1f %5s\n", (unsigned long long)j->id,
              j->name, state_names[j->state], slots, workers, batch, goodput, speedup, j->resizes, lat, time_s,
@@ -1004,6 +1497,9 @@ static int handle(daemon_t *d, char **f, int nf, text_t *t) {
     if (j->state == JOB_PENDING) {
       j->state = JOB_CANCELLED;
       j->finish = wall_s();
+    } else if (j->state == JOB_RUNNING && d->multi) {
+      for (int n = 0; n < d->o->nodes; n++) agent_cmd(d, n, "kill %llu", (unsigned long long)j->id);
+      j->state = JOB_CANCELLING;
     } else if (j->state == JOB_RUNNING) {
       if (j->keeper > 0) kill(j->keeper, SIGTERM);
       j->state = JOB_CANCELLING;
@@ -1061,15 +1557,17 @@ static int check_options(const tide_sched_daemon_options_t *o) {
     TIDE_ERROR("tide sched: the pool needs at least one host with slots (--slots N or --hostfile F)");
     return TIDE_EINVAL;
   }
-  if (o->nodes > 1) {
-    TIDE_ERROR("tide sched: the pool has %d hosts, but this tide sched runs jobs on the local host only (one "
-               "host in the hostfile); several hosts need a per-node agent, not built yet",
-               o->nodes);
+  if (o->nodes > MAX_NODES) {
+    TIDE_ERROR("tide sched: the pool has %d hosts, more than the %d this tide sched handles", o->nodes, MAX_NODES);
+    return TIDE_EINVAL;
+  }
+  if (o->nodes > 1 && (o->hosts == NULL || o->hosts[0] == NULL) && o->address == NULL) {
+    TIDE_ERROR("tide sched: %d hosts but no host names (--hostfile) and no --address for the agents", o->nodes);
     return TIDE_EINVAL;
   }
   char self[256] = "";
   gethostname(self, sizeof self - 1);
-  if (o->hosts != NULL && o->hosts[0] != NULL && strcmp(o->hosts[0], "localhost") != 0 &&
+  if (o->nodes == 1 && o->hosts != NULL && o->hosts[0] != NULL && strcmp(o->hosts[0], "localhost") != 0 &&
       strncmp(o->hosts[0], "127.", 4) != 0 && strcmp(o->hosts[0], self) != 0) {
     TIDE_ERROR("tide sched: host %s is not this host (%s): the jobs run where tide sched runs; name it "
                "localhost or %s in the hostfile",
@@ -1089,10 +1587,37 @@ static int check_options(const tide_sched_daemon_options_t *o) {
     TIDE_ERROR("tide sched: the resize cost must be >= 0 seconds");
     return TIDE_EINVAL;
   }
-  if (o->tiderun == NULL || access(o->tiderun, X_OK) != 0) {
+  if (o->nodes == 1 && (o->tiderun == NULL || access(o->tiderun, X_OK) != 0)) {
     TIDE_ERROR("tide sched: the launcher %s is not an executable (tiderun)", o->tiderun ? o->tiderun : "(none)");
     return TIDE_EINVAL;
   }
+  return 0;
+}
+
+/* Several hosts: the agents' control store, advertised in dir/control as
+ * "ADDRESS PORT TOKEN" (mode 0600). */
+static int control_start(daemon_t *d) {
+  char token[40] = "", path[4200], tmp[4300];
+  int rc = random_token(token, sizeof token);
+  if (rc == 0) rc = tide_store_server_start(NULL, 0, token, &d->ctl_server);
+  if (rc != 0) {
+    TIDE_ERROR("tide sched: cannot start the agents' control store: %s", tide_strerror(rc));
+    return rc;
+  }
+  int port = tide_store_server_port(d->ctl_server);
+  if ((rc = tide_store_connect("127.0.0.1", port, token, 5000, &d->ctl)) != 0) return rc;
+  snprintf(path, sizeof path, "%s/control", d->o->dir);
+  snprintf(tmp, sizeof tmp, "%s.tmp", path);
+  int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  char text[512];
+  int n = snprintf(text, sizeof text, "%s %d %s\n", d->address, port, token);
+  if (fd < 0 || write_all(fd, text, (size_t)n) != 0 || close(fd) != 0 || rename(tmp, path) != 0) {
+    TIDE_ERROR("tide sched: cannot write %s: %s", path, strerror(errno));
+    return TIDE_EIO;
+  }
+  if (!d->o->quiet)
+    fprintf(stderr, "tide sched: %d hosts; agents (tide sched --agent --dir %s --node I) reach it at %s:%d\n",
+            d->o->nodes, d->o->dir, d->address, port);
   return 0;
 }
 
@@ -1136,6 +1661,11 @@ int tide_sched_serve(const tide_sched_daemon_options_t *opts) {
   }
   chmod(addr.sun_path, 0600);
   if ((rc = tide_sched_create(&opts->sched, opts->nodes, opts->slots, &d.sched)) != 0) goto out;
+  d.multi = opts->nodes > 1;
+  for (int n = 0; n < opts->nodes && n < MAX_NODES; n++) d.live[n] = n;
+  d.nlive = opts->nodes;
+  d.address = opts->address != NULL ? opts->address : opts->hosts != NULL ? opts->hosts[0] : "127.0.0.1";
+  if (d.multi && (rc = control_start(&d)) != 0) goto out;
   d.next_id = 1;
   load_jobs(&d);
   sigemptyset(&d.mask);
@@ -1187,6 +1717,8 @@ out:
   }
   tide__free(d.jobs);
   tide_sched_destroy(d.sched);
+  tide_store_close(d.ctl);
+  tide_store_server_stop(d.ctl_server);
   if (d.signal_fd >= 0) close(d.signal_fd);
   if (d.listen_fd >= 0) {
     close(d.listen_fd);
@@ -1194,4 +1726,216 @@ out:
   }
   close(lock_fd);
   return rc;
+}
+
+/* ---- the per-host agent ------------------------------------------------------------- */
+
+typedef struct {
+  pid_t pid;
+  unsigned long long job;
+} agent_worker_t;
+
+static int env_taken(const char *e) {
+  static const char *const names[] = {"TIDE_RANK=", "TIDE_SIZE=", "TIDE_LOCAL_RANK=", "TIDE_LOCAL_SIZE=",
+                                      "TIDE_NODE_RANK=", "TIDE_NNODES=", "TIDE_RDZV=", "TIDE_JOB_TOKEN=",
+                                      "TIDE_JOB_ID=", "TIDE_ELASTIC", "TIDE_SCHED_JOB=", "TIDE_BIND=", "TIDE_CPUS=",
+                                      "SLURM_" /* a worker is not a task of the submitter's Slurm step */};
+  for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+    if (strncmp(e, names[i], strlen(names[i])) == 0) return 1;
+  return 0;
+}
+
+/* "start JOB HOST:PORT RANK SIZE MIN MAX": one worker (RANK -1: a joiner). */
+static pid_t agent_start(const char *dir, int node, const char *cmd, const sigset_t *old_mask) {
+  unsigned long long id;
+  char rdzv[300];
+  int rank, size, min_np, max_np;
+  if (sscanf(cmd, "start %llu %299s %d %d %d %d", &id, rdzv, &rank, &size, &min_np, &max_np) != 6) return -1;
+  char path[4300], token[64] = "";
+  snprintf(path, sizeof path, "%s/jobs/%llu/token", dir, id);
+  FILE *f = fopen(path, "r");
+  if (f == NULL || fscanf(f, "%63s", token) != 1) {
+    if (f != NULL) fclose(f);
+    TIDE_ERROR("tide sched agent: cannot read %s (is %s shared by every host?)", path, dir);
+    return -1;
+  }
+  fclose(f);
+  spec_t s;
+  snprintf(path, sizeof path, "%s/jobs/%llu/spec", dir, id);
+  if (read_spec(path, &s) != 0) {
+    TIDE_ERROR("tide sched agent: cannot read %s (is %s shared by every host?)", path, dir);
+    return -1;
+  }
+  int nenv = 0;
+  while (s.envp[nenv] != NULL) nenv++;
+  char **env = tide__calloc((size_t)nenv + 16, sizeof *env);
+  char vars[12][320];
+  if (env == NULL) {
+    free_spec(&s);
+    return -1;
+  }
+  int k = 0, v = 0;
+  for (int i = 0; i < nenv; i++)
+    if (!env_taken(s.envp[i])) env[k++] = s.envp[i];
+  snprintf(vars[v++], sizeof vars[0], "TIDE_RDZV=%s", rdzv);
+  snprintf(vars[v++], sizeof vars[0], "TIDE_JOB_TOKEN=%s", token);
+  snprintf(vars[v++], sizeof vars[0], "TIDE_JOB_ID=sched-%llu", id);
+  snprintf(vars[v++], sizeof vars[0], "TIDE_SCHED_JOB=%llu", id);
+  snprintf(vars[v++], sizeof vars[0], "TIDE_ELASTIC=1");
+  snprintf(vars[v++], sizeof vars[0], "TIDE_ELASTIC_MIN=%d", min_np);
+  snprintf(vars[v++], sizeof vars[0], "TIDE_ELASTIC_MAX=%d", max_np);
+  snprintf(vars[v++], sizeof vars[0], "TIDE_NODE_RANK=%d", node);
+  snprintf(vars[v++], sizeof vars[0], "TIDE_BIND=none");
+  if (rank >= 0) {
+    snprintf(vars[v++], sizeof vars[0], "TIDE_RANK=%d", rank);
+    snprintf(vars[v++], sizeof vars[0], "TIDE_SIZE=%d", size);
+  } else {
+    snprintf(vars[v++], sizeof vars[0], "TIDE_ELASTIC_JOIN=1");
+  }
+  for (int i = 0; i < v; i++) env[k++] = vars[i];
+  env[k] = NULL;
+  snprintf(path, sizeof path, "%s/jobs/%llu/log", dir, id);
+  pid_t pid = fork();
+  if (pid == 0) {
+    setpgid(0, 0);
+    sigprocmask(SIG_SETMASK, old_mask, NULL);
+    int log_fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
+    int null_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    if (log_fd >= 0) dup2(log_fd, 1), dup2(log_fd, 2);
+    if (null_fd >= 0) dup2(null_fd, 0);
+    if (chdir(s.cwd) != 0) {
+      fprintf(stderr, "tide sched agent: cannot enter the job's directory %s: %s\n", s.cwd, strerror(errno));
+      _exit(127);
+    }
+    execve(s.argv[0], s.argv, env);
+    fprintf(stderr, "tide sched agent: cannot run %s: %s\n", s.argv[0], strerror(errno));
+    _exit(127);
+  }
+  tide__free(env);
+  free_spec(&s);
+  return pid;
+}
+
+int tide_sched_agent(const char *dir, int node) {
+  if (dir == NULL || node < 0 || node >= MAX_NODES) {
+    TIDE_ERROR("tide sched --agent: a state directory (--dir) and a node index 0..%d (--node) are needed", MAX_NODES - 1);
+    return TIDE_EINVAL;
+  }
+  char path[4200], host[256] = "", token[64] = "";
+  int port = 0;
+  snprintf(path, sizeof path, "%s/control", dir);
+  for (int tries = 0; tries < 300; tries++) { /* the daemon may be starting */
+    FILE *f = fopen(path, "r");
+    int got = f != NULL && fscanf(f, "%255s %d %63s", host, &port, token) == 3;
+    if (f != NULL) fclose(f);
+    if (got) break;
+    port = 0;
+    usleep(100000);
+  }
+  if (port <= 0) {
+    TIDE_ERROR("tide sched --agent: no %s after 30 s: start `tide sched --hostfile F --dir %s` first (the "
+               "directory must be shared by every host)",
+               path, dir);
+    return TIDE_ENOENT;
+  }
+  tide_store_t *ctl = NULL;
+  int rc = tide_store_connect(host, port, token, 30000, &ctl);
+  if (rc != 0) {
+    TIDE_ERROR("tide sched --agent: cannot reach the scheduler's control store at %s:%d: %s", host, port,
+               tide_strerror(rc));
+    return rc;
+  }
+  sigset_t mask, old_mask;
+  sigemptyset(&mask);
+  sigaddset(&mask, SIGCHLD);
+  sigaddset(&mask, SIGINT);
+  sigaddset(&mask, SIGTERM);
+  sigaddset(&mask, SIGHUP);
+  sigprocmask(SIG_BLOCK, &mask, &old_mask);
+  int sfd = signalfd(-1, &mask, SFD_CLOEXEC | SFD_NONBLOCK);
+  char key[96];
+  int64_t taken = 0, beat;
+  snprintf(key, sizeof key, "agent/%d/taken", node);
+  tide_store_add(ctl, key, 0, &taken);
+  agent_worker_t *workers = NULL;
+  int nworkers = 0, cap = 0, stop = 0;
+  double next_beat = 0;
+  TIDE_INFO("tide sched agent: host %d, control store %s:%d", node, host, port);
+  while (!stop && rc == 0) {
+    snprintf(key, sizeof key, "agent/%d/cmd/%lld", node, (long long)taken + 1);
+    void *value;
+    size_t len;
+    int got = tide_store_get(ctl, key, 100, &value, &len);
+    if (got == 0) {
+      char cmd[512];
+      size_t n = len < sizeof cmd - 1 ? len : sizeof cmd - 1;
+      memcpy(cmd, value, n);
+      cmd[n] = 0;
+      tide_free(value);
+      unsigned long long id;
+      if (strncmp(cmd, "start ", 6) == 0) {
+        pid_t pid = agent_start(dir, node, cmd, &old_mask);
+        if (pid > 0 && nworkers == cap) {
+          cap = cap ? 2 * cap : 16;
+          agent_worker_t *w = tide__realloc(workers, (size_t)cap * sizeof *w);
+          if (w == NULL) break;
+          workers = w;
+        }
+        if (pid > 0 && sscanf(cmd, "start %llu", &id) == 1) workers[nworkers++] = (agent_worker_t){pid, id};
+        if (pid <= 0 && sscanf(cmd, "start %llu", &id) == 1) { /* counts as a failed worker */
+          snprintf(key, sizeof key, "job/%llu/%d/failed", id, node);
+          tide_store_add(ctl, key, 1, &beat);
+          snprintf(key, sizeof key, "job/%llu/%d/exited", id, node);
+          tide_store_add(ctl, key, 1, &beat);
+        }
+      } else if (sscanf(cmd, "kill %llu", &id) == 1) {
+        for (int i = 0; i < nworkers; i++)
+          if (workers[i].job == id) kill(-workers[i].pid, SIGTERM);
+      }
+      snprintf(key, sizeof key, "agent/%d/taken", node);
+      rc = tide_store_add(ctl, key, 1, &taken);
+    } else if (got != TIDE_ETIMEDOUT) {
+      rc = got;
+    }
+    struct signalfd_siginfo si;
+    while (sfd >= 0 && read(sfd, &si, sizeof si) == (ssize_t)sizeof si)
+      if (si.ssi_signo != SIGCHLD) stop = 1;
+    for (int i = 0; i < nworkers;) {
+      int status;
+      if (waitpid(workers[i].pid, &status, WNOHANG) != workers[i].pid) {
+        i++;
+        continue;
+      }
+      kill(-workers[i].pid, SIGKILL); /* what it left in its group */
+      int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+      if (code != 0) {
+        snprintf(key, sizeof key, "job/%llu/%d/failed", workers[i].job, node);
+        tide_store_add(ctl, key, 1, &beat);
+      }
+      snprintf(key, sizeof key, "job/%llu/%d/exited", workers[i].job, node);
+      tide_store_add(ctl, key, 1, &beat);
+      workers[i] = workers[--nworkers];
+    }
+    if (mono_s() >= next_beat) {
+      snprintf(key, sizeof key, "agent/%d/beat", node);
+      if (tide_store_add(ctl, key, 1, &beat) != 0) rc = TIDE_EIO;
+      next_beat = mono_s() + 0.5;
+    }
+  }
+  if (rc != 0) TIDE_ERROR("tide sched agent: host %d lost the scheduler's control store: %s", node, tide_strerror(rc));
+  for (int i = 0; i < nworkers; i++) kill(-workers[i].pid, SIGTERM);
+  for (int t = 0; t < 30 && nworkers > 0; t++) {
+    usleep(100000);
+    for (int i = 0; i < nworkers;)
+      if (waitpid(workers[i].pid, NULL, WNOHANG) == workers[i].pid)
+        workers[i] = workers[--nworkers];
+      else
+        i++;
+  }
+  for (int i = 0; i < nworkers; i++) kill(-workers[i].pid, SIGKILL), waitpid(workers[i].pid, NULL, 0);
+  tide__free(workers);
+  if (sfd >= 0) close(sfd);
+  sigprocmask(SIG_SETMASK, &old_mask, NULL);
+  tide_store_close(ctl);
+  return stop ? 0 : rc;
 }
