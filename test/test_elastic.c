@@ -29,6 +29,7 @@ typedef struct {
   int kill_rank, kill_step; /* a rank that dies (SIGKILL) when handed this step; -1 none */
   int initial;              /* first members; harness ranks >= initial join later */
   int join_step;            /* joiners start when rank 0 reaches this step */
+  int join_to;              /* rank 0 slows down from join_step until this many members (0: no wait) */
   int shrink_step, shrink_to; /* rank 0 asks for shrink_to workers at this step */
   int hang_rank, hang_step;   /* a rank that stops for a while (then is stale) */
   int bad_token_rank;         /* a joiner with the wrong job token */
@@ -127,7 +128,7 @@ static int worker(int rank, int size, void *arg) {
   CHECK_OK(tide_trainer_elastic(tr));
   int member0 = tide_comm_rank(tide_trainer_comm(tr)) == 0 && !joiner;
   tide_store_t *store = member0 ? connect_store(getenv("TIDE_JOB_TOKEN")) : NULL;
-  int recoveries = 0, grown = 0, replaced = 0, most = 0, shrunk = sc->shrink_step < 0;
+  int recoveries = 0, grown = 0, joined = 0, replaced = 0, most = 0, shrunk = sc->shrink_step < 0;
   for (;;) {
     tide_batch_t b;
     tide_step_stats_t st;
@@ -147,6 +148,14 @@ static int worker(int rank, int size, void *arg) {
           else
             grown = 1;
         }
+        /* Likewise for the harness's joiners (a loaded machine starts them late:
+         * the job ended first and a late joiner was refused, TIDE_ESTATE). */
+        if (member0 && sc->join_to > 0 && b.step >= sc->join_step && !joined) {
+          if (members < sc->join_to)
+            usleep(20000);
+          else
+            joined = 1;
+        }
         /* Likewise after a kill under tiderun: slow down until its
          * replacement has joined (slow sanitizer builds start it late). */
         if (members > most) most = members;
@@ -156,7 +165,7 @@ static int worker(int rank, int size, void *arg) {
           else
             replaced = 1;
         }
-        if (member0 && !shrunk && b.step >= sc->shrink_step && (sc->grow_to == 0 || grown)) {
+        if (member0 && !shrunk && b.step >= sc->shrink_step && (sc->grow_to == 0 || grown) && (sc->join_to == 0 || joined)) {
           CHECK_OK(tide_elastic_request(store, sc->shrink_to));
           shrunk = 1;
         }
@@ -440,7 +449,7 @@ int main(int argc, char **argv) {
     if (t == 1) continue;
     setenv("TIDE_ELASTIC_MIN", "2", 1);
     scenario_t grow = {.name = "grow 2 to 4, shrink to 3", .kill_rank = -1, .initial = 2, .join_step = 5,
-                       .shrink_step = 35, .shrink_to = 3, .hang_rank = -1, .bad_token_rank = 4};
+                       .join_to = 4, .shrink_step = 35, .shrink_to = 3, .hang_rank = -1, .bad_token_rank = 4};
     failed |= run(&grow, 5, t, 3);
   }
   /* PTO: the optimizer's shards are gathered before each change and re-cut
@@ -450,7 +459,7 @@ int main(int argc, char **argv) {
   setenv("TIDE_ELASTIC_MIN", "2", 1);
   setenv("TIDE_ELASTIC_MAX", "4", 1);
   scenario_t grow_pto = {.name = "grow 2 to 4, shrink to 3, PTO", .kill_rank = -1, .initial = 2, .join_step = 5,
-                         .shrink_step = 35, .shrink_to = 3, .hang_rank = -1, .bad_token_rank = -1, .momentum = 1,
+                         .join_to = 4, .shrink_step = 35, .shrink_to = 3, .hang_rank = -1, .bad_token_rank = -1, .momentum = 1,
                          .pto = 1};
   failed |= run(&grow_pto, 4, 0, 3);
   scenario_t shrink = {.name = "shrink 4 to 3, momentum", .kill_rank = -1, .initial = 4, .join_step = -1,
