@@ -14,6 +14,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "core/simd.h"
 #include "train/train.h"
 
 int tide__pto_supports(int exchange) {

@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "core/simd.h"
 #include "train/train.h"
 
 static const char *const exchange_names[TIDE_EXCHANGE_COUNT] = {"dense", "topk", "hitopk", "adasum"};
@@ -92,7 +93,7 @@ static void plan(tide_trainer_t *tr, long global_batch) {
   tr->batch = (int)((local + accum - 1) / accum);
 }
 
-static long planned_batch(const tide_trainer_t *tr) { return (long)tr->ranks * tr->batch * tr->accum; }
+long tide__trainer_planned_batch(const tide_trainer_t *tr) { return (long)tr->ranks * tr->batch * tr->accum; }
 
 void tide_trainer_destroy(tide_trainer_t *tr) {
   if (tr == NULL) return;
@@ -179,7 +180,7 @@ int tide_trainer_create(tide_comm_t *comm, const tide_trainer_config_t *config, 
   tr->last_step_end_ns = tide__now_ns();
   tr->stats = (tide_step_stats_t){.noise_scale = NAN, .grad_sq = NAN, .trace_sigma = NAN, .gain_ratio = 1,
                                   .lr_factor = 1, .comm_share = NAN, .mean_step_s = NAN, .ranks = tr->ranks, .nodes = tr->nodes,
-                                  .batch = tr->batch, .accum = tr->accum, .planned_batch = planned_batch(tr),
+                                  .batch = tr->batch, .accum = tr->accum, .planned_batch = tide__trainer_planned_batch(tr),
                                   .exchange = tr->exchange_kind, .solo_step_s = NAN};
   if ((rc = tide__trainer_agree(tr)) != 0) goto fail;
   if ((rc = tide__multiplex_open(tr)) != 0) goto fail;
@@ -211,7 +212,7 @@ void tide__trainer_replan(tide_trainer_t *tr, long global_batch) {
   plan(tr, global_batch);
   tr->stats.batch = tr->batch;
   tr->stats.accum = tr->accum;
-  tr->stats.planned_batch = planned_batch(tr);
+  tr->stats.planned_batch = tide__trainer_planned_batch(tr);
 }
 
 /* Runs one hook of every policy. decide_every > 0 marks a policy that
@@ -248,7 +249,7 @@ static int apply(tide_trainer_t *tr, const tide_decision_t *d) {
     plan(tr, d->global_batch);
     tr->stats.batch = tr->batch;
     tr->stats.accum = tr->accum;
-    tr->stats.planned_batch = planned_batch(tr);
+    tr->stats.planned_batch = tide__trainer_planned_batch(tr);
   }
   if (d->world_size > 0 && tr->elastic != NULL) tide__trainer_elastic_request(tr, d->world_size);
   if (d->exchange >= 0) {
@@ -288,7 +289,7 @@ int tide_trainer_next(tide_trainer_t *tr, tide_batch_t *batch) {
     tide_decision_t d = unchanged();
     TIDE_CHECK(run_hooks(tr, HOOK_BEFORE_STEP, &d));
     TIDE_CHECK(apply(tr, &d));
-    uint64_t left = tr->config.dataset_size - tr->position, full = (uint64_t)planned_batch(tr);
+    uint64_t left = tr->config.dataset_size - tr->position, full = (uint64_t)tide__trainer_planned_batch(tr);
     tr->step_first = tr->position;
     tr->step_count = left < full ? left : full;
     size_t offset, len;
@@ -314,74 +315,6 @@ int tide_trainer_next(tide_trainer_t *tr, tide_batch_t *batch) {
   return 0;
 }
 
-/* The two passes over the gradient carry its squared norm along. Float
- * sums would not be reordered into vector lanes by the compiler, so the
- * lanes are explicit (GCC/clang vector types, unaligned loads through
- * memcpy); each run of 4096 elements is added up in double. */
-typedef float v4f __attribute__((vector_size(16)));
-
-static inline v4f load4(const float *p) {
-  v4f v;
-  memcpy(&v, p, sizeof v);
-  return v;
-}
-
-static inline void store4(float *p, v4f v) { memcpy(p, &v, sizeof v); }
-
-static inline double lanes(v4f a, v4f b) {
-  v4f s = a + b;
-  return (double)s[0] + (double)s[1] + (double)s[2] + (double)s[3];
-}
-
-/* x[i] = c*g[i] (x[i] += c*g[i] when add) over [0, n); returns sum g[i]^2. */
-static double scale_into(float *restrict x, const float *restrict g, size_t n, float c, int add) {
-  const v4f cv = {c, c, c, c};
-  double total = 0;
-  for (size_t i = 0; i < n;) {
-    size_t stop = n - i > 4096 ? i + 4096 : n;
-    v4f s0 = {0, 0, 0, 0}, s1 = s0;
-    for (; i + 8 <= stop; i += 8) {
-      v4f a = load4(g + i), b = load4(g + i + 4);
-      v4f xa = a * cv, xb = b * cv;
-      if (add) xa += load4(x + i), xb += load4(x + i + 4);
-      store4(x + i, xa);
-      store4(x + i + 4, xb);
-      s0 += a * a;
-      s1 += b * b;
-    }
-    double tail = 0;
-    for (; i < stop; i++) {
-      x[i] = add ? x[i] + g[i] * c : g[i] * c;
-      tail += (double)g[i] * g[i];
-    }
-    total += lanes(s0, s1) + tail;
-  }
-  return total;
-}
-
-double tide__scale_in_place(float *restrict x, size_t n, float c) {
-  const v4f cv = {c, c, c, c};
-  double total = 0;
-  for (size_t i = 0; i < n;) {
-    size_t stop = n - i > 4096 ? i + 4096 : n;
-    v4f s0 = {0, 0, 0, 0}, s1 = s0;
-    for (; i + 8 <= stop; i += 8) {
-      v4f a = load4(x + i) * cv, b = load4(x + i + 4) * cv;
-      store4(x + i, a);
-      store4(x + i + 4, b);
-      s0 += a * a;
-      s1 += b * b;
-    }
-    double tail = 0;
-    for (; i < stop; i++) {
-      x[i] *= c;
-      tail += (double)x[i] * x[i];
-    }
-    total += lanes(s0, s1) + tail;
-  }
-  return total;
-}
-
 /* Adds count * grads to the exchange buffer (or sets it, for the step's
  * first contribution) and returns |grads|^2; per-tensor squares added to
  * tensor_sq when asked. */
@@ -390,7 +323,7 @@ static double accumulate(tide_trainer_t *tr, float count, double *tensor_sq) {
   int add = tr->accumulated;
   for (size_t t = 0; t < tr->ntensors; t++) {
     size_t begin = tr->tensors[t].offset;
-    double sq = scale_into(tr->exchange + begin, tr->grads + begin, tr->tensors[t].count, count, add);
+    double sq = tide__scale_into(tr->exchange + begin, tr->grads + begin, tr->tensors[t].count, count, add);
     if (tensor_sq != NULL) tensor_sq[t] += sq;
     total += sq;
   }
@@ -673,166 +606,4 @@ int tide_trainer_adapt(tide_trainer_t *tr, const char *list) {
     if (*p == ',') p++;
   }
   return 0;
-}
-
-/* ---- state ---------------------------------------------------------------- */
-
-enum { STATE_MAGIC = 0x54524e32 /* "TRN2" */ };
-
-typedef struct {
-  uint32_t magic, ntensors;
-  uint64_t nparams, dataset_size, epoch, position;
-  int64_t step, base_batch;
-  double progress, prev_exchange_s, prev_step_s;
-  int32_t batch, accum, exchange, npolicies;
-  tide__gns_t gns;
-  uint64_t optim_bytes, residual_len, kfac_len;
-} state_header_t;
-
-static size_t policy_bytes(const tide_trainer_t *tr) {
-  size_t n = 0;
-  for (size_t i = 0; i < tr->npolicies; i++) n += sizeof(uint64_t) + tr->policies[i].ops.state_size;
-  return n;
-}
-
-static const float *residual_of(const tide_trainer_t *tr, size_t *len) {
-  void *state = tr->exchange_state[tr->exchange_kind];
-  tide_compressor_t *c = state != NULL ? tide__exchanges[tr->exchange_kind].compressor(state) : NULL;
-  if (c != NULL) {
-    *len = tide_compressor_size(c);
-    return tide_compressor_residual(c);
-  }
-  *len = tr->pending_residual != NULL ? tr->pending_len : 0;
-  return tr->pending_residual;
-}
-
-size_t tide_trainer_state_size(const tide_trainer_t *tr) {
-  if (tr == NULL) return 0;
-  size_t residual;
-  residual_of(tr, &residual);
-  return sizeof(state_header_t) + tr->ntensors * sizeof(tide__gns_t) + policy_bytes(tr) +
-         tide_optim_state_size(tr->optim) + (residual + tide__kfac_state_floats(tr->kfac)) * sizeof(float);
-}
-
-int tide_trainer_state_get(const tide_trainer_t *tr, void *buf, size_t len) {
-  if (tr == NULL || buf == NULL) {
-    TIDE_ERROR("tide_trainer_state_get: trainer and buf must not be NULL");
-    return TIDE_EINVAL;
-  }
-  if (tr->in_step) {
-    TIDE_ERROR("tide_trainer_state_get: a step is half accumulated; save between steps");
-    return TIDE_ESTATE;
-  }
-  size_t need = tide_trainer_state_size(tr), residual_len;
-  if (len < need) {
-    TIDE_ERROR("tide_trainer_state_get: len %zu is below tide_trainer_state_size's %zu", len, need);
-    return TIDE_EINVAL;
-  }
-  const float *residual = residual_of(tr, &residual_len);
-  state_header_t h = {STATE_MAGIC, (uint32_t)tr->ntensors, tr->nparams, tr->config.dataset_size, tr->epoch,
-                      tr->position, tr->step, tr->config.base_batch, tr->progress, tr->prev_exchange_s,
-                      tr->prev_step_s, tr->batch, tr->accum, tr->exchange_kind, (int32_t)tr->npolicies, tr->gns,
-                      tide_optim_state_size(tr->optim), residual_len, tide__kfac_state_floats(tr->kfac)};
-  char *p = buf;
-  memcpy(p, &h, sizeof h);
-  p += sizeof h;
-  memcpy(p, tr->tensor_gns, tr->ntensors * sizeof *tr->tensor_gns);
-  p += tr->ntensors * sizeof *tr->tensor_gns;
-  for (size_t i = 0; i < tr->npolicies; i++) {
-    uint64_t n = tr->policies[i].ops.state_size;
-    memcpy(p, &n, sizeof n);
-    p += sizeof n;
-    if (n) memcpy(p, tr->policies[i].state, n);
-    p += n;
-  }
-  TIDE_CHECK(tide_optim_state_get(tr->optim, p, h.optim_bytes));
-  TIDE_CHECK(tide__pto_gather_state(tr, p));
-  p += h.optim_bytes;
-  if (residual_len) memcpy(p, residual, residual_len * sizeof(float));
-  p += residual_len * sizeof(float);
-  return tide__kfac_state_get(tr, p);
-}
-
-int tide_trainer_state_set(tide_trainer_t *tr, const void *buf, size_t len) {
-  if (tr == NULL || buf == NULL) {
-    TIDE_ERROR("tide_trainer_state_set: trainer and buf must not be NULL");
-    return TIDE_EINVAL;
-  }
-  state_header_t h;
-  if (len < sizeof h) goto bad;
-  memcpy(&h, buf, sizeof h);
-  if (h.magic != STATE_MAGIC || h.nparams != tr->nparams || h.ntensors != tr->ntensors ||
-      h.dataset_size != tr->config.dataset_size || h.base_batch != tr->config.base_batch ||
-      h.npolicies != (int32_t)tr->npolicies || h.exchange < 0 || h.exchange >= TIDE_EXCHANGE_COUNT ||
-      h.batch < 1 || h.accum < 1 || h.position > h.dataset_size)
-    goto bad;
-  const char *p = (const char *)buf + sizeof h;
-  size_t need = sizeof h + tr->ntensors * sizeof(tide__gns_t) + policy_bytes(tr) + h.optim_bytes +
-                (h.residual_len + h.kfac_len) * sizeof(float);
-  if (len < need) goto bad;
-  const char *kfac = p + need - sizeof h - h.kfac_len * sizeof(float);
-  const char *why = tide__kfac_state_check(tr->kfac, kfac, h.kfac_len);
-  if (why != NULL) {
-    TIDE_ERROR("tide_trainer_state_set: %s", why);
-    return TIDE_EINVAL;
-  }
-  const char *policies = p + tr->ntensors * sizeof(tide__gns_t), *q = policies;
-  for (size_t i = 0; i < tr->npolicies; i++) {
-    uint64_t n;
-    memcpy(&n, q, sizeof n);
-    if (n != tr->policies[i].ops.state_size) goto bad;
-    q += sizeof n + n;
-  }
-  /* The optimizer checks its own part before anything changes. */
-  int rc = tide_optim_state_set(tr->optim, q, h.optim_bytes);
-  if (rc != 0) return rc;
-  float *residual = NULL;
-  if (h.residual_len) {
-    residual = tide__malloc(h.residual_len * sizeof *residual);
-    if (residual == NULL) return TIDE_ENOMEM;
-    memcpy(residual, q + h.optim_bytes, h.residual_len * sizeof *residual);
-  }
-  memcpy(tr->tensor_gns, p, tr->ntensors * sizeof *tr->tensor_gns);
-  tide__kfac_state_set(tr->kfac, kfac, h.kfac_len);
-  q = policies;
-  for (size_t i = 0; i < tr->npolicies; i++) {
-    uint64_t n;
-    memcpy(&n, q, sizeof n);
-    q += sizeof n;
-    if (n) memcpy(tr->policies[i].state, q, n);
-    q += n;
-  }
-  tr->epoch = h.epoch;
-  tr->position = h.position;
-  tr->step = h.step;
-  tr->progress = h.progress;
-  tr->prev_exchange_s = h.prev_exchange_s;
-  tr->prev_step_s = h.prev_step_s;
-  tr->batch = h.batch;
-  tr->accum = h.accum;
-  tr->gns = h.gns;
-  tr->in_step = 0;
-  /* Exchanges are reopened (collectively) at the next step; the residual
-   * waits for it. */
-  for (int k = 0; k < TIDE_EXCHANGE_COUNT; k++)
-    if (tr->exchange_state[k] != NULL) {
-      tide__exchanges[k].close(tr->exchange_state[k]);
-      tr->exchange_state[k] = NULL;
-    }
-  tr->exchange_kind = (tide_exchange_t)h.exchange;
-  tide__free(tr->pending_residual);
-  tr->pending_residual = residual;
-  tr->pending_len = h.residual_len;
-  tr->stats.step = tr->step;
-  tr->stats.progress = tr->progress;
-  tr->stats.batch = tr->batch;
-  tr->stats.accum = tr->accum;
-  tr->stats.planned_batch = planned_batch(tr);
-  tr->stats.exchange = tr->exchange_kind;
-  return tide_sampler_set_epoch(tr->sampler, tr->epoch);
-bad:
-  TIDE_ERROR("tide_trainer_state_set: the state (%zu bytes) is not from a trainer with this config, %zu parameters "
-             "and these %zu policies",
-             len, tr->nparams, tr->npolicies);
-  return TIDE_EINVAL;
 }

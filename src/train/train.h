@@ -141,9 +141,6 @@ struct tide_trainer {
   struct tide__multiplex *multiplex;
 };
 
-/* x[i] *= c over [0, n); returns sum x[i]^2 after scaling (train.c). */
-double tide__scale_in_place(float *restrict x, size_t n, float c);
-
 /* PTO (src/train/pto.c). Whether PTO runs under this exchange; creates
  * tr->optim (a shard under PTO, needs tr->nslots); frees PTO's buffers. */
 int tide__pto_supports(int exchange);
@@ -169,6 +166,8 @@ int tide__pto_gather_state(const tide_trainer_t *tr, void *optim_blob);
 int tide__trainer_agree(tide_trainer_t *tr);
 /* Plans full steps of about global_batch samples over the current ranks. */
 void tide__trainer_replan(tide_trainer_t *tr, long global_batch);
+/* ranks x batch x accum: the samples of a full step under the current plan. */
+long tide__trainer_planned_batch(const tide_trainer_t *tr);
 
 /* ---- elastic jobs (src/train/elastic.c) ----------------------------------- */
 
