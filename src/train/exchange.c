@@ -18,7 +18,7 @@ static int dense_open(tide_trainer_t *tr, void **state) {
 
 static int dense_run(tide_trainer_t *tr, void *state) {
   (void)state;
-  int rc = tide_allreduce(tr->comm, tr->exchange, tr->exchange, tr->nparams + tr->nslots, TIDE_F32, TIDE_SUM);
+  int rc = tide_allreduce(tr->comm, tr->exchange, tr->exchange, tr->nparams + tr->monitor.nslots, TIDE_F32, TIDE_SUM);
   if (rc != 0) return tide__trainer_fail(tr, rc, "gradient allreduce: %s", tide_comm_last_error(tr->comm));
   return 0;
 }
@@ -91,7 +91,7 @@ static int hitopk_open(tide_trainer_t *tr, void **state) { return sparse_open(tr
 
 /* The statistics alone, for the exchanges that send the gradient otherwise. */
 static int statistics_run(tide_trainer_t *tr) {
-  int rc = tide_allreduce(tr->comm, tr->exchange + tr->nparams, tr->exchange + tr->nparams, tr->nslots, TIDE_F32,
+  int rc = tide_allreduce(tr->comm, tr->exchange + tr->nparams, tr->exchange + tr->nparams, tr->monitor.nslots, TIDE_F32,
                           TIDE_SUM);
   if (rc != 0) return tide__trainer_fail(tr, rc, "statistics allreduce: %s", tide_comm_last_error(tr->comm));
   return 0;
@@ -160,7 +160,7 @@ static int adasum_update(tide_trainer_t *tr, void *state, float lr) {
   float *w = tr->params;
   size_t n = tr->nparams;
   memcpy(a->start, w, n * sizeof *w);
-  if (tr->count > 0) {
+  if (tr->monitor.count > 0) {
     int rc = tide_optim_step(tr->optim, w, tr->exchange, lr);
     if (rc != 0) return tide__trainer_fail(tr, rc, "optimizer step %ld failed", tr->step);
     for (size_t i = 0; i < n; i++) w[i] -= a->start[i];

@@ -38,7 +38,7 @@ int tide__pto_optim_create(tide_trainer_t *tr, const tide_tensor_t *tensors, siz
   tr->pto = 1;
   tr->shard_counts = tide__calloc((size_t)n, sizeof *tr->shard_counts);
   if (tr->shard_counts == NULL) return TIDE_ENOMEM;
-  size_t total = tr->nparams + tr->nslots;
+  size_t total = tr->nparams + tr->monitor.nslots;
   for (int r = 0; r < n; r++) {
     size_t off, len;
     tide_block(total, n, r, &off, &len);
@@ -74,13 +74,13 @@ int tide__pto_reduces(const tide_trainer_t *tr) {
 
 int tide__pto_exchange(tide_trainer_t *tr) {
   float *slots = tr->exchange + tr->nparams;
-  int rc = tide_allreduce(tr->comm, slots, slots, tr->nslots, TIDE_F32, TIDE_SUM);
+  int rc = tide_allreduce(tr->comm, slots, slots, tr->monitor.nslots, TIDE_F32, TIDE_SUM);
   if (rc != 0) return tide__trainer_fail(tr, rc, "PTO: statistics allreduce: %s", tide_comm_last_error(tr->comm));
   /* Every rank sees a diverged loss and stops (tide_trainer_step says why). */
   if (!isfinite(slots[TIDE__SLOT_LOSS])) return 0;
   /* The statistics ride along (summed again in the last block, unused) so
    * that the blocks are the replicated allreduce's. */
-  rc = tide_reduce_scatter(tr->comm, tr->exchange, tr->shard_grad, tr->nparams + tr->nslots, TIDE_F32, TIDE_SUM);
+  rc = tide_reduce_scatter(tr->comm, tr->exchange, tr->shard_grad, tr->nparams + tr->monitor.nslots, TIDE_F32, TIDE_SUM);
   if (rc != 0) return tide__trainer_fail(tr, rc, "PTO: gradient reduce-scatter: %s", tide_comm_last_error(tr->comm));
   return 0;
 }

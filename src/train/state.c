@@ -60,14 +60,15 @@ int tide_trainer_state_get(const tide_trainer_t *tr, void *buf, size_t len) {
   }
   const float *residual = residual_of(tr, &residual_len);
   state_header_t h = {STATE_MAGIC, (uint32_t)tr->ntensors, tr->nparams, tr->config.dataset_size, tr->epoch,
-                      tr->position, tr->step, tr->config.base_batch, tr->progress, tr->prev_exchange_s,
-                      tr->prev_step_s, tr->batch, tr->accum, tr->exchange_kind, (int32_t)tr->npolicies, tr->gns,
+                      tr->position, tr->step, tr->config.base_batch, tr->progress, tr->monitor.prev_exchange_s,
+                      tr->monitor.prev_step_s, tr->batch, tr->accum, tr->exchange_kind, (int32_t)tr->npolicies,
+                      tr->monitor.gns,
                       tide_optim_state_size(tr->optim), residual_len, tide__kfac_state_floats(tr->kfac)};
   char *p = buf;
   memcpy(p, &h, sizeof h);
   p += sizeof h;
-  memcpy(p, tr->tensor_gns, tr->ntensors * sizeof *tr->tensor_gns);
-  p += tr->ntensors * sizeof *tr->tensor_gns;
+  memcpy(p, tr->monitor.tensor_gns, tr->ntensors * sizeof *tr->monitor.tensor_gns);
+  p += tr->ntensors * sizeof *tr->monitor.tensor_gns;
   for (size_t i = 0; i < tr->npolicies; i++) {
     uint64_t n = tr->policies[i].ops.state_size;
     memcpy(p, &n, sizeof n);
@@ -122,7 +123,7 @@ int tide_trainer_state_set(tide_trainer_t *tr, const void *buf, size_t len) {
     if (residual == NULL) return TIDE_ENOMEM;
     memcpy(residual, q + h.optim_bytes, h.residual_len * sizeof *residual);
   }
-  memcpy(tr->tensor_gns, p, tr->ntensors * sizeof *tr->tensor_gns);
+  memcpy(tr->monitor.tensor_gns, p, tr->ntensors * sizeof *tr->monitor.tensor_gns);
   tide__kfac_state_set(tr->kfac, kfac, h.kfac_len);
   q = policies;
   for (size_t i = 0; i < tr->npolicies; i++) {
@@ -136,11 +137,11 @@ int tide_trainer_state_set(tide_trainer_t *tr, const void *buf, size_t len) {
   tr->position = h.position;
   tr->step = h.step;
   tr->progress = h.progress;
-  tr->prev_exchange_s = h.prev_exchange_s;
-  tr->prev_step_s = h.prev_step_s;
+  tr->monitor.prev_exchange_s = h.prev_exchange_s;
+  tr->monitor.prev_step_s = h.prev_step_s;
   tr->batch = h.batch;
   tr->accum = h.accum;
-  tr->gns = h.gns;
+  tr->monitor.gns = h.gns;
   tr->in_step = 0;
   /* Exchanges are reopened (collectively) at the next step; the residual
    * waits for it. */

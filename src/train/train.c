@@ -111,10 +111,7 @@ void tide_trainer_destroy(tide_trainer_t *tr) {
   tide_optim_destroy(tr->optim);
   tide_sampler_destroy(tr->sampler);
   tide__free(tr->exchange);
-  tide__free(tr->tensor_sq);
-  tide__free(tr->tensor_gns);
-  tide__free(tr->times);
-  tide__free(tr->scratch);
+  tide__step_monitor_fini(&tr->monitor);
   tide__free(tr->pending_residual);
   tide__pto_close(tr);
   tide__free(tr);
@@ -148,7 +145,8 @@ int tide_trainer_create(tide_comm_t *comm, const tide_trainer_config_t *config, 
   tr->nodes = tide_comm_node_count(comm);
   if (tr->config.max_batch == 0) tr->config.max_batch = tr->config.batch;
   if (tr->config.base_batch == 0) tr->config.base_batch = (long)tr->config.batch * tr->ranks;
-  tr->nslots = TIDE__SLOT_TIMES + (size_t)tr->ranks + (config->tensor_stats ? (ntensors ? ntensors : 1) : 0);
+  TIDE_CHECK_GOTO(tide__step_monitor_init(&tr->monitor, tr->ranks, ntensors ? ntensors : 1, config->tensor_stats),
+                  rc, fail);
   /* The optimizer (a shard under PTO) checks the tiling and names a bad tensor. */
   TIDE_CHECK_GOTO(tide__pto_optim_create(tr, tensors, ntensors), rc, fail);
   tr->ntensors = ntensors ? ntensors : 1;
@@ -166,14 +164,8 @@ int tide_trainer_create(tide_comm_t *comm, const tide_trainer_config_t *config, 
   for (size_t t = 0; t < tr->ntensors; t++)
     if (tr->tensors[t].name == NULL) goto fail;
   TIDE_CHECK_GOTO(tide_sampler_create(config->dataset_size, config->seed, 0, 1, &tr->sampler), rc, fail);
-  tr->exchange = tide__malloc((nparams + tr->nslots) * sizeof *tr->exchange);
-  tr->tensor_sq = tide__calloc(tr->ntensors, sizeof *tr->tensor_sq);
-  tr->tensor_gns = tide__calloc(tr->ntensors, sizeof *tr->tensor_gns);
-  tr->times = tide__calloc((size_t)tr->ranks, sizeof *tr->times);
-  tr->scratch = tide__calloc((size_t)tr->ranks, sizeof *tr->scratch);
-  if (tr->exchange == NULL || tr->tensor_sq == NULL || tr->tensor_gns == NULL || tr->times == NULL ||
-      tr->scratch == NULL)
-    goto fail;
+  tr->exchange = tide__malloc((nparams + tr->monitor.nslots) * sizeof *tr->exchange);
+  if (tr->exchange == NULL) goto fail;
   plan(tr, (long)config->batch * tr->ranks);
   tr->exchange_kind = config->exchange;
   tr->total_progress = config->epochs * (double)config->dataset_size / (double)tr->config.base_batch;
@@ -298,10 +290,9 @@ int tide_trainer_next(tide_trainer_t *tr, tide_batch_t *batch) {
     tr->my_count = len;
     tr->micro = 0;
     tr->micro_count = tr->accum;
-    tr->sq_micro = tr->full_micro = tr->count = tr->loss_sum = tr->compute_s = 0;
+    tide__step_monitor_begin(&tr->monitor);
     tr->data_s = 0;
     tr->accumulated = 0;
-    memset(tr->tensor_sq, 0, tr->ntensors * sizeof *tr->tensor_sq);
     tr->in_step = 1;
   }
   size_t offset, len;
@@ -367,20 +358,15 @@ int tide_trainer_step(tide_trainer_t *tr, double loss, tide_step_stats_t *stats)
   if (!tr->in_step || !tr->micro_handed)
     return tide__trainer_fail(tr, TIDE_ESTATE, "tide_trainer_step without a micro-batch: call tide_trainer_next first");
   int64_t t0 = tide__now_ns();
-  tr->compute_s += (double)(t0 - tr->micro_start_ns) * 1e-9;
+  tr->monitor.compute_s += (double)(t0 - tr->micro_start_ns) * 1e-9;
   tr->micro_handed = 0;
   size_t c = tr->current_count;
   if (c > 0) {
     /* A non-finite loss is not fatal here: it travels in the loss slot, so
      * every rank sees it after the exchange and fails the same way. */
     int full = c == (size_t)tr->batch;
-    double sq = accumulate(tr, (float)c, full && tr->config.tensor_stats ? tr->tensor_sq : NULL);
-    if (full) {
-      tr->sq_micro += sq;
-      tr->full_micro += 1;
-    }
-    tr->count += (double)c;
-    tr->loss_sum += loss * (double)c;
+    double sq = accumulate(tr, (float)c, full && tr->config.tensor_stats ? tr->monitor.tensor_sq : NULL);
+    tide__step_monitor_micro(&tr->monitor, (double)c, loss, sq, full);
   }
   tide__kfac_micro_end(tr->kfac);
   tr->micro++;
@@ -393,18 +379,7 @@ int tide_trainer_step(tide_trainer_t *tr, double loss, tide_step_stats_t *stats)
   /* The exchange: gradient sum and statistics, summed over the ranks. */
   if (!tr->accumulated) memset(tr->exchange, 0, tr->nparams * sizeof *tr->exchange);
   float *slots = tr->exchange + tr->nparams;
-  memset(slots, 0, tr->nslots * sizeof *slots);
-  slots[TIDE__SLOT_COUNT] = (float)tr->count;
-  slots[TIDE__SLOT_LOSS] = (float)tr->loss_sum;
-  slots[TIDE__SLOT_SQ_MICRO] = (float)tr->sq_micro;
-  slots[TIDE__SLOT_FULL_MICRO] = (float)tr->full_micro;
-  slots[TIDE__SLOT_EXCHANGE_S] = (float)tr->prev_exchange_s;
-  slots[TIDE__SLOT_STEP_S] = (float)tr->prev_step_s;
-  if (tr->multiplex != NULL) slots[TIDE__SLOT_GUARD] = tide__multiplex_vote(tr);
-  slots[TIDE__SLOT_TIMES + tr->rank] = (float)tr->compute_s;
-  float *tensor_slots = slots + TIDE__SLOT_TIMES + tr->ranks;
-  if (tr->config.tensor_stats)
-    for (size_t t = 0; t < tr->ntensors; t++) tensor_slots[t] = (float)tr->tensor_sq[t];
+  tide__step_monitor_pack(&tr->monitor, slots, tr->rank, tr->multiplex != NULL ? tide__multiplex_vote(tr) : 0);
   const tide__exchange_ops_t *ops = &tide__exchanges[tr->exchange_kind];
   void *state = NULL;
   TIDE_CHECK(exchange_state(tr, &state));
@@ -423,36 +398,17 @@ int tide_trainer_step(tide_trainer_t *tr, double loss, tide_step_stats_t *stats)
   /* An exchange that combines updates leaves this rank's own gradient sum,
    * whose mean the rank's optimizer steps on: no |G_big|^2 for the monitor. */
   int combined = ops->update != NULL;
-  double own = combined ? tr->count : total, sq_big;
+  double own = combined ? tr->monitor.count : total, sq_big;
   if (tide__pto_reduces(tr))
-    TIDE_CHECK(tide__pto_average(tr, (float)(1.0 / total), tr->config.tensor_stats ? tr->tensor_sq : NULL, &sq_big));
+    TIDE_CHECK(tide__pto_average(tr, (float)(1.0 / total), tr->config.tensor_stats ? tr->monitor.tensor_sq : NULL, &sq_big));
   else
-    sq_big = average(tr, own > 0 ? (float)(1.0 / own) : 0.0f, tr->config.tensor_stats ? tr->tensor_sq : NULL);
+    sq_big = average(tr, own > 0 ? (float)(1.0 / own) : 0.0f, tr->config.tensor_stats ? tr->monitor.tensor_sq : NULL);
   tide_step_stats_t *s = &tr->stats;
   double base = (double)tr->config.base_batch, scale = total / base;
-  double micro_total = slots[TIDE__SLOT_FULL_MICRO], keep = pow(tr->config.gns_decay, scale);
-  if (!combined && micro_total >= 2 && micro_total == (double)tr->ranks * tr->accum) {
-    tide__gns_update(&tr->gns, tr->batch, micro_total, slots[TIDE__SLOT_SQ_MICRO] / micro_total, sq_big, keep);
-    if (tr->config.tensor_stats)
-      for (size_t t = 0; t < tr->ntensors; t++)
-        tide__gns_update(&tr->tensor_gns[t], tr->batch, micro_total, tensor_slots[t] / micro_total,
-                         tr->tensor_sq[t], keep);
-  }
-  for (int r = 0; r < tr->ranks; r++) tr->times[r] = slots[TIDE__SLOT_TIMES + r];
-  tide__spread(tr->times, tr->ranks, tr->scratch, &s->compute_min_s, &s->compute_median_s, &s->compute_max_s,
-               &s->slowest_rank);
-  s->comm_share = slots[TIDE__SLOT_STEP_S] > 0 ? slots[TIDE__SLOT_EXCHANGE_S] / slots[TIDE__SLOT_STEP_S] : NAN;
-  s->mean_step_s = slots[TIDE__SLOT_STEP_S] / tr->ranks;
-  s->global_batch = (long)total;
-  s->loss = slots[TIDE__SLOT_LOSS] / total;
-  s->scale = scale;
-  s->grad_sq = tide__gns_grad_sq(&tr->gns);
-  s->trace_sigma = tide__gns_trace_sigma(&tr->gns);
-  s->noise_scale = tide__gns_noise_scale(&tr->gns);
-  s->gain_ratio = isnan(s->grad_sq) ? 1.0 : tide_adascale_gain(s->trace_sigma / base, s->grad_sq, scale < 1 ? 1 : scale);
+  tide__step_read_t read = {sq_big, combined, tr->batch, tr->accum, base, tr->config.gns_decay};
+  tide__step_monitor_read(&tr->monitor, slots, &read, s);
   s->epoch = tr->epoch;
   s->exchange = tr->exchange_kind;
-  s->compute_s = tr->compute_s;
   s->data_s = tr->data_s;
   s->exchange_s = (double)(t2 - t1) * 1e-9;
 
@@ -495,8 +451,7 @@ int tide_trainer_step(tide_trainer_t *tr, double loss, tide_step_stats_t *stats)
   s->exchange_s += gather_s;
   s->step_s = (double)(t3 - tr->last_step_end_ns) * 1e-9;
   s->throughput = s->step_s > 0 ? total / s->step_s : NAN;
-  tr->prev_exchange_s = s->exchange_s;
-  tr->prev_step_s = s->step_s;
+  tide__step_monitor_end(&tr->monitor, s->exchange_s, s->step_s);
   tr->last_step_end_ns = t3;
   if (tr->multiplex != NULL) tide__multiplex_step_end(tr);
   if (s->epoch_end) {
@@ -536,8 +491,8 @@ int tide_trainer_tensor_stats(const tide_trainer_t *tr, size_t tensor, double *g
     TIDE_ERROR("tide_trainer_tensor_stats: tensor %zu out of range (the trainer has %zu)", tensor, tr->ntensors);
     return TIDE_EINVAL;
   }
-  if (grad_sq != NULL) *grad_sq = tide__gns_grad_sq(&tr->tensor_gns[tensor]);
-  if (trace_sigma != NULL) *trace_sigma = tide__gns_trace_sigma(&tr->tensor_gns[tensor]);
+  if (grad_sq != NULL) *grad_sq = tide__gns_grad_sq(&tr->monitor.tensor_gns[tensor]);
+  if (trace_sigma != NULL) *trace_sigma = tide__gns_trace_sigma(&tr->monitor.tensor_gns[tensor]);
   return 0;
 }
 

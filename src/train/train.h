@@ -4,24 +4,8 @@
 #define TIDE_TRAIN_H
 
 #include "core/core.h"
-#include "monitor/monitor.h"
+#include "monitor/step.h"
 #include "policy/policy.h"
-
-/* Slots of the statistics that travel with the gradient (floats after the
- * nparams gradient entries of the exchange buffer), summed over ranks:
- * rank r writes its own compute time at TIMES + r and 0 elsewhere, so the
- * sum hands every rank everyone's. Per-tensor squared norms follow the
- * times when config.tensor_stats is set. */
-enum {
-  TIDE__SLOT_COUNT = 0,   /* samples */
-  TIDE__SLOT_LOSS,        /* loss * samples */
-  TIDE__SLOT_SQ_MICRO,    /* sum of |g_i|^2 over full micro-batches */
-  TIDE__SLOT_FULL_MICRO,  /* number of full micro-batches */
-  TIDE__SLOT_EXCHANGE_S,  /* previous step's exchange time */
-  TIDE__SLOT_STEP_S,      /* previous step's wall time */
-  TIDE__SLOT_GUARD,       /* a background job's rank 0: 1 to pause at the next boundary */
-  TIDE__SLOT_TIMES        /* ranks entries, then ntensors */
-};
 
 /* One way of exchanging the step's gradient. run sums tr->exchange over the
  * ranks in place: [0, nparams) the gradient (exactly or compressed with
@@ -92,25 +76,18 @@ struct tide_trainer {
   int micro_handed; /* next gave a micro-batch that step has not taken yet */
   int64_t micro_start_ns;
 
-  /* [gradient sum (nparams) | statistics slots (nslots)]. */
+  /* [gradient sum (nparams) | statistics slots (monitor.nslots)]. */
   float *exchange;
-  size_t nslots;
   int accumulated; /* the exchange buffer holds this step's sum so far */
-  double sq_micro, full_micro, count, loss_sum;
-  double *tensor_sq; /* this step's per-tensor sums of |g_i|^2 */
-  double compute_s;
   double data_s; /* this step's wait for data (tide_trainer_data_wait) */
+  tide__step_monitor_t monitor; /* the step's statistics (src/monitor/step.c) */
 
   tide_exchange_t exchange_kind;
   void *exchange_state[TIDE_EXCHANGE_COUNT];
   float *pending_residual; /* restored, applied when the exchange opens */
   size_t pending_len;
 
-  tide__gns_t gns;
-  tide__gns_t *tensor_gns;
-  double prev_exchange_s, prev_step_s;
   int64_t last_step_end_ns;
-  double *times, *scratch;
 
   long step;
   double progress, total_progress;
