@@ -172,11 +172,7 @@ static int resize(tide_trainer_t *tr, int size, int exclude, int failed) {
   tr->in_step = 0;
   tr->micro_handed = 0;
   tr->accumulated = 0;
-  for (int k = 0; k < TIDE_EXCHANGE_COUNT; k++)
-    if (tr->exchange_state[k] != NULL) {
-      tide__exchanges[k].close(tr->exchange_state[k]);
-      tr->exchange_state[k] = NULL;
-    }
+  tide__exchange_close_all(tr);
   if (tr->config.pto) TIDE_CHECK(gather_pto_state(tr));
   long planned = (long)tr->ranks * tr->batch * tr->accum;
   tide_comm_t *next = NULL;

@@ -145,11 +145,7 @@ int tide_trainer_state_set(tide_trainer_t *tr, const void *buf, size_t len) {
   tr->in_step = 0;
   /* Exchanges are reopened (collectively) at the next step; the residual
    * waits for it. */
-  for (int k = 0; k < TIDE_EXCHANGE_COUNT; k++)
-    if (tr->exchange_state[k] != NULL) {
-      tide__exchanges[k].close(tr->exchange_state[k]);
-      tr->exchange_state[k] = NULL;
-    }
+  tide__exchange_close_all(tr);
   tr->exchange_kind = (tide_exchange_t)h.exchange;
   tide__free(tr->pending_residual);
   tr->pending_residual = residual;

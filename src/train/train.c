@@ -102,8 +102,7 @@ void tide_trainer_destroy(tide_trainer_t *tr) {
   for (size_t i = 0; i < tr->npolicies; i++)
     if (tr->policies[i].ops.destroy != NULL) tr->policies[i].ops.destroy(tr->policies[i].state);
   tide__free(tr->policies);
-  for (int k = 0; k < TIDE_EXCHANGE_COUNT; k++)
-    if (tr->exchange_state[k] != NULL) tide__exchanges[k].close(tr->exchange_state[k]);
+  tide__exchange_close_all(tr);
   if (tr->tensors != NULL)
     for (size_t t = 0; t < tr->ntensors; t++) tide__free((char *)tr->tensors[t].name);
   tide__free(tr->tensors);
@@ -322,43 +321,10 @@ static double accumulate(tide_trainer_t *tr, float count, double *tensor_sq) {
   return total;
 }
 
-/* Divides the summed gradient by the sample count, giving the mean the
- * optimizer applies, and returns its squared norm (per tensor too). */
-static double average(tide_trainer_t *tr, float inv, double *tensor_sq) {
-  double total = 0;
-  for (size_t t = 0; t < tr->ntensors; t++) {
-    double sq = tide__scale_in_place(tr->exchange + tr->tensors[t].offset, tr->tensors[t].count, inv);
-    if (tensor_sq != NULL) tensor_sq[t] = sq;
-    total += sq;
-  }
-  return total;
-}
-
-static int exchange_state(tide_trainer_t *tr, void **state) {
-  tide_exchange_t k = tr->exchange_kind;
-  if (tr->exchange_state[k] == NULL) {
-    TIDE_CHECK(tide__exchanges[k].open(tr, &tr->exchange_state[k]));
-    tide_compressor_t *c = tide__exchanges[k].compressor(tr->exchange_state[k]);
-    if (c != NULL && tr->pending_residual != NULL) {
-      int rc = tide_compressor_set_residual(c, tr->pending_residual, tr->pending_len);
-      tide__free(tr->pending_residual);
-      tr->pending_residual = NULL;
-      if (rc != 0) return tide__trainer_fail(tr, rc, "the restored residual does not fit this exchange");
-    }
-  }
-  *state = tr->exchange_state[k];
-  return 0;
-}
-
-int tide_trainer_step(tide_trainer_t *tr, double loss, tide_step_stats_t *stats) {
-  if (tr == NULL) {
-    TIDE_ERROR("tide_trainer_step: trainer must not be NULL");
-    return TIDE_EINVAL;
-  }
-  if (!tr->in_step || !tr->micro_handed)
-    return tide__trainer_fail(tr, TIDE_ESTATE, "tide_trainer_step without a micro-batch: call tide_trainer_next first");
-  int64_t t0 = tide__now_ns();
-  tr->monitor.compute_s += (double)(t0 - tr->micro_start_ns) * 1e-9;
+/* The micro-batch just computed: its gradient into the sum, its figures to
+ * the monitor. */
+static void add_micro(tide_trainer_t *tr, double loss) {
+  tr->monitor.compute_s += (double)(tide__now_ns() - tr->micro_start_ns) * 1e-9;
   tr->micro_handed = 0;
   size_t c = tr->current_count;
   if (c > 0) {
@@ -370,24 +336,27 @@ int tide_trainer_step(tide_trainer_t *tr, double loss, tide_step_stats_t *stats)
   }
   tide__kfac_micro_end(tr->kfac);
   tr->micro++;
-  if (tr->micro < tr->micro_count) {
-    tr->stats.stepped = 0;
-    if (stats != NULL) *stats = tr->stats;
-    return 0;
+}
+
+/* The row's state, opened when the row first runs; a restored residual
+ * goes to the first row with a compressor. */
+static int row_state(tide_trainer_t *tr, int row, void **state) {
+  if (tr->exchange_state[row] == NULL) {
+    TIDE_CHECK(tide__exchanges[row].open(tr, &tr->exchange_state[row]));
+    tide_compressor_t *c = tide__exchanges[row].compressor(tr->exchange_state[row]);
+    if (c != NULL && tr->pending_residual != NULL) {
+      int rc = tide_compressor_set_residual(c, tr->pending_residual, tr->pending_len);
+      tide__free(tr->pending_residual);
+      tr->pending_residual = NULL;
+      if (rc != 0) return tide__trainer_fail(tr, rc, "the restored residual does not fit this exchange");
+    }
   }
+  *state = tr->exchange_state[row];
+  return 0;
+}
 
-  /* The exchange: gradient sum and statistics, summed over the ranks. */
-  if (!tr->accumulated) memset(tr->exchange, 0, tr->nparams * sizeof *tr->exchange);
-  float *slots = tr->exchange + tr->nparams;
-  tide__step_monitor_pack(&tr->monitor, slots, tr->rank, tr->multiplex != NULL ? tide__multiplex_vote(tr) : 0);
-  const tide__exchange_ops_t *ops = &tide__exchanges[tr->exchange_kind];
-  void *state = NULL;
-  TIDE_CHECK(exchange_state(tr, &state));
-  int64_t t1 = tide__now_ns();
-  TIDE_CHECK(tide__pto_reduces(tr) ? tide__pto_exchange(tr) : ops->run(tr, state));
-  int64_t t2 = tide__now_ns();
-
-  /* Statistics. */
+/* The exchange's sums, checked the same way on every rank. */
+static int check_sums(tide_trainer_t *tr, const float *slots) {
   if (tr->multiplex != NULL) tide__multiplex_voted(tr, slots[TIDE__SLOT_GUARD]);
   double total = slots[TIDE__SLOT_COUNT];
   if (!(total > 0))
@@ -395,45 +364,14 @@ int tide_trainer_step(tide_trainer_t *tr, double loss, tide_step_stats_t *stats)
   if (!isfinite(slots[TIDE__SLOT_LOSS]))
     return tide__trainer_fail(tr, TIDE_EINVAL, "step %ld: the loss is %g on some rank: the model diverged (lower the "
                               "learning rate)", tr->step, (double)slots[TIDE__SLOT_LOSS]);
-  /* An exchange that combines updates leaves this rank's own gradient sum,
-   * whose mean the rank's optimizer steps on: no |G_big|^2 for the monitor. */
-  int combined = ops->update != NULL;
-  double own = combined ? tr->monitor.count : total, sq_big;
-  if (tide__pto_reduces(tr))
-    TIDE_CHECK(tide__pto_average(tr, (float)(1.0 / total), tr->config.tensor_stats ? tr->monitor.tensor_sq : NULL, &sq_big));
-  else
-    sq_big = average(tr, own > 0 ? (float)(1.0 / own) : 0.0f, tr->config.tensor_stats ? tr->monitor.tensor_sq : NULL);
-  tide_step_stats_t *s = &tr->stats;
-  double base = (double)tr->config.base_batch, scale = total / base;
-  tide__step_read_t read = {sq_big, combined, tr->batch, tr->accum, base, tr->config.gns_decay};
-  tide__step_monitor_read(&tr->monitor, slots, &read, s);
-  s->epoch = tr->epoch;
-  s->exchange = tr->exchange_kind;
-  s->data_s = tr->data_s;
-  s->exchange_s = (double)(t2 - t1) * 1e-9;
+  return 0;
+}
 
-  /* Policies, then the update. */
-  tide_decision_t d = unchanged();
-  TIDE_CHECK(run_hooks(tr, HOOK_BEFORE_UPDATE, &d));
-  TIDE_CHECK(apply(tr, &d));
-  s->lr_factor = d.lr_factor > 0 ? d.lr_factor : 1.0;
-  s->gain = d.gain > 0 ? d.gain : scale;
-  s->lr = (double)tide_lr_at(&tr->config.schedule, (long)floor(tr->progress)) * s->lr_factor;
-  double gather_s = 0;
-  s->kfac_s = 0;
-  if (combined) {
-    TIDE_CHECK(ops->update(tr, state, (float)s->lr));
-  } else {
-    /* K-FAC preconditions the whole averaged gradient in place, then the
-     * optimizer runs, on this rank's shard under PTO. */
-    if (tr->kfac != NULL) TIDE_CHECK(tide__kfac_run(tr, (float)s->lr, &s->kfac_s));
-    if (tr->pto) {
-      TIDE_CHECK(tide__pto_update(tr, (float)s->lr, &gather_s));
-    } else {
-      int rc = tide_optim_step(tr->optim, tr->params, tr->exchange, (float)s->lr);
-      if (rc != 0) return tide__trainer_fail(tr, rc, "optimizer step %ld failed", tr->step);
-    }
-  }
+/* After the update: progress, the step's times, the epoch's end. t1..t2
+ * was the reduce, comm_s the communication inside the update (adasum's
+ * combine, PTO's all-gather), both counted as exchange. */
+static int finish(tide_trainer_t *tr, double total, int64_t t1, int64_t t2, double comm_s) {
+  tide_step_stats_t *s = &tr->stats;
   tr->progress += s->gain;
   tr->step++;
   tr->position += tr->step_count;
@@ -442,26 +380,73 @@ int tide_trainer_step(tide_trainer_t *tr, double loss, tide_step_stats_t *stats)
   s->stepped = 1;
   s->step = tr->step;
   s->progress = tr->progress;
-  s->epochs_done = tr->progress * base / (double)tr->config.dataset_size;
+  s->epochs_done = tr->progress * (double)tr->config.base_batch / (double)tr->config.dataset_size;
   s->done = tr->progress >= tr->total_progress;
   s->epoch_end = tr->position >= tr->config.dataset_size;
-  /* Communication inside the update counts as exchange: adasum's combine
-   * (update adds it to exchange_s) and PTO's parameter all-gather. */
-  s->optim_s = (double)(t3 - t2) * 1e-9 - gather_s - (s->exchange_s - (double)(t2 - t1) * 1e-9);
-  s->exchange_s += gather_s;
+  s->exchange_s = (double)(t2 - t1) * 1e-9 + comm_s;
+  s->optim_s = (double)(t3 - t2) * 1e-9 - comm_s;
   s->step_s = (double)(t3 - tr->last_step_end_ns) * 1e-9;
   s->throughput = s->step_s > 0 ? total / s->step_s : NAN;
   tide__step_monitor_end(&tr->monitor, s->exchange_s, s->step_s);
   tr->last_step_end_ns = t3;
   if (tr->multiplex != NULL) tide__multiplex_step_end(tr);
-  if (s->epoch_end) {
-    d = unchanged();
-    TIDE_CHECK(run_hooks(tr, HOOK_AFTER_EPOCH, &d));
-    TIDE_CHECK(apply(tr, &d));
-    tr->epoch++;
-    tr->position = 0;
-    TIDE_CHECK(tide_sampler_set_epoch(tr->sampler, tr->epoch));
+  if (!s->epoch_end) return 0;
+  tide_decision_t d = unchanged();
+  TIDE_CHECK(run_hooks(tr, HOOK_AFTER_EPOCH, &d));
+  TIDE_CHECK(apply(tr, &d));
+  tr->epoch++;
+  tr->position = 0;
+  return tide_sampler_set_epoch(tr->sampler, tr->epoch);
+}
+
+/* One micro-batch; after the step's last, the exchange through one row of
+ * the table (reduce, average, update), the statistics and the policies. */
+int tide_trainer_step(tide_trainer_t *tr, double loss, tide_step_stats_t *stats) {
+  if (tr == NULL) {
+    TIDE_ERROR("tide_trainer_step: trainer must not be NULL");
+    return TIDE_EINVAL;
   }
+  if (!tr->in_step || !tr->micro_handed)
+    return tide__trainer_fail(tr, TIDE_ESTATE, "tide_trainer_step without a micro-batch: call tide_trainer_next first");
+  add_micro(tr, loss);
+  tide_step_stats_t *s = &tr->stats;
+  if (tr->micro < tr->micro_count) {
+    s->stepped = 0;
+    if (stats != NULL) *stats = *s;
+    return 0;
+  }
+  /* The exchange: gradient sum and statistics, summed over the ranks. */
+  if (!tr->accumulated) memset(tr->exchange, 0, tr->nparams * sizeof *tr->exchange);
+  float *slots = tr->exchange + tr->nparams;
+  tide__step_monitor_pack(&tr->monitor, slots, tr->rank, tr->multiplex != NULL ? tide__multiplex_vote(tr) : 0);
+  int row = tide__exchange_row(tr);
+  const tide__exchange_ops_t *ops = &tide__exchanges[row];
+  void *state = NULL;
+  TIDE_CHECK(row_state(tr, row, &state));
+  int64_t t1 = tide__now_ns();
+  TIDE_CHECK(ops->reduce(tr, state));
+  int64_t t2 = tide__now_ns();
+  TIDE_CHECK(check_sums(tr, slots));
+  double total = slots[TIDE__SLOT_COUNT], base = (double)tr->config.base_batch;
+  tide__mean_t mean;
+  TIDE_CHECK(ops->average(tr, state, total, &mean));
+  tide__step_read_t read = {mean.sq, mean.own, tr->batch, tr->accum, base, tr->config.gns_decay};
+  tide__step_monitor_read(&tr->monitor, slots, &read, s);
+  s->epoch = tr->epoch;
+  s->exchange = tr->exchange_kind;
+  s->data_s = tr->data_s;
+  s->exchange_s = (double)(t2 - t1) * 1e-9;
+  /* Policies, then the update. */
+  tide_decision_t d = unchanged();
+  TIDE_CHECK(run_hooks(tr, HOOK_BEFORE_UPDATE, &d));
+  TIDE_CHECK(apply(tr, &d));
+  s->lr_factor = d.lr_factor > 0 ? d.lr_factor : 1.0;
+  s->gain = d.gain > 0 ? d.gain : s->scale;
+  s->lr = (double)tide_lr_at(&tr->config.schedule, (long)floor(tr->progress)) * s->lr_factor;
+  tide__update_t done = {0, 0};
+  TIDE_CHECK(ops->update(tr, state, &mean, (float)s->lr, &done));
+  s->kfac_s = done.kfac_s;
+  TIDE_CHECK(finish(tr, total, t1, t2, done.comm_s));
   if (stats != NULL) *stats = *s;
   return 0;
 }
