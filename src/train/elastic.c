@@ -79,15 +79,10 @@ static int rebind(tide_trainer_t *tr) {
   tr->rank = tide_comm_rank(tr->comm);
   tr->ranks = tide_comm_size(tr->comm);
   tr->nodes = tide_comm_node_count(tr->comm);
-  tr->nslots = TIDE__SLOT_TIMES + (size_t)tr->ranks + (tr->config.tensor_stats ? tr->ntensors : 0);
-  float *exchange = tide__realloc(tr->exchange, (tr->nparams + tr->nslots) * sizeof *exchange);
+  TIDE_CHECK(tide__step_monitor_resize(&tr->monitor, tr->ranks));
+  float *exchange = tide__realloc(tr->exchange, (tr->nparams + tr->monitor.nslots) * sizeof *exchange);
   if (exchange == NULL) return TIDE_ENOMEM;
   tr->exchange = exchange;
-  tide__free(tr->times);
-  tide__free(tr->scratch);
-  tr->times = tide__calloc((size_t)tr->ranks, sizeof *tr->times);
-  tr->scratch = tide__calloc((size_t)tr->ranks, sizeof *tr->scratch);
-  if (tr->times == NULL || tr->scratch == NULL) return TIDE_ENOMEM;
   tr->stats.ranks = tr->ranks;
   tr->stats.nodes = tr->nodes;
   return reset_ranks(tr);
@@ -177,11 +172,7 @@ static int resize(tide_trainer_t *tr, int size, int exclude, int failed) {
   tr->in_step = 0;
   tr->micro_handed = 0;
   tr->accumulated = 0;
-  for (int k = 0; k < TIDE_EXCHANGE_COUNT; k++)
-    if (tr->exchange_state[k] != NULL) {
-      tide__exchanges[k].close(tr->exchange_state[k]);
-      tr->exchange_state[k] = NULL;
-    }
+  tide__exchange_close_all(tr);
   if (tr->config.pto) TIDE_CHECK(gather_pto_state(tr));
   long planned = (long)tr->ranks * tr->batch * tr->accum;
   tide_comm_t *next = NULL;
@@ -210,12 +201,8 @@ static int watch_stragglers(tide_trainer_t *tr) {
   if (e->mode == STRAGGLER_OFF || tr->ranks < 3 || tr->step <= e->watch_from) return -1;
   double median = tr->stats.compute_median_s;
   if (!(median > 0)) return -1;
-  int worst = -1;
-  for (int r = 0; r < tr->ranks; r++) {
-    double t = tr->times[r], ratio = t > 0 ? median / t : 1;
-    e->ewma[r] = (1 - STRAGGLER_ALPHA) * e->ewma[r] + STRAGGLER_ALPHA * ratio;
-    if (r != 0 && e->ewma[r] < STRAGGLER_THRESHOLD && (worst < 0 || e->ewma[r] < e->ewma[worst])) worst = r;
-  }
+  int worst = tide__straggler_update(e->ewma, tr->monitor.times, tr->ranks, median, STRAGGLER_ALPHA,
+                                     STRAGGLER_THRESHOLD);
   if (worst >= 0 && e->straggler != worst) {
     e->straggler = worst;
     TIDE_WARN("elastic: rank %d is a straggler at step %ld: its compute runs at %.2f of the median rank's speed "

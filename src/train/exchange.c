@@ -1,14 +1,51 @@
-/* The table of gradient exchanges the trainer picks from (one row each).
- * Each sums the exchange buffer [gradient | statistics] over the ranks:
- * dense in one allreduce; the sparse ones send the gradient as top-k pairs
- * with error feedback and the few statistics in a small allreduce beside
- * it. adasum combines the ranks' parameter updates instead of their
- * gradients. */
+/* The table of gradient exchanges the trainer picks from (one row each,
+ * train.h says what a row owns). Each sums the exchange buffer
+ * [gradient | statistics] over the ranks: dense in one allreduce; the
+ * sparse ones send the gradient as top-k pairs with error feedback and the
+ * few statistics in a small allreduce beside it. adasum combines the ranks'
+ * parameter updates instead of their gradients. PTO's reduce-scatter is
+ * the last row (pto.c). */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/simd.h"
 #include "train/train.h"
+
+void tide__exchange_average(tide_trainer_t *tr, float inv, tide__mean_t *mean) {
+  double *tensor_sq = tr->config.tensor_stats ? tr->monitor.tensor_sq : NULL, total = 0;
+  for (size_t t = 0; t < tr->ntensors; t++) {
+    double sq = tide__scale_in_place(tr->exchange + tr->tensors[t].offset, tr->tensors[t].count, inv);
+    if (tensor_sq != NULL) tensor_sq[t] = sq;
+    total += sq;
+  }
+  *mean = (tide__mean_t){tr->exchange + tr->shard_offset, total, 0};
+}
+
+/* The rows that sum the whole gradient. */
+static int sum_average(tide_trainer_t *tr, void *state, double total, tide__mean_t *mean) {
+  (void)state;
+  tide__exchange_average(tr, (float)(1.0 / total), mean);
+  return 0;
+}
+
+int tide__exchange_update(tide_trainer_t *tr, void *state, const tide__mean_t *mean, float lr, tide__update_t *out) {
+  (void)state;
+  if (tr->kfac != NULL) TIDE_CHECK(tide__kfac_run(tr, lr, &out->kfac_s));
+  int rc = tide_optim_step(tr->optim, tr->params + tr->shard_offset, mean->grad, lr);
+  if (rc != 0)
+    return tide__trainer_fail(tr, rc, tr->pto ? "optimizer step %ld failed on this rank's shard"
+                                              : "optimizer step %ld failed", tr->step);
+  return tr->pto ? tide__pto_gather_params(tr, &out->comm_s) : 0;
+}
+
+void tide__exchange_close_all(tide_trainer_t *tr) {
+  for (int k = 0; k < TIDE__EXCHANGE_ROWS; k++)
+    if (tr->exchange_state[k] != NULL) {
+      tide__exchanges[k].close(tr->exchange_state[k]);
+      tr->exchange_state[k] = NULL;
+    }
+}
 
 static int dense_open(tide_trainer_t *tr, void **state) {
   (void)tr;
@@ -18,7 +55,8 @@ static int dense_open(tide_trainer_t *tr, void **state) {
 
 static int dense_run(tide_trainer_t *tr, void *state) {
   (void)state;
-  int rc = tide_allreduce(tr->comm, tr->exchange, tr->exchange, tr->nparams + tr->nslots, TIDE_F32, TIDE_SUM);
+  size_t count = tr->nparams + tr->monitor.nslots;
+  int rc = tide_allreduce(tr->comm, tr->exchange, tr->exchange, count, TIDE_F32, TIDE_SUM);
   if (rc != 0) return tide__trainer_fail(tr, rc, "gradient allreduce: %s", tide_comm_last_error(tr->comm));
   return 0;
 }
@@ -91,8 +129,8 @@ static int hitopk_open(tide_trainer_t *tr, void **state) { return sparse_open(tr
 
 /* The statistics alone, for the exchanges that send the gradient otherwise. */
 static int statistics_run(tide_trainer_t *tr) {
-  int rc = tide_allreduce(tr->comm, tr->exchange + tr->nparams, tr->exchange + tr->nparams, tr->nslots, TIDE_F32,
-                          TIDE_SUM);
+  float *slots = tr->exchange + tr->nparams;
+  int rc = tide_allreduce(tr->comm, slots, slots, tr->monitor.nslots, TIDE_F32, TIDE_SUM);
   if (rc != 0) return tide__trainer_fail(tr, rc, "statistics allreduce: %s", tide_comm_last_error(tr->comm));
   return 0;
 }
@@ -150,19 +188,29 @@ static void adasum_close(void *state) {
   tide__free(a);
 }
 
-static int adasum_run(tide_trainer_t *tr, void *state) {
+static int adasum_reduce(tide_trainer_t *tr, void *state) {
   (void)state;
   return statistics_run(tr);
 }
 
-static int adasum_update(tide_trainer_t *tr, void *state, float lr) {
+/* This rank's own mean: its optimizer steps on it. */
+static int adasum_average(tide_trainer_t *tr, void *state, double total, tide__mean_t *mean) {
+  (void)state;
+  (void)total;
+  double own = tr->monitor.count;
+  tide__exchange_average(tr, own > 0 ? (float)(1.0 / own) : 0.0f, mean);
+  mean->own = 1;
+  return 0;
+}
+
+/* The default update from the shared start, then the changes combined. */
+static int adasum_update(tide_trainer_t *tr, void *state, const tide__mean_t *mean, float lr, tide__update_t *out) {
   adasum_t *a = state;
   float *w = tr->params;
   size_t n = tr->nparams;
   memcpy(a->start, w, n * sizeof *w);
-  if (tr->count > 0) {
-    int rc = tide_optim_step(tr->optim, w, tr->exchange, lr);
-    if (rc != 0) return tide__trainer_fail(tr, rc, "optimizer step %ld failed", tr->step);
+  if (tr->monitor.count > 0) {
+    TIDE_CHECK(tide__exchange_update(tr, NULL, mean, lr, out));
     for (size_t i = 0; i < n; i++) w[i] -= a->start[i];
   } else {
     memset(w, 0, n * sizeof *w); /* no samples this step: no change to add */
@@ -170,14 +218,18 @@ static int adasum_update(tide_trainer_t *tr, void *state, float lr) {
   int64_t t0 = tide__now_ns();
   int rc = tide_adasum_allreduce(tr->comm, w, w, n, TIDE_F32, tr->tensors, tr->ntensors);
   if (rc != 0) return tide__trainer_fail(tr, rc, "Adasum allreduce: %s", tide_comm_last_error(tr->comm));
-  tr->stats.exchange_s += (double)(tide__now_ns() - t0) * 1e-9; /* the step's communication */
+  out->comm_s += (double)(tide__now_ns() - t0) * 1e-9;
   for (size_t i = 0; i < n; i++) w[i] += a->start[i];
   return 0;
 }
 
-const tide__exchange_ops_t tide__exchanges[TIDE_EXCHANGE_COUNT] = {
-    [TIDE_EXCHANGE_DENSE] = {"dense", dense_open, dense_run, dense_close, no_compressor, NULL},
-    [TIDE_EXCHANGE_TOPK] = {"topk", topk_open, sparse_run, sparse_close, sparse_compressor, NULL},
-    [TIDE_EXCHANGE_HITOPK] = {"hitopk", hitopk_open, sparse_run, sparse_close, sparse_compressor, NULL},
-    [TIDE_EXCHANGE_ADASUM] = {"adasum", adasum_open, adasum_run, adasum_close, no_compressor, adasum_update},
+#define UPDATE tide__exchange_update
+const tide__exchange_ops_t tide__exchanges[TIDE__EXCHANGE_ROWS] = {
+    [TIDE_EXCHANGE_DENSE] = {"dense", dense_open, dense_run, sum_average, UPDATE, dense_close, no_compressor},
+    [TIDE_EXCHANGE_TOPK] = {"topk", topk_open, sparse_run, sum_average, UPDATE, sparse_close, sparse_compressor},
+    [TIDE_EXCHANGE_HITOPK] = {"hitopk", hitopk_open, sparse_run, sum_average, UPDATE, sparse_close, sparse_compressor},
+    [TIDE_EXCHANGE_ADASUM] = {"adasum", adasum_open, adasum_reduce, adasum_average, adasum_update, adasum_close,
+                              no_compressor},
+    [TIDE__EXCHANGE_PTO] = {"pto", tide__pto_open, tide__pto_reduce, tide__pto_average, UPDATE, tide__pto_row_close,
+                            no_compressor},
 };

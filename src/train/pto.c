@@ -14,6 +14,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "core/simd.h"
 #include "train/train.h"
 
 int tide__pto_supports(int exchange) {
@@ -37,7 +38,7 @@ int tide__pto_optim_create(tide_trainer_t *tr, const tide_tensor_t *tensors, siz
   tr->pto = 1;
   tr->shard_counts = tide__calloc((size_t)n, sizeof *tr->shard_counts);
   if (tr->shard_counts == NULL) return TIDE_ENOMEM;
-  size_t total = tr->nparams + tr->nslots;
+  size_t total = tr->nparams + tr->monitor.nslots;
   for (int r = 0; r < n; r++) {
     size_t off, len;
     tide_block(total, n, r, &off, &len);
@@ -49,69 +50,93 @@ int tide__pto_optim_create(tide_trainer_t *tr, const tide_tensor_t *tensors, siz
       tr->block_len = len;
     }
   }
-  tr->shard_grad = tide__malloc((tr->block_len ? tr->block_len : 1) * sizeof *tr->shard_grad);
-  tr->shard_sq = tide__calloc(ntensors ? ntensors : 1, sizeof *tr->shard_sq);
-  if (tr->shard_grad == NULL || tr->shard_sq == NULL) return TIDE_ENOMEM;
   tide_optim_shard_t shard = {tr->shard_offset, tr->shard_len, sum_over_ranks, tr};
   return tide_optim_create_shard(&tr->config.optim, tensors, ntensors, tr->nparams, &shard, &tr->optim);
 }
 
 void tide__pto_close(tide_trainer_t *tr) {
   tide__free(tr->shard_counts);
-  tide__free(tr->shard_grad);
-  tide__free(tr->shard_sq);
   tr->shard_counts = NULL;
-  tr->shard_grad = NULL;
-  tr->shard_sq = NULL;
+  tr->shard_offset = tr->shard_len = tr->block_len = 0; /* the update then steps the whole gradient */
+}
+
+/* The PTO row's state: this rank's block of the reduce-scatter and the
+ * per-tensor partial |G|^2 of its shard. */
+typedef struct {
+  float *shard_grad;
+  double *shard_sq;
+} pto_row_t;
+
+void tide__pto_row_close(void *state) {
+  pto_row_t *p = state;
+  if (p == NULL) return;
+  tide__free(p->shard_grad);
+  tide__free(p->shard_sq);
+  tide__free(p);
+}
+
+int tide__pto_open(tide_trainer_t *tr, void **state) {
+  pto_row_t *p = tide__calloc(1, sizeof *p);
+  if (p == NULL) return TIDE_ENOMEM;
+  p->shard_grad = tide__malloc((tr->block_len ? tr->block_len : 1) * sizeof *p->shard_grad);
+  p->shard_sq = tide__calloc(tr->ntensors, sizeof *p->shard_sq);
+  if (p->shard_grad == NULL || p->shard_sq == NULL) {
+    tide__pto_row_close(p);
+    return TIDE_ENOMEM;
+  }
+  *state = p;
+  return 0;
 }
 
 /* Not under K-FAC, which needs the whole averaged gradient on every rank:
  * then PTO shards only the update. */
-int tide__pto_reduces(const tide_trainer_t *tr) {
-  return tr->pto && tr->exchange_kind == TIDE_EXCHANGE_DENSE && tr->kfac == NULL;
+int tide__exchange_row(const tide_trainer_t *tr) {
+  return tr->pto && tr->exchange_kind == TIDE_EXCHANGE_DENSE && tr->kfac == NULL ? TIDE__EXCHANGE_PTO
+                                                                                 : (int)tr->exchange_kind;
 }
 
-int tide__pto_exchange(tide_trainer_t *tr) {
+int tide__pto_reduce(tide_trainer_t *tr, void *state) {
+  pto_row_t *p = state;
   float *slots = tr->exchange + tr->nparams;
-  int rc = tide_allreduce(tr->comm, slots, slots, tr->nslots, TIDE_F32, TIDE_SUM);
+  size_t nslots = tr->monitor.nslots;
+  int rc = tide_allreduce(tr->comm, slots, slots, nslots, TIDE_F32, TIDE_SUM);
   if (rc != 0) return tide__trainer_fail(tr, rc, "PTO: statistics allreduce: %s", tide_comm_last_error(tr->comm));
   /* Every rank sees a diverged loss and stops (tide_trainer_step says why). */
   if (!isfinite(slots[TIDE__SLOT_LOSS])) return 0;
   /* The statistics ride along (summed again in the last block, unused) so
    * that the blocks are the replicated allreduce's. */
-  rc = tide_reduce_scatter(tr->comm, tr->exchange, tr->shard_grad, tr->nparams + tr->nslots, TIDE_F32, TIDE_SUM);
+  rc = tide_reduce_scatter(tr->comm, tr->exchange, p->shard_grad, tr->nparams + nslots, TIDE_F32, TIDE_SUM);
   if (rc != 0) return tide__trainer_fail(tr, rc, "PTO: gradient reduce-scatter: %s", tide_comm_last_error(tr->comm));
   return 0;
 }
 
-int tide__pto_average(tide_trainer_t *tr, float inv, double *tensor_sq, double *sq_out) {
+int tide__pto_average(tide_trainer_t *tr, void *state, double total, tide__mean_t *mean) {
+  pto_row_t *p = state;
+  float inv = (float)(1.0 / total);
   size_t lo = tr->shard_offset, hi = lo + tr->shard_len;
   for (size_t t = 0; t < tr->ntensors; t++) {
     size_t a = tr->tensors[t].offset, b = a + tr->tensors[t].count;
     a = a > lo ? a : lo;
     b = b < hi ? b : hi;
-    tr->shard_sq[t] = b > a ? tide__scale_in_place(tr->shard_grad + (a - lo), b - a, inv) : 0;
+    p->shard_sq[t] = b > a ? tide__scale_in_place(p->shard_grad + (a - lo), b - a, inv) : 0;
   }
-  int rc = tide_allreduce(tr->comm, tr->shard_sq, tr->shard_sq, tr->ntensors, TIDE_F64, TIDE_SUM);
+  int rc = tide_allreduce(tr->comm, p->shard_sq, p->shard_sq, tr->ntensors, TIDE_F64, TIDE_SUM);
   if (rc != 0) return tide__trainer_fail(tr, rc, "PTO: allreduce of |G|^2: %s", tide_comm_last_error(tr->comm));
-  double total = 0;
+  double *tensor_sq = tr->config.tensor_stats ? tr->monitor.tensor_sq : NULL, sq = 0;
   for (size_t t = 0; t < tr->ntensors; t++) {
-    if (tensor_sq != NULL) tensor_sq[t] = tr->shard_sq[t];
-    total += tr->shard_sq[t];
+    if (tensor_sq != NULL) tensor_sq[t] = p->shard_sq[t];
+    sq += p->shard_sq[t];
   }
-  *sq_out = total;
+  *mean = (tide__mean_t){p->shard_grad, sq, 0};
   return 0;
 }
 
-int tide__pto_update(tide_trainer_t *tr, float lr, double *gather_s) {
-  const float *grad = tide__pto_reduces(tr) ? tr->shard_grad : tr->exchange + tr->shard_offset;
-  int rc = tide_optim_step(tr->optim, tr->params + tr->shard_offset, grad, lr);
-  if (rc != 0) return tide__trainer_fail(tr, rc, "optimizer step %ld failed on this rank's shard", tr->step);
+int tide__pto_gather_params(tide_trainer_t *tr, double *seconds) {
   int64_t t0 = tide__now_ns();
-  rc = tide_allgatherv(tr->comm, tr->params + tr->shard_offset, tr->shard_len, tr->params, tr->shard_counts,
-                       TIDE_F32);
+  int rc = tide_allgatherv(tr->comm, tr->params + tr->shard_offset, tr->shard_len, tr->params, tr->shard_counts,
+                           TIDE_F32);
   if (rc != 0) return tide__trainer_fail(tr, rc, "PTO: parameter all-gather: %s", tide_comm_last_error(tr->comm));
-  *gather_s = (double)(tide__now_ns() - t0) * 1e-9;
+  *seconds += (double)(tide__now_ns() - t0) * 1e-9;
   return 0;
 }
 

@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "core/simd.h"
 #include "train/train.h"
 
 static const char *const exchange_names[TIDE_EXCHANGE_COUNT] = {"dense", "topk", "hitopk", "adasum"};
@@ -92,7 +93,7 @@ static void plan(tide_trainer_t *tr, long global_batch) {
   tr->batch = (int)((local + accum - 1) / accum);
 }
 
-static long planned_batch(const tide_trainer_t *tr) { return (long)tr->ranks * tr->batch * tr->accum; }
+long tide__trainer_planned_batch(const tide_trainer_t *tr) { return (long)tr->ranks * tr->batch * tr->accum; }
 
 void tide_trainer_destroy(tide_trainer_t *tr) {
   if (tr == NULL) return;
@@ -101,8 +102,7 @@ void tide_trainer_destroy(tide_trainer_t *tr) {
   for (size_t i = 0; i < tr->npolicies; i++)
     if (tr->policies[i].ops.destroy != NULL) tr->policies[i].ops.destroy(tr->policies[i].state);
   tide__free(tr->policies);
-  for (int k = 0; k < TIDE_EXCHANGE_COUNT; k++)
-    if (tr->exchange_state[k] != NULL) tide__exchanges[k].close(tr->exchange_state[k]);
+  tide__exchange_close_all(tr);
   if (tr->tensors != NULL)
     for (size_t t = 0; t < tr->ntensors; t++) tide__free((char *)tr->tensors[t].name);
   tide__free(tr->tensors);
@@ -110,10 +110,7 @@ void tide_trainer_destroy(tide_trainer_t *tr) {
   tide_optim_destroy(tr->optim);
   tide_sampler_destroy(tr->sampler);
   tide__free(tr->exchange);
-  tide__free(tr->tensor_sq);
-  tide__free(tr->tensor_gns);
-  tide__free(tr->times);
-  tide__free(tr->scratch);
+  tide__step_monitor_fini(&tr->monitor);
   tide__free(tr->pending_residual);
   tide__pto_close(tr);
   tide__free(tr);
@@ -147,7 +144,8 @@ int tide_trainer_create(tide_comm_t *comm, const tide_trainer_config_t *config, 
   tr->nodes = tide_comm_node_count(comm);
   if (tr->config.max_batch == 0) tr->config.max_batch = tr->config.batch;
   if (tr->config.base_batch == 0) tr->config.base_batch = (long)tr->config.batch * tr->ranks;
-  tr->nslots = TIDE__SLOT_TIMES + (size_t)tr->ranks + (config->tensor_stats ? (ntensors ? ntensors : 1) : 0);
+  TIDE_CHECK_GOTO(tide__step_monitor_init(&tr->monitor, tr->ranks, ntensors ? ntensors : 1, config->tensor_stats),
+                  rc, fail);
   /* The optimizer (a shard under PTO) checks the tiling and names a bad tensor. */
   TIDE_CHECK_GOTO(tide__pto_optim_create(tr, tensors, ntensors), rc, fail);
   tr->ntensors = ntensors ? ntensors : 1;
@@ -165,21 +163,15 @@ int tide_trainer_create(tide_comm_t *comm, const tide_trainer_config_t *config, 
   for (size_t t = 0; t < tr->ntensors; t++)
     if (tr->tensors[t].name == NULL) goto fail;
   TIDE_CHECK_GOTO(tide_sampler_create(config->dataset_size, config->seed, 0, 1, &tr->sampler), rc, fail);
-  tr->exchange = tide__malloc((nparams + tr->nslots) * sizeof *tr->exchange);
-  tr->tensor_sq = tide__calloc(tr->ntensors, sizeof *tr->tensor_sq);
-  tr->tensor_gns = tide__calloc(tr->ntensors, sizeof *tr->tensor_gns);
-  tr->times = tide__calloc((size_t)tr->ranks, sizeof *tr->times);
-  tr->scratch = tide__calloc((size_t)tr->ranks, sizeof *tr->scratch);
-  if (tr->exchange == NULL || tr->tensor_sq == NULL || tr->tensor_gns == NULL || tr->times == NULL ||
-      tr->scratch == NULL)
-    goto fail;
+  tr->exchange = tide__malloc((nparams + tr->monitor.nslots) * sizeof *tr->exchange);
+  if (tr->exchange == NULL) goto fail;
   plan(tr, (long)config->batch * tr->ranks);
   tr->exchange_kind = config->exchange;
   tr->total_progress = config->epochs * (double)config->dataset_size / (double)tr->config.base_batch;
   tr->last_step_end_ns = tide__now_ns();
   tr->stats = (tide_step_stats_t){.noise_scale = NAN, .grad_sq = NAN, .trace_sigma = NAN, .gain_ratio = 1,
                                   .lr_factor = 1, .comm_share = NAN, .mean_step_s = NAN, .ranks = tr->ranks, .nodes = tr->nodes,
-                                  .batch = tr->batch, .accum = tr->accum, .planned_batch = planned_batch(tr),
+                                  .batch = tr->batch, .accum = tr->accum, .planned_batch = tide__trainer_planned_batch(tr),
                                   .exchange = tr->exchange_kind, .solo_step_s = NAN};
   if ((rc = tide__trainer_agree(tr)) != 0) goto fail;
   if ((rc = tide__multiplex_open(tr)) != 0) goto fail;
@@ -211,7 +203,7 @@ void tide__trainer_replan(tide_trainer_t *tr, long global_batch) {
   plan(tr, global_batch);
   tr->stats.batch = tr->batch;
   tr->stats.accum = tr->accum;
-  tr->stats.planned_batch = planned_batch(tr);
+  tr->stats.planned_batch = tide__trainer_planned_batch(tr);
 }
 
 /* Runs one hook of every policy. decide_every > 0 marks a policy that
@@ -248,7 +240,7 @@ static int apply(tide_trainer_t *tr, const tide_decision_t *d) {
     plan(tr, d->global_batch);
     tr->stats.batch = tr->batch;
     tr->stats.accum = tr->accum;
-    tr->stats.planned_batch = planned_batch(tr);
+    tr->stats.planned_batch = tide__trainer_planned_batch(tr);
   }
   if (d->world_size > 0 && tr->elastic != NULL) tide__trainer_elastic_request(tr, d->world_size);
   if (d->exchange >= 0) {
@@ -288,7 +280,7 @@ int tide_trainer_next(tide_trainer_t *tr, tide_batch_t *batch) {
     tide_decision_t d = unchanged();
     TIDE_CHECK(run_hooks(tr, HOOK_BEFORE_STEP, &d));
     TIDE_CHECK(apply(tr, &d));
-    uint64_t left = tr->config.dataset_size - tr->position, full = (uint64_t)planned_batch(tr);
+    uint64_t left = tr->config.dataset_size - tr->position, full = (uint64_t)tide__trainer_planned_batch(tr);
     tr->step_first = tr->position;
     tr->step_count = left < full ? left : full;
     size_t offset, len;
@@ -297,10 +289,9 @@ int tide_trainer_next(tide_trainer_t *tr, tide_batch_t *batch) {
     tr->my_count = len;
     tr->micro = 0;
     tr->micro_count = tr->accum;
-    tr->sq_micro = tr->full_micro = tr->count = tr->loss_sum = tr->compute_s = 0;
+    tide__step_monitor_begin(&tr->monitor);
     tr->data_s = 0;
     tr->accumulated = 0;
-    memset(tr->tensor_sq, 0, tr->ntensors * sizeof *tr->tensor_sq);
     tr->in_step = 1;
   }
   size_t offset, len;
@@ -314,74 +305,6 @@ int tide_trainer_next(tide_trainer_t *tr, tide_batch_t *batch) {
   return 0;
 }
 
-/* The two passes over the gradient carry its squared norm along. Float
- * sums would not be reordered into vector lanes by the compiler, so the
- * lanes are explicit (GCC/clang vector types, unaligned loads through
- * memcpy); each run of 4096 elements is added up in double. */
-typedef float v4f __attribute__((vector_size(16)));
-
-static inline v4f load4(const float *p) {
-  v4f v;
-  memcpy(&v, p, sizeof v);
-  return v;
-}
-
-static inline void store4(float *p, v4f v) { memcpy(p, &v, sizeof v); }
-
-static inline double lanes(v4f a, v4f b) {
-  v4f s = a + b;
-  return (double)s[0] + (double)s[1] + (double)s[2] + (double)s[3];
-}
-
-/* x[i] = c*g[i] (x[i] += c*g[i] when add) over [0, n); returns sum g[i]^2. */
-static double scale_into(float *restrict x, const float *restrict g, size_t n, float c, int add) {
-  const v4f cv = {c, c, c, c};
-  double total = 0;
-  for (size_t i = 0; i < n;) {
-    size_t stop = n - i > 4096 ? i + 4096 : n;
-    v4f s0 = {0, 0, 0, 0}, s1 = s0;
-    for (; i + 8 <= stop; i += 8) {
-      v4f a = load4(g + i), b = load4(g + i + 4);
-      v4f xa = a * cv, xb = b * cv;
-      if (add) xa += load4(x + i), xb += load4(x + i + 4);
-      store4(x + i, xa);
-      store4(x + i + 4, xb);
-      s0 += a * a;
-      s1 += b * b;
-    }
-    double tail = 0;
-    for (; i < stop; i++) {
-      x[i] = add ? x[i] + g[i] * c : g[i] * c;
-      tail += (double)g[i] * g[i];
-    }
-    total += lanes(s0, s1) + tail;
-  }
-  return total;
-}
-
-double tide__scale_in_place(float *restrict x, size_t n, float c) {
-  const v4f cv = {c, c, c, c};
-  double total = 0;
-  for (size_t i = 0; i < n;) {
-    size_t stop = n - i > 4096 ? i + 4096 : n;
-    v4f s0 = {0, 0, 0, 0}, s1 = s0;
-    for (; i + 8 <= stop; i += 8) {
-      v4f a = load4(x + i) * cv, b = load4(x + i + 4) * cv;
-      store4(x + i, a);
-      store4(x + i + 4, b);
-      s0 += a * a;
-      s1 += b * b;
-    }
-    double tail = 0;
-    for (; i < stop; i++) {
-      x[i] *= c;
-      tail += (double)x[i] * x[i];
-    }
-    total += lanes(s0, s1) + tail;
-  }
-  return total;
-}
-
 /* Adds count * grads to the exchange buffer (or sets it, for the step's
  * first contribution) and returns |grads|^2; per-tensor squares added to
  * tensor_sq when asked. */
@@ -390,7 +313,7 @@ static double accumulate(tide_trainer_t *tr, float count, double *tensor_sq) {
   int add = tr->accumulated;
   for (size_t t = 0; t < tr->ntensors; t++) {
     size_t begin = tr->tensors[t].offset;
-    double sq = scale_into(tr->exchange + begin, tr->grads + begin, tr->tensors[t].count, count, add);
+    double sq = tide__scale_into(tr->exchange + begin, tr->grads + begin, tr->tensors[t].count, count, add);
     if (tensor_sq != NULL) tensor_sq[t] += sq;
     total += sq;
   }
@@ -398,23 +321,29 @@ static double accumulate(tide_trainer_t *tr, float count, double *tensor_sq) {
   return total;
 }
 
-/* Divides the summed gradient by the sample count, giving the mean the
- * optimizer applies, and returns its squared norm (per tensor too). */
-static double average(tide_trainer_t *tr, float inv, double *tensor_sq) {
-  double total = 0;
-  for (size_t t = 0; t < tr->ntensors; t++) {
-    double sq = tide__scale_in_place(tr->exchange + tr->tensors[t].offset, tr->tensors[t].count, inv);
-    if (tensor_sq != NULL) tensor_sq[t] = sq;
-    total += sq;
+/* The micro-batch just computed: its gradient into the sum, its figures to
+ * the monitor. */
+static void add_micro(tide_trainer_t *tr, double loss) {
+  tr->monitor.compute_s += (double)(tide__now_ns() - tr->micro_start_ns) * 1e-9;
+  tr->micro_handed = 0;
+  size_t c = tr->current_count;
+  if (c > 0) {
+    /* A non-finite loss is not fatal here: it travels in the loss slot, so
+     * every rank sees it after the exchange and fails the same way. */
+    int full = c == (size_t)tr->batch;
+    double sq = accumulate(tr, (float)c, full && tr->config.tensor_stats ? tr->monitor.tensor_sq : NULL);
+    tide__step_monitor_micro(&tr->monitor, (double)c, loss, sq, full);
   }
-  return total;
+  tide__kfac_micro_end(tr->kfac);
+  tr->micro++;
 }
 
-static int exchange_state(tide_trainer_t *tr, void **state) {
-  tide_exchange_t k = tr->exchange_kind;
-  if (tr->exchange_state[k] == NULL) {
-    TIDE_CHECK(tide__exchanges[k].open(tr, &tr->exchange_state[k]));
-    tide_compressor_t *c = tide__exchanges[k].compressor(tr->exchange_state[k]);
+/* The row's state, opened when the row first runs; a restored residual
+ * goes to the first row with a compressor. */
+static int row_state(tide_trainer_t *tr, int row, void **state) {
+  if (tr->exchange_state[row] == NULL) {
+    TIDE_CHECK(tide__exchanges[row].open(tr, &tr->exchange_state[row]));
+    tide_compressor_t *c = tide__exchanges[row].compressor(tr->exchange_state[row]);
     if (c != NULL && tr->pending_residual != NULL) {
       int rc = tide_compressor_set_residual(c, tr->pending_residual, tr->pending_len);
       tide__free(tr->pending_residual);
@@ -422,64 +351,12 @@ static int exchange_state(tide_trainer_t *tr, void **state) {
       if (rc != 0) return tide__trainer_fail(tr, rc, "the restored residual does not fit this exchange");
     }
   }
-  *state = tr->exchange_state[k];
+  *state = tr->exchange_state[row];
   return 0;
 }
 
-int tide_trainer_step(tide_trainer_t *tr, double loss, tide_step_stats_t *stats) {
-  if (tr == NULL) {
-    TIDE_ERROR("tide_trainer_step: trainer must not be NULL");
-    return TIDE_EINVAL;
-  }
-  if (!tr->in_step || !tr->micro_handed)
-    return tide__trainer_fail(tr, TIDE_ESTATE, "tide_trainer_step without a micro-batch: call tide_trainer_next first");
-  int64_t t0 = tide__now_ns();
-  tr->compute_s += (double)(t0 - tr->micro_start_ns) * 1e-9;
-  tr->micro_handed = 0;
-  size_t c = tr->current_count;
-  if (c > 0) {
-    /* A non-finite loss is not fatal here: it travels in the loss slot, so
-     * every rank sees it after the exchange and fails the same way. */
-    int full = c == (size_t)tr->batch;
-    double sq = accumulate(tr, (float)c, full && tr->config.tensor_stats ? tr->tensor_sq : NULL);
-    if (full) {
-      tr->sq_micro += sq;
-      tr->full_micro += 1;
-    }
-    tr->count += (double)c;
-    tr->loss_sum += loss * (double)c;
-  }
-  tide__kfac_micro_end(tr->kfac);
-  tr->micro++;
-  if (tr->micro < tr->micro_count) {
-    tr->stats.stepped = 0;
-    if (stats != NULL) *stats = tr->stats;
-    return 0;
-  }
-
-  /* The exchange: gradient sum and statistics, summed over the ranks. */
-  if (!tr->accumulated) memset(tr->exchange, 0, tr->nparams * sizeof *tr->exchange);
-  float *slots = tr->exchange + tr->nparams;
-  memset(slots, 0, tr->nslots * sizeof *slots);
-  slots[TIDE__SLOT_COUNT] = (float)tr->count;
-  slots[TIDE__SLOT_LOSS] = (float)tr->loss_sum;
-  slots[TIDE__SLOT_SQ_MICRO] = (float)tr->sq_micro;
-  slots[TIDE__SLOT_FULL_MICRO] = (float)tr->full_micro;
-  slots[TIDE__SLOT_EXCHANGE_S] = (float)tr->prev_exchange_s;
-  slots[TIDE__SLOT_STEP_S] = (float)tr->prev_step_s;
-  if (tr->multiplex != NULL) slots[TIDE__SLOT_GUARD] = tide__multiplex_vote(tr);
-  slots[TIDE__SLOT_TIMES + tr->rank] = (float)tr->compute_s;
-  float *tensor_slots = slots + TIDE__SLOT_TIMES + tr->ranks;
-  if (tr->config.tensor_stats)
-    for (size_t t = 0; t < tr->ntensors; t++) tensor_slots[t] = (float)tr->tensor_sq[t];
-  const tide__exchange_ops_t *ops = &tide__exchanges[tr->exchange_kind];
-  void *state = NULL;
-  TIDE_CHECK(exchange_state(tr, &state));
-  int64_t t1 = tide__now_ns();
-  TIDE_CHECK(tide__pto_reduces(tr) ? tide__pto_exchange(tr) : ops->run(tr, state));
-  int64_t t2 = tide__now_ns();
-
-  /* Statistics. */
+/* The exchange's sums, checked the same way on every rank. */
+static int check_sums(tide_trainer_t *tr, const float *slots) {
   if (tr->multiplex != NULL) tide__multiplex_voted(tr, slots[TIDE__SLOT_GUARD]);
   double total = slots[TIDE__SLOT_COUNT];
   if (!(total > 0))
@@ -487,64 +364,14 @@ int tide_trainer_step(tide_trainer_t *tr, double loss, tide_step_stats_t *stats)
   if (!isfinite(slots[TIDE__SLOT_LOSS]))
     return tide__trainer_fail(tr, TIDE_EINVAL, "step %ld: the loss is %g on some rank: the model diverged (lower the "
                               "learning rate)", tr->step, (double)slots[TIDE__SLOT_LOSS]);
-  /* An exchange that combines updates leaves this rank's own gradient sum,
-   * whose mean the rank's optimizer steps on: no |G_big|^2 for the monitor. */
-  int combined = ops->update != NULL;
-  double own = combined ? tr->count : total, sq_big;
-  if (tide__pto_reduces(tr))
-    TIDE_CHECK(tide__pto_average(tr, (float)(1.0 / total), tr->config.tensor_stats ? tr->tensor_sq : NULL, &sq_big));
-  else
-    sq_big = average(tr, own > 0 ? (float)(1.0 / own) : 0.0f, tr->config.tensor_stats ? tr->tensor_sq : NULL);
-  tide_step_stats_t *s = &tr->stats;
-  double base = (double)tr->config.base_batch, scale = total / base;
-  double micro_total = slots[TIDE__SLOT_FULL_MICRO], keep = pow(tr->config.gns_decay, scale);
-  if (!combined && micro_total >= 2 && micro_total == (double)tr->ranks * tr->accum) {
-    tide__gns_update(&tr->gns, tr->batch, micro_total, slots[TIDE__SLOT_SQ_MICRO] / micro_total, sq_big, keep);
-    if (tr->config.tensor_stats)
-      for (size_t t = 0; t < tr->ntensors; t++)
-        tide__gns_update(&tr->tensor_gns[t], tr->batch, micro_total, tensor_slots[t] / micro_total,
-                         tr->tensor_sq[t], keep);
-  }
-  for (int r = 0; r < tr->ranks; r++) tr->times[r] = slots[TIDE__SLOT_TIMES + r];
-  tide__spread(tr->times, tr->ranks, tr->scratch, &s->compute_min_s, &s->compute_median_s, &s->compute_max_s,
-               &s->slowest_rank);
-  s->comm_share = slots[TIDE__SLOT_STEP_S] > 0 ? slots[TIDE__SLOT_EXCHANGE_S] / slots[TIDE__SLOT_STEP_S] : NAN;
-  s->mean_step_s = slots[TIDE__SLOT_STEP_S] / tr->ranks;
-  s->global_batch = (long)total;
-  s->loss = slots[TIDE__SLOT_LOSS] / total;
-  s->scale = scale;
-  s->grad_sq = tide__gns_grad_sq(&tr->gns);
-  s->trace_sigma = tide__gns_trace_sigma(&tr->gns);
-  s->noise_scale = tide__gns_noise_scale(&tr->gns);
-  s->gain_ratio = isnan(s->grad_sq) ? 1.0 : tide_adascale_gain(s->trace_sigma / base, s->grad_sq, scale < 1 ? 1 : scale);
-  s->epoch = tr->epoch;
-  s->exchange = tr->exchange_kind;
-  s->compute_s = tr->compute_s;
-  s->data_s = tr->data_s;
-  s->exchange_s = (double)(t2 - t1) * 1e-9;
+  return 0;
+}
 
-  /* Policies, then the update. */
-  tide_decision_t d = unchanged();
-  TIDE_CHECK(run_hooks(tr, HOOK_BEFORE_UPDATE, &d));
-  TIDE_CHECK(apply(tr, &d));
-  s->lr_factor = d.lr_factor > 0 ? d.lr_factor : 1.0;
-  s->gain = d.gain > 0 ? d.gain : scale;
-  s->lr = (double)tide_lr_at(&tr->config.schedule, (long)floor(tr->progress)) * s->lr_factor;
-  double gather_s = 0;
-  s->kfac_s = 0;
-  if (combined) {
-    TIDE_CHECK(ops->update(tr, state, (float)s->lr));
-  } else {
-    /* K-FAC preconditions the whole averaged gradient in place, then the
-     * optimizer runs, on this rank's shard under PTO. */
-    if (tr->kfac != NULL) TIDE_CHECK(tide__kfac_run(tr, (float)s->lr, &s->kfac_s));
-    if (tr->pto) {
-      TIDE_CHECK(tide__pto_update(tr, (float)s->lr, &gather_s));
-    } else {
-      int rc = tide_optim_step(tr->optim, tr->params, tr->exchange, (float)s->lr);
-      if (rc != 0) return tide__trainer_fail(tr, rc, "optimizer step %ld failed", tr->step);
-    }
-  }
+/* After the update: progress, the step's times, the epoch's end. t1..t2
+ * was the reduce, comm_s the communication inside the update (adasum's
+ * combine, PTO's all-gather), both counted as exchange. */
+static int finish(tide_trainer_t *tr, double total, int64_t t1, int64_t t2, double comm_s) {
+  tide_step_stats_t *s = &tr->stats;
   tr->progress += s->gain;
   tr->step++;
   tr->position += tr->step_count;
@@ -553,27 +380,73 @@ int tide_trainer_step(tide_trainer_t *tr, double loss, tide_step_stats_t *stats)
   s->stepped = 1;
   s->step = tr->step;
   s->progress = tr->progress;
-  s->epochs_done = tr->progress * base / (double)tr->config.dataset_size;
+  s->epochs_done = tr->progress * (double)tr->config.base_batch / (double)tr->config.dataset_size;
   s->done = tr->progress >= tr->total_progress;
   s->epoch_end = tr->position >= tr->config.dataset_size;
-  /* Communication inside the update counts as exchange: adasum's combine
-   * (update adds it to exchange_s) and PTO's parameter all-gather. */
-  s->optim_s = (double)(t3 - t2) * 1e-9 - gather_s - (s->exchange_s - (double)(t2 - t1) * 1e-9);
-  s->exchange_s += gather_s;
+  s->exchange_s = (double)(t2 - t1) * 1e-9 + comm_s;
+  s->optim_s = (double)(t3 - t2) * 1e-9 - comm_s;
   s->step_s = (double)(t3 - tr->last_step_end_ns) * 1e-9;
   s->throughput = s->step_s > 0 ? total / s->step_s : NAN;
-  tr->prev_exchange_s = s->exchange_s;
-  tr->prev_step_s = s->step_s;
+  tide__step_monitor_end(&tr->monitor, s->exchange_s, s->step_s);
   tr->last_step_end_ns = t3;
   if (tr->multiplex != NULL) tide__multiplex_step_end(tr);
-  if (s->epoch_end) {
-    d = unchanged();
-    TIDE_CHECK(run_hooks(tr, HOOK_AFTER_EPOCH, &d));
-    TIDE_CHECK(apply(tr, &d));
-    tr->epoch++;
-    tr->position = 0;
-    TIDE_CHECK(tide_sampler_set_epoch(tr->sampler, tr->epoch));
+  if (!s->epoch_end) return 0;
+  tide_decision_t d = unchanged();
+  TIDE_CHECK(run_hooks(tr, HOOK_AFTER_EPOCH, &d));
+  TIDE_CHECK(apply(tr, &d));
+  tr->epoch++;
+  tr->position = 0;
+  return tide_sampler_set_epoch(tr->sampler, tr->epoch);
+}
+
+/* One micro-batch; after the step's last, the exchange through one row of
+ * the table (reduce, average, update), the statistics and the policies. */
+int tide_trainer_step(tide_trainer_t *tr, double loss, tide_step_stats_t *stats) {
+  if (tr == NULL) {
+    TIDE_ERROR("tide_trainer_step: trainer must not be NULL");
+    return TIDE_EINVAL;
   }
+  if (!tr->in_step || !tr->micro_handed)
+    return tide__trainer_fail(tr, TIDE_ESTATE, "tide_trainer_step without a micro-batch: call tide_trainer_next first");
+  add_micro(tr, loss);
+  tide_step_stats_t *s = &tr->stats;
+  if (tr->micro < tr->micro_count) {
+    s->stepped = 0;
+    if (stats != NULL) *stats = *s;
+    return 0;
+  }
+  /* The exchange: gradient sum and statistics, summed over the ranks. */
+  if (!tr->accumulated) memset(tr->exchange, 0, tr->nparams * sizeof *tr->exchange);
+  float *slots = tr->exchange + tr->nparams;
+  tide__step_monitor_pack(&tr->monitor, slots, tr->rank, tr->multiplex != NULL ? tide__multiplex_vote(tr) : 0);
+  int row = tide__exchange_row(tr);
+  const tide__exchange_ops_t *ops = &tide__exchanges[row];
+  void *state = NULL;
+  TIDE_CHECK(row_state(tr, row, &state));
+  int64_t t1 = tide__now_ns();
+  TIDE_CHECK(ops->reduce(tr, state));
+  int64_t t2 = tide__now_ns();
+  TIDE_CHECK(check_sums(tr, slots));
+  double total = slots[TIDE__SLOT_COUNT], base = (double)tr->config.base_batch;
+  tide__mean_t mean;
+  TIDE_CHECK(ops->average(tr, state, total, &mean));
+  tide__step_read_t read = {mean.sq, mean.own, tr->batch, tr->accum, base, tr->config.gns_decay};
+  tide__step_monitor_read(&tr->monitor, slots, &read, s);
+  s->epoch = tr->epoch;
+  s->exchange = tr->exchange_kind;
+  s->data_s = tr->data_s;
+  s->exchange_s = (double)(t2 - t1) * 1e-9;
+  /* Policies, then the update. */
+  tide_decision_t d = unchanged();
+  TIDE_CHECK(run_hooks(tr, HOOK_BEFORE_UPDATE, &d));
+  TIDE_CHECK(apply(tr, &d));
+  s->lr_factor = d.lr_factor > 0 ? d.lr_factor : 1.0;
+  s->gain = d.gain > 0 ? d.gain : s->scale;
+  s->lr = (double)tide_lr_at(&tr->config.schedule, (long)floor(tr->progress)) * s->lr_factor;
+  tide__update_t done = {0, 0};
+  TIDE_CHECK(ops->update(tr, state, &mean, (float)s->lr, &done));
+  s->kfac_s = done.kfac_s;
+  TIDE_CHECK(finish(tr, total, t1, t2, done.comm_s));
   if (stats != NULL) *stats = *s;
   return 0;
 }
@@ -603,8 +476,8 @@ int tide_trainer_tensor_stats(const tide_trainer_t *tr, size_t tensor, double *g
     TIDE_ERROR("tide_trainer_tensor_stats: tensor %zu out of range (the trainer has %zu)", tensor, tr->ntensors);
     return TIDE_EINVAL;
   }
-  if (grad_sq != NULL) *grad_sq = tide__gns_grad_sq(&tr->tensor_gns[tensor]);
-  if (trace_sigma != NULL) *trace_sigma = tide__gns_trace_sigma(&tr->tensor_gns[tensor]);
+  if (grad_sq != NULL) *grad_sq = tide__gns_grad_sq(&tr->monitor.tensor_gns[tensor]);
+  if (trace_sigma != NULL) *trace_sigma = tide__gns_trace_sigma(&tr->monitor.tensor_gns[tensor]);
   return 0;
 }
 
@@ -673,166 +546,4 @@ int tide_trainer_adapt(tide_trainer_t *tr, const char *list) {
     if (*p == ',') p++;
   }
   return 0;
-}
-
-/* ---- state ---------------------------------------------------------------- */
-
-enum { STATE_MAGIC = 0x54524e32 /* "TRN2" */ };
-
-typedef struct {
-  uint32_t magic, ntensors;
-  uint64_t nparams, dataset_size, epoch, position;
-  int64_t step, base_batch;
-  double progress, prev_exchange_s, prev_step_s;
-  int32_t batch, accum, exchange, npolicies;
-  tide__gns_t gns;
-  uint64_t optim_bytes, residual_len, kfac_len;
-} state_header_t;
-
-static size_t policy_bytes(const tide_trainer_t *tr) {
-  size_t n = 0;
-  for (size_t i = 0; i < tr->npolicies; i++) n += sizeof(uint64_t) + tr->policies[i].ops.state_size;
-  return n;
-}
-
-static const float *residual_of(const tide_trainer_t *tr, size_t *len) {
-  void *state = tr->exchange_state[tr->exchange_kind];
-  tide_compressor_t *c = state != NULL ? tide__exchanges[tr->exchange_kind].compressor(state) : NULL;
-  if (c != NULL) {
-    *len = tide_compressor_size(c);
-    return tide_compressor_residual(c);
-  }
-  *len = tr->pending_residual != NULL ? tr->pending_len : 0;
-  return tr->pending_residual;
-}
-
-size_t tide_trainer_state_size(const tide_trainer_t *tr) {
-  if (tr == NULL) return 0;
-  size_t residual;
-  residual_of(tr, &residual);
-  return sizeof(state_header_t) + tr->ntensors * sizeof(tide__gns_t) + policy_bytes(tr) +
-         tide_optim_state_size(tr->optim) + (residual + tide__kfac_state_floats(tr->kfac)) * sizeof(float);
-}
-
-int tide_trainer_state_get(const tide_trainer_t *tr, void *buf, size_t len) {
-  if (tr == NULL || buf == NULL) {
-    TIDE_ERROR("tide_trainer_state_get: trainer and buf must not be NULL");
-    return TIDE_EINVAL;
-  }
-  if (tr->in_step) {
-    TIDE_ERROR("tide_trainer_state_get: a step is half accumulated; save between steps");
-    return TIDE_ESTATE;
-  }
-  size_t need = tide_trainer_state_size(tr), residual_len;
-  if (len < need) {
-    TIDE_ERROR("tide_trainer_state_get: len %zu is below tide_trainer_state_size's %zu", len, need);
-    return TIDE_EINVAL;
-  }
-  const float *residual = residual_of(tr, &residual_len);
-  state_header_t h = {STATE_MAGIC, (uint32_t)tr->ntensors, tr->nparams, tr->config.dataset_size, tr->epoch,
-                      tr->position, tr->step, tr->config.base_batch, tr->progress, tr->prev_exchange_s,
-                      tr->prev_step_s, tr->batch, tr->accum, tr->exchange_kind, (int32_t)tr->npolicies, tr->gns,
-                      tide_optim_state_size(tr->optim), residual_len, tide__kfac_state_floats(tr->kfac)};
-  char *p = buf;
-  memcpy(p, &h, sizeof h);
-  p += sizeof h;
-  memcpy(p, tr->tensor_gns, tr->ntensors * sizeof *tr->tensor_gns);
-  p += tr->ntensors * sizeof *tr->tensor_gns;
-  for (size_t i = 0; i < tr->npolicies; i++) {
-    uint64_t n = tr->policies[i].ops.state_size;
-    memcpy(p, &n, sizeof n);
-    p += sizeof n;
-    if (n) memcpy(p, tr->policies[i].state, n);
-    p += n;
-  }
-  TIDE_CHECK(tide_optim_state_get(tr->optim, p, h.optim_bytes));
-  TIDE_CHECK(tide__pto_gather_state(tr, p));
-  p += h.optim_bytes;
-  if (residual_len) memcpy(p, residual, residual_len * sizeof(float));
-  p += residual_len * sizeof(float);
-  return tide__kfac_state_get(tr, p);
-}
-
-int tide_trainer_state_set(tide_trainer_t *tr, const void *buf, size_t len) {
-  if (tr == NULL || buf == NULL) {
-    TIDE_ERROR("tide_trainer_state_set: trainer and buf must not be NULL");
-    return TIDE_EINVAL;
-  }
-  state_header_t h;
-  if (len < sizeof h) goto bad;
-  memcpy(&h, buf, sizeof h);
-  if (h.magic != STATE_MAGIC || h.nparams != tr->nparams || h.ntensors != tr->ntensors ||
-      h.dataset_size != tr->config.dataset_size || h.base_batch != tr->config.base_batch ||
-      h.npolicies != (int32_t)tr->npolicies || h.exchange < 0 || h.exchange >= TIDE_EXCHANGE_COUNT ||
-      h.batch < 1 || h.accum < 1 || h.position > h.dataset_size)
-    goto bad;
-  const char *p = (const char *)buf + sizeof h;
-  size_t need = sizeof h + tr->ntensors * sizeof(tide__gns_t) + policy_bytes(tr) + h.optim_bytes +
-                (h.residual_len + h.kfac_len) * sizeof(float);
-  if (len < need) goto bad;
-  const char *kfac = p + need - sizeof h - h.kfac_len * sizeof(float);
-  const char *why = tide__kfac_state_check(tr->kfac, kfac, h.kfac_len);
-  if (why != NULL) {
-    TIDE_ERROR("tide_trainer_state_set: %s", why);
-    return TIDE_EINVAL;
-  }
-  const char *policies = p + tr->ntensors * sizeof(tide__gns_t), *q = policies;
-  for (size_t i = 0; i < tr->npolicies; i++) {
-    uint64_t n;
-    memcpy(&n, q, sizeof n);
-    if (n != tr->policies[i].ops.state_size) goto bad;
-    q += sizeof n + n;
-  }
-  /* The optimizer checks its own part before anything changes. */
-  int rc = tide_optim_state_set(tr->optim, q, h.optim_bytes);
-  if (rc != 0) return rc;
-  float *residual = NULL;
-  if (h.residual_len) {
-    residual = tide__malloc(h.residual_len * sizeof *residual);
-    if (residual == NULL) return TIDE_ENOMEM;
-    memcpy(residual, q + h.optim_bytes, h.residual_len * sizeof *residual);
-  }
-  memcpy(tr->tensor_gns, p, tr->ntensors * sizeof *tr->tensor_gns);
-  tide__kfac_state_set(tr->kfac, kfac, h.kfac_len);
-  q = policies;
-  for (size_t i = 0; i < tr->npolicies; i++) {
-    uint64_t n;
-    memcpy(&n, q, sizeof n);
-    q += sizeof n;
-    if (n) memcpy(tr->policies[i].state, q, n);
-    q += n;
-  }
-  tr->epoch = h.epoch;
-  tr->position = h.position;
-  tr->step = h.step;
-  tr->progress = h.progress;
-  tr->prev_exchange_s = h.prev_exchange_s;
-  tr->prev_step_s = h.prev_step_s;
-  tr->batch = h.batch;
-  tr->accum = h.accum;
-  tr->gns = h.gns;
-  tr->in_step = 0;
-  /* Exchanges are reopened (collectively) at the next step; the residual
-   * waits for it. */
-  for (int k = 0; k < TIDE_EXCHANGE_COUNT; k++)
-    if (tr->exchange_state[k] != NULL) {
-      tide__exchanges[k].close(tr->exchange_state[k]);
-      tr->exchange_state[k] = NULL;
-    }
-  tr->exchange_kind = (tide_exchange_t)h.exchange;
-  tide__free(tr->pending_residual);
-  tr->pending_residual = residual;
-  tr->pending_len = h.residual_len;
-  tr->stats.step = tr->step;
-  tr->stats.progress = tr->progress;
-  tr->stats.batch = tr->batch;
-  tr->stats.accum = tr->accum;
-  tr->stats.planned_batch = planned_batch(tr);
-  tr->stats.exchange = tr->exchange_kind;
-  return tide_sampler_set_epoch(tr->sampler, tr->epoch);
-bad:
-  TIDE_ERROR("tide_trainer_state_set: the state (%zu bytes) is not from a trainer with this config, %zu parameters "
-             "and these %zu policies",
-             len, tr->nparams, tr->npolicies);
-  return TIDE_EINVAL;
 }

@@ -4,44 +4,70 @@
 #define TIDE_TRAIN_H
 
 #include "core/core.h"
-#include "monitor/monitor.h"
+#include "monitor/step.h"
 #include "policy/policy.h"
 
-/* Slots of the statistics that travel with the gradient (floats after the
- * nparams gradient entries of the exchange buffer), summed over ranks:
- * rank r writes its own compute time at TIMES + r and 0 elsewhere, so the
- * sum hands every rank everyone's. Per-tensor squared norms follow the
- * times when config.tensor_stats is set. */
-enum {
-  TIDE__SLOT_COUNT = 0,   /* samples */
-  TIDE__SLOT_LOSS,        /* loss * samples */
-  TIDE__SLOT_SQ_MICRO,    /* sum of |g_i|^2 over full micro-batches */
-  TIDE__SLOT_FULL_MICRO,  /* number of full micro-batches */
-  TIDE__SLOT_EXCHANGE_S,  /* previous step's exchange time */
-  TIDE__SLOT_STEP_S,      /* previous step's wall time */
-  TIDE__SLOT_GUARD,       /* a background job's rank 0: 1 to pause at the next boundary */
-  TIDE__SLOT_TIMES        /* ranks entries, then ntensors */
-};
+/* What a row's average hands the update: the mean gradient of this rank's
+ * part (the whole gradient; [shard_offset, shard_offset + shard_len) under
+ * PTO) and the squared norm of the mean over all ranks (per tensor into
+ * monitor.tensor_sq under config.tensor_stats). own: the gradient is this
+ * rank's own mean (a row that combines the ranks' updates): no |G|^2. */
+typedef struct {
+  const float *grad;
+  double sq;
+  int own;
+} tide__mean_t;
 
-/* One way of exchanging the step's gradient. run sums tr->exchange over the
- * ranks in place: [0, nparams) the gradient (exactly or compressed with
- * error feedback), then the statistics slots exactly. An exchange that
- * combines the ranks' updates instead (adasum) has update: its run sums only
- * the statistics, the gradient stays this rank's mean, and update replaces
- * the optimizer step (each rank steps its own optimizer, the exchange
- * combines the resulting parameter changes). */
+/* What the update reports: seconds of communication inside it (counted as
+ * exchange time) and of the K-FAC stage. */
+typedef struct {
+  double comm_s, kfac_s;
+} tide__update_t;
+
+/* One row of the exchange table owns the whole exchange of a step:
+ *   open     its state, once, when the row first runs (collective);
+ *   reduce   sums tr->exchange's statistics slots over the ranks, exactly,
+ *            and the gradient (or its part) exactly or compressed with
+ *            error feedback;
+ *   average  divides the sum by the samples (total over the ranks) and
+ *            fills the mean (|G|^2 included, reduced over ranks if needed);
+ *   update   applies it: tide__exchange_update (K-FAC, the optimizer, PTO's
+ *            all-gather) or the row's own around it;
+ *   close    frees the state (NULL accepted).
+ * compressor: the one holding this rank's error-feedback residual (NULL
+ * for exact rows). */
 typedef struct {
   const char *name;
   int (*open)(tide_trainer_t *tr, void **state);
-  int (*run)(tide_trainer_t *tr, void *state);
+  int (*reduce)(tide_trainer_t *tr, void *state);
+  int (*average)(tide_trainer_t *tr, void *state, double total, tide__mean_t *mean);
+  int (*update)(tide_trainer_t *tr, void *state, const tide__mean_t *mean, float lr, tide__update_t *out);
   void (*close)(void *state);
-  /* The compressor holding this rank's error-feedback residual (NULL for
-   * exact exchanges). */
   tide_compressor_t *(*compressor)(void *state);
-  int (*update)(tide_trainer_t *tr, void *state, float lr); /* NULL: the trainer's optimizer step */
 } tide__exchange_ops_t;
 
-extern const tide__exchange_ops_t tide__exchanges[TIDE_EXCHANGE_COUNT];
+/* The rows: one per tide_exchange_t, then PTO's reduce-scatter (the dense
+ * exchange under PTO without K-FAC, src/train/pto.c). */
+enum { TIDE__EXCHANGE_PTO = TIDE_EXCHANGE_COUNT, TIDE__EXCHANGE_ROWS };
+extern const tide__exchange_ops_t tide__exchanges[TIDE__EXCHANGE_ROWS];
+/* PTO's row (pto.c): the statistics allreduce and the gradient
+ * reduce-scatter into its own shard buffer; the average of the shard. */
+int tide__pto_open(tide_trainer_t *tr, void **state);
+int tide__pto_reduce(tide_trainer_t *tr, void *state);
+int tide__pto_average(tide_trainer_t *tr, void *state, double total, tide__mean_t *mean);
+void tide__pto_row_close(void *state);
+
+/* The row this step runs (pto.c). */
+int tide__exchange_row(const tide_trainer_t *tr);
+/* The default update: K-FAC preconditions the whole averaged gradient in
+ * place, then the optimizer steps this rank's part (its one call in the
+ * trainer), then under PTO the parameters are all-gathered. */
+int tide__exchange_update(tide_trainer_t *tr, void *state, const tide__mean_t *mean, float lr, tide__update_t *out);
+/* Divides the whole gradient sum by its samples (inv = 1 / samples) into
+ * the mean. */
+void tide__exchange_average(tide_trainer_t *tr, float inv, tide__mean_t *mean);
+/* Closes every row's state (they reopen at the next step). */
+void tide__exchange_close_all(tide_trainer_t *tr);
 
 typedef struct {
   tide_policy_ops_t ops;
@@ -92,25 +118,18 @@ struct tide_trainer {
   int micro_handed; /* next gave a micro-batch that step has not taken yet */
   int64_t micro_start_ns;
 
-  /* [gradient sum (nparams) | statistics slots (nslots)]. */
+  /* [gradient sum (nparams) | statistics slots (monitor.nslots)]. */
   float *exchange;
-  size_t nslots;
   int accumulated; /* the exchange buffer holds this step's sum so far */
-  double sq_micro, full_micro, count, loss_sum;
-  double *tensor_sq; /* this step's per-tensor sums of |g_i|^2 */
-  double compute_s;
   double data_s; /* this step's wait for data (tide_trainer_data_wait) */
+  tide__step_monitor_t monitor; /* the step's statistics (src/monitor/step.c) */
 
   tide_exchange_t exchange_kind;
-  void *exchange_state[TIDE_EXCHANGE_COUNT];
+  void *exchange_state[TIDE__EXCHANGE_ROWS];
   float *pending_residual; /* restored, applied when the exchange opens */
   size_t pending_len;
 
-  tide__gns_t gns;
-  tide__gns_t *tensor_gns;
-  double prev_exchange_s, prev_step_s;
   int64_t last_step_end_ns;
-  double *times, *scratch;
 
   long step;
   double progress, total_progress;
@@ -123,15 +142,12 @@ struct tide_trainer {
   /* PTO (src/train/pto.c): config.pto on more than one rank. This rank
    * updates [shard_offset, shard_offset + shard_len) and keeps optimizer
    * state for it alone; shard_counts[r] is rank r's length (the shards are
-   * contiguous, in rank order). Under the dense exchange the gradient is
-   * reduce-scattered into shard_grad (block_len floats: the shard, then
-   * statistics slots on the last ranks). shard_sq: per-tensor partial
-   * |G|^2. */
+   * contiguous, in rank order). block_len: this rank's block of the dense
+   * exchange's reduce-scatter (the shard, then statistics slots on the
+   * last ranks). */
   int pto;
   size_t shard_offset, shard_len, block_len;
   size_t *shard_counts;
-  float *shard_grad;
-  double *shard_sq;
 
   tide__kfac_t *kfac; /* NULL: no K-FAC */
   /* Elastic jobs (src/train/elastic.c): NULL until tide_trainer_elastic. */
@@ -141,25 +157,14 @@ struct tide_trainer {
   struct tide__multiplex *multiplex;
 };
 
-/* x[i] *= c over [0, n); returns sum x[i]^2 after scaling (train.c). */
-double tide__scale_in_place(float *restrict x, size_t n, float c);
-
 /* PTO (src/train/pto.c). Whether PTO runs under this exchange; creates
- * tr->optim (a shard under PTO, needs tr->nslots); frees PTO's buffers. */
+ * tr->optim (a shard under PTO, needs monitor.nslots); frees the shard plan. */
 int tide__pto_supports(int exchange);
 int tide__pto_optim_create(tide_trainer_t *tr, const tide_tensor_t *tensors, size_t ntensors);
 void tide__pto_close(tide_trainer_t *tr);
-/* 1 when this step's exchange is PTO's reduce-scatter (the dense one,
- * without K-FAC). */
-int tide__pto_reduces(const tide_trainer_t *tr);
-/* The statistics allreduce and the gradient reduce-scatter into shard_grad. */
-int tide__pto_exchange(tide_trainer_t *tr);
-/* Divides the shard's sum by the sample count (inv = 1/count); |G|^2
- * summed over the ranks into *sq_out, per tensor into tensor_sq (or NULL). */
-int tide__pto_average(tide_trainer_t *tr, float inv, double *tensor_sq, double *sq_out);
-/* The optimizer on this rank's shard, then the parameter all-gather, whose
- * seconds go to *gather_s. */
-int tide__pto_update(tide_trainer_t *tr, float lr, double *gather_s);
+/* Under PTO, after the optimizer stepped this rank's shard: the parameter
+ * all-gather, whose seconds are added to *seconds. */
+int tide__pto_gather_params(tide_trainer_t *tr, double *seconds);
 /* tide_trainer_state_get under PTO: gathers every rank's slices of the
  * optimizer state into optim_blob (collective). */
 int tide__pto_gather_state(const tide_trainer_t *tr, void *optim_blob);
@@ -169,6 +174,8 @@ int tide__pto_gather_state(const tide_trainer_t *tr, void *optim_blob);
 int tide__trainer_agree(tide_trainer_t *tr);
 /* Plans full steps of about global_batch samples over the current ranks. */
 void tide__trainer_replan(tide_trainer_t *tr, long global_batch);
+/* ranks x batch x accum: the samples of a full step under the current plan. */
+long tide__trainer_planned_batch(const tide_trainer_t *tr);
 
 /* ---- elastic jobs (src/train/elastic.c) ----------------------------------- */
 

@@ -1,0 +1,15 @@
+/* Float kernels over flat buffers that carry the squared norm along (the
+ * trainer's accumulation and averaging passes). Pure computation; any
+ * thread. */
+#ifndef TIDE_CORE_SIMD_H
+#define TIDE_CORE_SIMD_H
+
+#include <stddef.h>
+
+/* x[i] = c*g[i] (x[i] += c*g[i] when add) over [0, n); returns sum g[i]^2.
+ * x and g do not overlap. */
+double tide__scale_into(float *restrict x, const float *restrict g, size_t n, float c, int add);
+/* x[i] *= c over [0, n); returns sum x[i]^2 after scaling. */
+double tide__scale_in_place(float *x, size_t n, float c);
+
+#endif
