@@ -439,15 +439,6 @@ static int test_reference(void) {
 
 /* tide-train --optim kfac end to end (2 workers, the MLP on a subset), and
  * a bad --kfac option naming its key. */
-static int shell(const char *cmd, char *out, size_t cap) {
-  FILE *p = popen(cmd, "r");
-  CHECK(p != NULL);
-  size_t n = fread(out, 1, cap - 1, p);
-  out[n] = 0;
-  int status = pclose(p);
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 128;
-}
-
 static void test_tide_train(void) {
   const char *tools = getenv("TIDE_TOOLS_DIR");
   if (tools == NULL) {
@@ -460,18 +451,18 @@ static void test_tide_train(void) {
            "%s/tiderun -np 2 %s/tide-train --model mlp --epochs 1 --batch 32 --subset 2000 --optim kfac "
            "--kfac factor_every=2,inverse_every=6,damping=0.003 --threads 1 --name k --runs %s 2>&1",
            tools, tools, dir);
-  int rc = shell(cmd, out, sizeof out);
+  int rc = harness_shell(cmd, out, sizeof out);
   if (rc != 0 || strstr(out, "replicas identical: yes") == NULL) {
     fprintf(stderr, "%s\n-> exit %d\n%s\n", cmd, rc, out);
     exit(1);
   }
   snprintf(cmd, sizeof cmd, "%s/tiderun -np 1 %s/tide-train --model mlp --epochs 1 --subset 500 --optim kfac "
            "--kfac damping=-1 --name bad --runs %s 2>&1", tools, tools, dir);
-  rc = shell(cmd, out, sizeof out);
+  rc = harness_shell(cmd, out, sizeof out);
   CHECK(rc != 0 && strstr(out, "kfac.damping") != NULL);
   snprintf(cmd, sizeof cmd, "%s/tiderun -np 1 %s/tide-train --model mlp --epochs 1 --subset 500 "
            "--kfac damping=0.01 --name bad2 --runs %s 2>&1", tools, tools, dir);
-  rc = shell(cmd, out, sizeof out);
+  rc = harness_shell(cmd, out, sizeof out);
   CHECK(rc != 0 && strstr(out, "needs --optim kfac") != NULL);
   snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
   CHECK(system(cmd) == 0);

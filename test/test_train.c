@@ -83,18 +83,6 @@ static void train(int np, const char *grad) {
 
 static int near(double a, double b) { return a - b < 1e-3 && b - a < 1e-3; }
 
-/* Reads a whole (small) file into buf. */
-static void slurp(const char *path, char *buf, size_t cap) {
-  FILE *f = fopen(path, "r");
-  if (f == NULL) {
-    fprintf(stderr, "cannot read %s\n", path);
-    exit(1);
-  }
-  size_t n = fread(buf, 1, cap - 1, f);
-  buf[n] = 0;
-  fclose(f);
-}
-
 /* Trains the MLP on np ranks with args as run `name`; its summary.json. */
 static void mlp_run(int np, const char *args, const char *name, char *summary, size_t cap) {
   char cmd[4096], path[2048];
@@ -102,7 +90,7 @@ static void mlp_run(int np, const char *args, const char *name, char *summary, s
            tools, args, name, runs);
   run_ok(cmd);
   snprintf(path, sizeof path, "%s/%s/summary.json", runs, name);
-  slurp(path, summary, cap);
+  harness_slurp(path, summary, cap);
 }
 
 /* --eval-every 10 on 2 ranks, 3000 images, batch 32: 47 steps an epoch, so
