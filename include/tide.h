@@ -66,6 +66,26 @@ int tide_job_id(const char *token, char *id, size_t cap);
  * or TIDE_BIND in tide_comm_init), else 0. TIDE_EINVAL for NULL arguments
  * or cap < 2. */
 int tide_process_cpus(char *cpus, size_t cap, int *bound);
+/* How a launcher binds its local ranks to CPUs (tiderun --bind, TIDE_BIND). */
+typedef enum { TIDE_BIND_NONE = 0, TIDE_BIND_CORE, TIDE_BIND_NUMA } tide_bind_t;
+/* "none", "core", "numa", or "auto" (which means auto_mode) into *out;
+ * TIDE_EINVAL (nothing logged, nothing written) for another text or NULL. */
+int tide_bind_parse(const char *text, tide_bind_t auto_mode, tide_bind_t *out);
+/* "none", "core", "numa"; "?" for an unknown value. */
+const char *tide_bind_name(tide_bind_t mode);
+/* The CPUs of each of nranks local ranks under mode, from this process's
+ * affinity and the machine's topology (hwloc): rank r's CPUs are
+ * cpus[first[r] .. first[r+1]), ascending; first has nranks + 1 entries.
+ * core gives each rank a contiguous share of the cores, never straddling
+ * NUMA nodes unless it holds them whole (one core each, wrapping, when ranks
+ * outnumber cores); numa widens each share to its NUMA nodes; none gives
+ * every rank all the CPUs. TIDE_EINVAL (logged) for nranks < 1, NULL
+ * arguments or cap too small (nranks * 1024 always suffices); TIDE_EIO when
+ * the topology cannot be read. */
+int tide_bind_plan(tide_bind_t mode, int nranks, int *cpus, size_t cap, size_t *first);
+/* cpus[0..n) (ascending) as "0-3,8", "none" when n is 0, truncated to cap
+ * (cap >= 5). */
+void tide_cpus_format(const int *cpus, size_t n, char *buf, size_t cap);
 /* Splits "HOST:PORT" at its last colon into host (at most host_cap bytes
  * with its NUL) and port (1..65535). TIDE_EINVAL, and nothing written, for
  * another form. */
@@ -86,6 +106,24 @@ void tide_params_print(FILE *out, int markdown);
 /* Reads and validates every TIDE_* variable once. A bad value returns
  * TIDE_EINVAL and logs which variable and why. Called by tide_comm_init. */
 int tide_params_load(void);
+/* The value of the parameter `name` ("TIDE_TIMEOUT_MS"), as the table holds
+ * it: the environment's when set and valid, else the default. *text (may be
+ * NULL) gets its text, which lives as long as the process; *value (may be
+ * NULL, not both) gets an INT parameter's value or an ENUM parameter's index
+ * among its allowed names (TIDE_BIND: 0 auto, 1 core, 2 numa, 3 none).
+ * TIDE_EINVAL (logged) for an unknown name, or a value asked of a string
+ * parameter. Loads the table on first use (tide_params_load). Any thread. */
+int tide_param_get(const char *name, const char **text, int64_t *value);
+
+/* ---- clock, logging ------------------------------------------------------ */
+
+/* Monotonic nanoseconds (CLOCK_MONOTONIC). */
+int64_t tide_now_ns(void);
+/* The tide_now_ns instant ms milliseconds from now; INT64_MAX when ms < 0. */
+int64_t tide_deadline_after_ms(int64_t ms);
+/* One line in tide's log format ("host:pid rank time tide info: ...") to
+ * stderr or TIDE_LOG_FILE, when TIDE_LOG_LEVEL is info or more. */
+void tide_log_info(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
 /* ---- background jobs (docs/elastic.md, "Multiplexing") ------------------- */
 

@@ -414,6 +414,75 @@ static void test_env_bind(const cpu_set_t *machine) {
   }
 }
 
+/* The public forms tiderun uses (tide.h): they agree with the internal ones. */
+static void test_public_calls(const cpu_set_t *machine) {
+  char text[64];
+  const int list[] = {0, 1, 2, 3, 8, 10, 11};
+  tide_cpus_format(list, 7, text, sizeof text);
+  CHECK(strcmp(text, "0-3,8,10-11") == 0);
+  tide_cpus_format(list, 0, text, sizeof text);
+  CHECK(strcmp(text, "none") == 0);
+  tide_cpus_format(list + 4, 1, text, sizeof text);
+  CHECK(strcmp(text, "8") == 0);
+  tide_cpus_format(list, 7, text, 5); /* cut at cap: "0-3," and the NUL */
+  CHECK(strcmp(text, "0-3,") == 0);
+  cpu_set_t set;
+  CHECK(parse_list("0-3,8,10-11", &set) == 0);
+  tide__cpuset_format(&set, text, sizeof text);
+  CHECK(strcmp(text, "0-3,8,10-11") == 0);
+
+  tide_bind_t mode = TIDE_BIND_NONE;
+  CHECK_OK(tide_bind_parse("auto", TIDE_BIND_CORE, &mode));
+  CHECK(mode == TIDE_BIND_CORE);
+  CHECK_OK(tide_bind_parse("numa", TIDE_BIND_CORE, &mode));
+  CHECK(mode == TIDE_BIND_NUMA && strcmp(tide_bind_name(mode), "numa") == 0);
+  CHECK_RC(tide_bind_parse("cores", TIDE_BIND_CORE, &mode), TIDE_EINVAL);
+  CHECK_RC(tide_bind_parse(NULL, TIDE_BIND_CORE, &mode), TIDE_EINVAL);
+  CHECK(mode == TIDE_BIND_NUMA);
+  CHECK(strcmp(tide_bind_name((tide_bind_t)7), "?") == 0);
+
+  enum { N = 3 };
+  size_t cap = (size_t)N * CPU_SETSIZE, first[N + 1];
+  int *cpus = calloc(cap, sizeof *cpus);
+  cpu_set_t shares[N];
+  CHECK(cpus != NULL);
+  for (int m = TIDE_BIND_NONE; m <= TIDE_BIND_NUMA; m++) {
+    CHECK_OK(tide_bind_plan((tide_bind_t)m, N, cpus, cap, first));
+    CHECK_OK(tide__bind_shares(m, N, NULL, machine, shares));
+    CHECK(first[0] == 0);
+    for (int r = 0; r < N; r++) {
+      cpu_set_t got;
+      CPU_ZERO(&got);
+      for (size_t k = first[r]; k < first[r + 1]; k++) {
+        CHECK(k == first[r] || cpus[k] > cpus[k - 1]);
+        CPU_SET(cpus[k], &got);
+      }
+      CHECK(CPU_EQUAL(&got, &shares[r]));
+    }
+  }
+  CHECK_RC(tide_bind_plan(TIDE_BIND_NONE, N, cpus, (size_t)CPU_COUNT(machine), first), TIDE_EINVAL);
+  CHECK_RC(tide_bind_plan(TIDE_BIND_CORE, 0, cpus, cap, first), TIDE_EINVAL);
+  CHECK_RC(tide_bind_plan(TIDE_BIND_CORE, N, NULL, cap, first), TIDE_EINVAL);
+  free(cpus);
+
+  int64_t value = -1;
+  const char *param = NULL;
+  CHECK_OK(tide_param_get("TIDE_TIMEOUT_MS", &param, &value));
+  CHECK(value == tide__param_int(TIDE__PARAM_TIMEOUT_MS) && strcmp(param, tide__param_str(TIDE__PARAM_TIMEOUT_MS)) == 0);
+  CHECK_OK(tide_param_get("TIDE_BIND", &param, &value)); /* unset in main */
+  CHECK(strcmp(param, "auto") == 0 && value == 0);
+  CHECK_OK(tide_param_get("TIDE_LOG_FILE", &param, NULL));
+  CHECK(param == tide__param_str(TIDE__PARAM_LOG_FILE));
+  CHECK_RC(tide_param_get("TIDE_LOG_FILE", NULL, &value), TIDE_EINVAL);
+  CHECK_RC(tide_param_get("TIDE_NO_SUCH", &param, &value), TIDE_EINVAL);
+  CHECK_RC(tide_param_get(NULL, &param, &value), TIDE_EINVAL);
+  CHECK_RC(tide_param_get("TIDE_BIND", NULL, NULL), TIDE_EINVAL);
+
+  int64_t t0 = tide_now_ns(), deadline = tide_deadline_after_ms(1000);
+  CHECK(t0 > 0 && deadline >= t0 + 1000000000 && tide_now_ns() >= t0);
+  CHECK(tide_deadline_after_ms(-1) == INT64_MAX);
+}
+
 int main(int argc, char **argv) {
   if (argc == 2 && strcmp(argv[1], "rank-affinity") == 0) return rank_affinity();
   unsetenv("TIDE_BIND");
@@ -425,6 +494,7 @@ int main(int argc, char **argv) {
   test_env_bind(&machine); /* first: a logged error below reads the TIDE_* table */
   test_shares_two_nodes();
   test_shares_allowed_and_odd();
+  test_public_calls(&machine);
   const char *tools = getenv("TIDE_TOOLS_DIR");
   if (tools == NULL || tools[0] == '\0') {
     fprintf(stderr, "TIDE_TOOLS_DIR is not set: tiderun cases skipped\n");

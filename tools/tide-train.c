@@ -15,7 +15,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "nn/nn.h"
+#include "tide_nn.h"
 #include "tide.h"
 #include "tide-train-plan.h"
 

@@ -30,7 +30,7 @@
 #include <unistd.h>
 
 #ifdef TIDE_WITH_NN
-#include "nn/nn.h"
+#include "tide_nn.h"
 #endif
 #include "tide.h"
 

@@ -30,7 +30,6 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "core/core.h"
 #include "tide.h"
 
 extern char **environ;
@@ -122,7 +121,7 @@ typedef struct {
   int prefix;
   int grace_ms;
   int timeout_s; /* 0: none */
-  int bind;      /* TIDE__BIND_*; -1 until set */
+  int bind;      /* a tide_bind_t; -1 until set */
   char **argv;   /* the program and its arguments */
   int elastic, min_np, max_np, max_restarts, np_given;
   int background, hosts_background;
@@ -143,6 +142,7 @@ typedef struct {
   pid_t pid; /* also its process group */
   int running;
   cpu_set_t cpus; /* its share, when opts->bind binds */
+  char cpus_text[256]; /* the same as a list ("0-3") */
   stream_t streams[2];
 } rank_t;
 
@@ -303,9 +303,14 @@ static int parse_args(int argc, char **argv, options_t *opts) {
       case OPT_GRACE: rc = parse_int(name, value, 0, 24 * 3600 * 1000, &opts->grace_ms); break;
       case OPT_TIMEOUT: rc = parse_int(name, value, 0, 365 * 24 * 3600, &opts->timeout_s); break;
       case OPT_BIND:
-        if ((rc = tide__bind_parse(value, TIDE__BIND_CORE, &opts->bind)) != 0)
+      {
+        tide_bind_t bind;
+        if ((rc = tide_bind_parse(value, TIDE_BIND_CORE, &bind)) != 0)
           fprintf(stderr, "tiderun: --bind must be core, numa or none, got \"%s\"\n", value);
+        else
+          opts->bind = (int)bind;
         break;
+      }
       case OPT_BACKGROUND: opts->background = 1; break;
       case OPT_FOREGROUND: opts->foreground = value; break;
       case OPT_HOSTS_BACKGROUND: opts->hosts_background = 1; break;
@@ -449,8 +454,10 @@ static void print_store_error(const char *what, const char *rdzv, int rc) {
  * (waiting up to TIDE_TIMEOUT_MS for node 0 to start), and counts this node
  * in NODES_STARTED_KEY so node 0 knows to wait for it at the end. */
 static int register_node(const options_t *opts, const char *token) {
-  int timeout_ms = (int)tide__param_int(TIDE__PARAM_TIMEOUT_MS);
-  TIDE_INFO("tiderun: connecting to the store at %s (up to %d ms)", opts->rdzv, timeout_ms);
+  int64_t timeout_param = 0;
+  tide_param_get("TIDE_TIMEOUT_MS", NULL, &timeout_param);
+  int timeout_ms = (int)timeout_param;
+  tide_log_info("tiderun: connecting to the store at %s (up to %d ms)", opts->rdzv, timeout_ms);
   tide_store_t *store;
   int rc = tide_store_connect(opts->rdzv_host, opts->rdzv_port, token, timeout_ms, &store);
   if (rc == 0) {
@@ -482,13 +489,13 @@ static void report_node_done(const options_t *opts, const char *token) {
 static void wait_for_other_nodes(const char *host, int port, const char *token, int signal_fd) {
   tide_store_t *store;
   if (tide_store_connect(host, port, token, 2000, &store) != 0) return;
-  int64_t deadline = tide__deadline_after_ms(NODE_LINGER_MS);
+  int64_t deadline = tide_deadline_after_ms(NODE_LINGER_MS);
   for (;;) {
     int64_t started = 0, done = 0;
     if (tide_store_add(store, NODES_STARTED_KEY, 0, &started) != 0 ||
         tide_store_add(store, NODES_DONE_KEY, 0, &done) != 0 || done >= started)
       break;
-    if (tide__now_ns() >= deadline) {
+    if (tide_now_ns() >= deadline) {
       fprintf(stderr, "tiderun: %d other node(s) did not finish within %d s; stopping the store\n",
               (int)(started - done), NODE_LINGER_MS / 1000);
       break;
@@ -720,7 +727,7 @@ static void stop_ranks(job_t *job) {
   job->stopping = 1;
   job->grace_end = INT64_MAX;
   signal_ranks(job, SIGTERM);
-  job->kill_at = tide__deadline_after_ms(KILL_AFTER_TERM_MS);
+  job->kill_at = tide_deadline_after_ms(KILL_AFTER_TERM_MS);
 }
 
 static const char *signal_name(int sig, char *buf, size_t cap) {
@@ -792,7 +799,7 @@ static void rank_ended(job_t *job, rank_t *r, int status) {
   }
   fprintf(stderr, "tiderun: the other %d rank(s) get %d ms to exit before SIGTERM\n",
           job->running, job->opts->grace_ms);
-  job->grace_end = tide__deadline_after_ms(job->opts->grace_ms);
+  job->grace_end = tide_deadline_after_ms(job->opts->grace_ms);
 }
 
 /* Reaps the ranks that ended. Before reaping one, kills what it left behind
@@ -860,13 +867,13 @@ static void run_loop(job_t *job, int signal_fd) {
       }
     if (job->running == 0 && nfds == 1) break;
     if (job->running == 0 && job->drain_end == INT64_MAX)
-      job->drain_end = tide__deadline_after_ms(DRAIN_MS);
+      job->drain_end = tide_deadline_after_ms(DRAIN_MS);
 
     int64_t next = min64(min64(job->grace_end, job->kill_at), min64(job->timeout_at, job->drain_end));
     if (job->opts->elastic && !job->stopping) next = min64(next, job->next_poll);
     int timeout_ms = -1;
     if (next != INT64_MAX) {
-      int64_t left_ns = next - tide__now_ns();
+      int64_t left_ns = next - tide_now_ns();
       timeout_ms = left_ns <= 0 ? 0 : (int)min64((left_ns + 999999) / 1000000, 1 << 30);
     }
     int n = poll(pfds, (nfds_t)nfds, timeout_ms);
@@ -884,9 +891,9 @@ static void run_loop(job_t *job, int signal_fd) {
         if (pfds[i].revents != 0 && owners[i]->fd >= 0) stream_read(owners[i], owner_rank[i]);
     }
     reap(job); /* SIGCHLD coalesces; reaping is cheap */
-    if (job->opts->elastic && !job->stopping && tide__now_ns() >= job->next_poll) {
+    if (job->opts->elastic && !job->stopping && tide_now_ns() >= job->next_poll) {
       elastic_poll(job);
-      job->next_poll = tide__deadline_after_ms(ELASTIC_POLL_MS);
+      job->next_poll = tide_deadline_after_ms(ELASTIC_POLL_MS);
       /* The pfds array holds two streams per worker: workers may have been added. */
       if (1 + 2 * job->nranks > nfds_max) {
         nfds_max = 1 + 2 * job->capacity;
@@ -900,7 +907,7 @@ static void run_loop(job_t *job, int signal_fd) {
       }
     }
 
-    int64_t now = tide__now_ns();
+    int64_t now = tide_now_ns();
     if (now >= job->timeout_at) {
       job->timeout_at = INT64_MAX;
       if (job->running > 0) {
@@ -938,15 +945,23 @@ static void run_loop(job_t *job, int signal_fd) {
  * Returns -1, after a warning, when the topology cannot be read: the ranks
  * then run unbound. */
 static int place_ranks(const options_t *opts, rank_t *ranks) {
-  if (opts->bind == TIDE__BIND_NONE) return 0;
-  cpu_set_t *shares = calloc((size_t)opts->nproc, sizeof *shares);
-  int rc = shares != NULL ? tide__bind_shares(opts->bind, opts->nproc, NULL, NULL, shares) : TIDE_ENOMEM;
+  if (opts->bind == TIDE_BIND_NONE) return 0;
+  size_t cap = (size_t)opts->nproc * CPU_SETSIZE;
+  int *cpus = calloc(cap, sizeof *cpus);
+  size_t *first = calloc((size_t)opts->nproc + 1, sizeof *first);
+  int rc = cpus != NULL && first != NULL ? tide_bind_plan((tide_bind_t)opts->bind, opts->nproc, cpus, cap, first)
+                                         : TIDE_ENOMEM;
   if (rc != 0) {
     fprintf(stderr, "tiderun: warning: cannot place the ranks (%s): they run unbound\n", tide_strerror(rc));
   } else {
-    for (int i = 0; i < opts->nproc; i++) ranks[i].cpus = shares[i];
+    for (int i = 0; i < opts->nproc; i++) {
+      CPU_ZERO(&ranks[i].cpus);
+      for (size_t k = first[i]; k < first[i + 1]; k++) CPU_SET(cpus[k], &ranks[i].cpus);
+      tide_cpus_format(cpus + first[i], first[i + 1] - first[i], ranks[i].cpus_text, sizeof ranks[i].cpus_text);
+    }
   }
-  free(shares);
+  free(cpus);
+  free(first);
   return rc != 0 ? -1 : 0;
 }
 
@@ -970,7 +985,7 @@ static int start_rank(job_t *job, rank_t *r, char **env, const sigset_t *old_mas
   }
   pid_t parent = getpid();
   pid_t pid = fork();
-  const cpu_set_t *cpus = opts->bind != TIDE__BIND_NONE ? &r->cpus : NULL;
+  const cpu_set_t *cpus = opts->bind != TIDE_BIND_NONE ? &r->cpus : NULL;
   if (pid == 0) exec_rank(opts, cpus, env, pipes[0], pipes[1], old_mask, old_sigpipe, parent);
   int fork_errno = errno;
   if (opts->prefix) {
@@ -994,13 +1009,12 @@ static int start_rank(job_t *job, rank_t *r, char **env, const sigset_t *old_mas
       r->streams[k].fd = pipes[k][0];
       fcntl(pipes[k][0], F_SETFL, fcntl(pipes[k][0], F_GETFL) | O_NONBLOCK);
     }
-  char text[256] = "";
-  if (cpus != NULL) tide__cpuset_format(cpus, text, sizeof text);
+  const char *text = r->cpus_text;
   if (cpus != NULL)
-    TIDE_INFO("tiderun: rank %d is pid %d, bound to cpus %s (--bind %s)", r->rank, (int)pid, text,
-              tide__bind_name(opts->bind));
+    tide_log_info("tiderun: rank %d is pid %d, bound to cpus %s (--bind %s)", r->rank, (int)pid, text,
+              tide_bind_name((tide_bind_t)opts->bind));
   else
-    TIDE_INFO("tiderun: rank %d is pid %d, unbound (--bind none)", r->rank, (int)pid);
+    tide_log_info("tiderun: rank %d is pid %d, unbound (--bind none)", r->rank, (int)pid);
   return 0;
 }
 
@@ -1016,9 +1030,9 @@ static int launch(job_t *job, int i, int joiner) {
   snprintf(local_size_text, sizeof local_size_text, "%d", opts->nproc);
   snprintf(node_text, sizeof node_text, "%d", opts->node_rank);
   snprintf(nnodes_text, sizeof nnodes_text, "%d", opts->nnodes);
-  if (opts->bind != TIDE__BIND_NONE) tide__cpuset_format(&job->ranks[i].cpus, cpus_text, sizeof cpus_text);
+  if (opts->bind != TIDE_BIND_NONE) snprintf(cpus_text, sizeof cpus_text, "%s", job->ranks[i].cpus_text);
   const char *values[NVARS] = {rank_text, size_text, local_text, local_size_text, node_text, nnodes_text,
-                               job->rdzv, job->token, job->job_id, tide__bind_name(opts->bind), cpus_text};
+                               job->rdzv, job->token, job->job_id, tide_bind_name((tide_bind_t)opts->bind), cpus_text};
   /* rank_env copies tiderun's environment: a joiner's mark is set around it. */
   if (joiner) setenv("TIDE_ELASTIC_JOIN", "1", 1);
   char **env = rank_env(values);
@@ -1115,7 +1129,13 @@ int main(int argc, char **argv) {
     fprintf(stderr, "tiderun: fix the TIDE_* variable named above\n");
     return EXIT_USAGE;
   }
-  if (opts.bind < 0) tide__bind_parse(tide__param_str(TIDE__PARAM_BIND), TIDE__BIND_CORE, &opts.bind);
+  if (opts.bind < 0) {
+    const char *bind_param = NULL;
+    tide_bind_t bind = TIDE_BIND_CORE;
+    tide_param_get("TIDE_BIND", &bind_param, NULL);
+    tide_bind_parse(bind_param, TIDE_BIND_CORE, &bind);
+    opts.bind = (int)bind;
+  }
   char token_buf[65], id_buf[17];
   const char *token = job_token(&opts, token_buf);
   if (token == NULL) return EXIT_USAGE;
@@ -1167,7 +1187,7 @@ int main(int argc, char **argv) {
       return 1;
     }
     server_port = tide_store_server_port(server);
-    TIDE_INFO("tiderun: store server listening on %s:%d", bind_host ? bind_host : "*",
+    tide_log_info("tiderun: store server listening on %s:%d", bind_host ? bind_host : "*",
               server_port);
   }
   /* The ranks of every node use the same address, so that node 0's ranks
@@ -1179,7 +1199,7 @@ int main(int argc, char **argv) {
 
   job_t job = {.opts = &opts, .nranks = opts.nproc, .grace_end = INT64_MAX,
                .kill_at = INT64_MAX, .timeout_at = INT64_MAX, .drain_end = INT64_MAX};
-  if (opts.timeout_s > 0) job.timeout_at = tide__deadline_after_ms((int64_t)opts.timeout_s * 1000);
+  if (opts.timeout_s > 0) job.timeout_at = tide_deadline_after_ms((int64_t)opts.timeout_s * 1000);
   /* Elastic: room for replacements and added workers. */
   job.capacity = opts.elastic ? opts.max_np + opts.max_restarts + 4 * opts.max_np + 16 : opts.nproc;
   job.ranks = calloc((size_t)job.capacity, sizeof *job.ranks);
@@ -1200,7 +1220,7 @@ int main(int argc, char **argv) {
     }
   }
 
-  if (place_ranks(&opts, job.ranks) != 0) opts.bind = TIDE__BIND_NONE;
+  if (place_ranks(&opts, job.ranks) != 0) opts.bind = TIDE_BIND_NONE;
   /* A worker started later takes the CPUs of the initial one it may replace. */
   for (int i = opts.nproc; i < job.capacity; i++) job.ranks[i].cpus = job.ranks[i % opts.nproc].cpus;
 
@@ -1230,7 +1250,7 @@ int main(int argc, char **argv) {
       fprintf(stderr, "tiderun: cannot read the elastic job's requests from its store: %s\n", tide_strerror(rc));
       job.exit_code = 1;
     }
-    job.next_poll = tide__deadline_after_ms(ELASTIC_POLL_MS);
+    job.next_poll = tide_deadline_after_ms(ELASTIC_POLL_MS);
   }
   /* A node beyond the first --nnodes MIN adds its workers to the running job. */
   int late = opts.elastic && opts.node_rank >= opts.nnodes_min;

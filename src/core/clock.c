@@ -17,6 +17,10 @@ int64_t tide__deadline_after_ms(int64_t ms) {
   return tide__now_ns() + ms * 1000000;
 }
 
+int64_t tide_now_ns(void) { return tide__now_ns(); }
+
+int64_t tide_deadline_after_ms(int64_t ms) { return tide__deadline_after_ms(ms); }
+
 int tide__ms_left(int64_t deadline_ns) {
   if (deadline_ns == INT64_MAX) return INT32_MAX;
   int64_t left = (deadline_ns - tide__now_ns() + 999999) / 1000000;

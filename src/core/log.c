@@ -67,6 +67,14 @@ void tide__log_write_suppressed(int level, unsigned long long suppressed, const 
   va_end(ap);
 }
 
+void tide_log_info(const char *fmt, ...) {
+  if (TIDE__LOG_INFO > tide__log_level) return;
+  va_list ap;
+  va_start(ap, fmt);
+  log_vwrite(TIDE__LOG_INFO, 0, fmt, ap);
+  va_end(ap);
+}
+
 static pthread_mutex_t ratelimit_lock = PTHREAD_MUTEX_INITIALIZER;
 
 int tide__ratelimit_pass(tide__ratelimit_t *rl, unsigned long long *suppressed) {

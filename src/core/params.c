@@ -137,6 +137,30 @@ int tide__param_is_set(int id) {
   return is_set[id];
 }
 
+int tide_param_get(const char *name, const char **text, int64_t *value) {
+  if (name == NULL || (text == NULL && value == NULL)) {
+    TIDE_ERROR("tide_param_get: name and one of text or value must not be NULL");
+    return TIDE_EINVAL;
+  }
+  for (int i = 0; i < TIDE__PARAM_COUNT; i++) {
+    if (strcmp(rows[i].name, name) != 0) continue;
+    pthread_once(&once, load);
+    if (value == NULL && text != NULL) {
+      *text = str_value[i];
+      return 0;
+    }
+    if (rows[i].type == P_STR) {
+      TIDE_ERROR("tide_param_get: %s is a string: pass value NULL and read text", name);
+      return TIDE_EINVAL;
+    }
+    if (text != NULL) *text = str_value[i];
+    *value = int_value[i];
+    return 0;
+  }
+  TIDE_ERROR("tide_param_get: no parameter named \"%s\" (`tide params` lists them)", name);
+  return TIDE_EINVAL;
+}
+
 void tide_params_print(FILE *out, int markdown) {
   if (out == NULL) {
     tide__null_arg("tide_params_print", "out");

@@ -40,20 +40,68 @@ int tide__bind_parse(const char *text, int auto_mode, int *mode_out) {
 
 const char *tide__bind_name(int mode) { return mode >= 0 && mode < 3 ? mode_names[mode] : "?"; }
 
-void tide__cpuset_format(const cpu_set_t *set, char *buf, size_t cap) {
+void tide_cpus_format(const int *cpus, size_t n, char *buf, size_t cap) {
   size_t len = 0;
   buf[0] = '\0';
-  for (int cpu = 0; cpu < CPU_SETSIZE; cpu++) {
-    if (!CPU_ISSET(cpu, set)) continue;
-    int last = cpu;
-    while (last + 1 < CPU_SETSIZE && CPU_ISSET(last + 1, set)) last++;
-    int n = last == cpu ? snprintf(buf + len, cap - len, "%s%d", len ? "," : "", cpu)
-                        : snprintf(buf + len, cap - len, "%s%d-%d", len ? "," : "", cpu, last);
-    if (n < 0 || (size_t)n >= cap - len) return; /* truncated */
-    len += (size_t)n;
-    cpu = last;
+  for (size_t i = 0; i < n; i++) {
+    size_t j = i;
+    while (j + 1 < n && cpus[j + 1] == cpus[j] + 1) j++;
+    int k = j == i ? snprintf(buf + len, cap - len, "%s%d", len ? "," : "", cpus[i])
+                   : snprintf(buf + len, cap - len, "%s%d-%d", len ? "," : "", cpus[i], cpus[j]);
+    if (k < 0 || (size_t)k >= cap - len) return; /* truncated */
+    len += (size_t)k;
+    i = j;
   }
   if (len == 0) snprintf(buf, cap, "none");
+}
+
+/* The CPUs of set, ascending, into list[0..CPU_SETSIZE); returns their number. */
+static size_t cpuset_list(const cpu_set_t *set, int *list) {
+  size_t n = 0;
+  for (int cpu = 0; cpu < CPU_SETSIZE; cpu++)
+    if (CPU_ISSET(cpu, set)) list[n++] = cpu;
+  return n;
+}
+
+void tide__cpuset_format(const cpu_set_t *set, char *buf, size_t cap) {
+  int list[CPU_SETSIZE];
+  tide_cpus_format(list, cpuset_list(set, list), buf, cap);
+}
+
+int tide_bind_parse(const char *text, tide_bind_t auto_mode, tide_bind_t *out) {
+  int mode;
+  if (out == NULL || tide__bind_parse(text, (int)auto_mode, &mode) != 0) return TIDE_EINVAL;
+  *out = (tide_bind_t)mode;
+  return 0;
+}
+
+const char *tide_bind_name(tide_bind_t mode) { return tide__bind_name((int)mode); }
+
+int tide_bind_plan(tide_bind_t mode, int nranks, int *cpus, size_t cap, size_t *first) {
+  if (nranks < 1 || cpus == NULL || first == NULL) {
+    TIDE_ERROR("tide_bind_plan: nranks must be at least 1 (got %d) and cpus and first not NULL", nranks);
+    return TIDE_EINVAL;
+  }
+  cpu_set_t *shares = tide__calloc((size_t)nranks, sizeof *shares);
+  if (shares == NULL) return TIDE_ENOMEM;
+  int rc = tide__bind_shares((int)mode, nranks, NULL, NULL, shares);
+  int list[CPU_SETSIZE];
+  size_t used = 0;
+  for (int r = 0; rc == 0 && r < nranks; r++) {
+    size_t n = cpuset_list(&shares[r], list);
+    if (used + n > cap) {
+      TIDE_ERROR("tide_bind_plan: cpus holds %zu entries, too few for %d ranks' CPUs: give nranks * 1024", cap,
+                 nranks);
+      rc = TIDE_EINVAL;
+      break;
+    }
+    first[r] = used;
+    memcpy(cpus + used, list, n * sizeof *list);
+    used += n;
+  }
+  if (rc == 0) first[nranks] = used;
+  tide__free(shares);
+  return rc;
 }
 
 /* ---- shares ---------------------------------------------------------------- */
