@@ -10,7 +10,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "nn/nn.h"
+#include "tide_nn.h"
 
 static double now_s(void) {
   struct timespec ts;

@@ -18,17 +18,17 @@ while [ $# -gt 0 ]; do
 done
 extra=("$@")
 [ ${#extra[@]} -eq 0 ] && extra=(--model mlp --epochs 2 --batch 64 --lr 0.05 --threads 1)
-[ -x "$build/tools/tide-train" ] && [ -f "$build/libtide_internal.a" ] ||
-  { echo "bench-step-overhead: --build DIR must be a tide build (tools/tide-train, libtide_internal.a)" >&2; exit 2; }
+[ -x "$build/tools/tide-train" ] && [ -f "$build/libtide.a" ] ||
+  { echo "bench-step-overhead: --build DIR must be a tide build (tools/tide-train, libtide.a)" >&2; exit 2; }
 build=$(cd "$build" && pwd)
 src=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 work=$(mktemp -d /tmp/step-overhead.XXXXXX)
 trap 'rm -rf "$work"' EXIT
 git -C "$src" show "$rev:tools/tide-train.c" >"$work/loop.c" || { echo "no tools/tide-train.c at $rev" >&2; exit 1; }
-# libtide_internal holds the MPI transport when the build found Open MPI
+# libtide.a (tide_static) holds the MPI transport when the build found Open MPI
 mpi=$(pkg-config --libs ompi 2>/dev/null || true)
 cc -std=c11 -O3 -g -D_GNU_SOURCE -I"$src/include" -I"$src/src" "$work/loop.c" "$build/src/nn/libtide_nn.a" \
-  "$build/libtide_internal.a" -lopenblas -lz -lnlopt -lhwloc -lm -lpthread -lrt $mpi -o "$work/loop" ||
+  "$build/libtide.a" -lopenblas -lz -lnlopt -lhwloc -lm -lpthread -lrt $mpi -o "$work/loop" ||
   { echo "bench-step-overhead: the $rev loop does not build against this library" >&2; exit 1; }
 for ((i = 1; i <= repeat; i++)); do
   order="api loop"; [ $((i % 2)) = 0 ] && order="loop api"

@@ -3,7 +3,7 @@
 #ifndef TIDE_TRAIN_PLAN_H
 #define TIDE_TRAIN_PLAN_H
 
-#include "nn/nn.h"
+#include "tide_nn.h"
 #include "tide.h"
 
 typedef struct {
