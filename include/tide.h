@@ -79,9 +79,9 @@ const char *tide_bind_name(tide_bind_t mode);
  * core gives each rank a contiguous share of the cores, never straddling
  * NUMA nodes unless it holds them whole (one core each, wrapping, when ranks
  * outnumber cores); numa widens each share to its NUMA nodes; none gives
- * every rank all the CPUs. TIDE_EINVAL (logged) for nranks < 1, NULL
- * arguments or cap too small (nranks * 1024 always suffices); TIDE_EIO when
- * the topology cannot be read. */
+ * every rank all the CPUs. TIDE_EINVAL (logged, nothing written) for
+ * nranks < 1, NULL arguments or cap too small (nranks * 1024 always
+ * suffices); TIDE_EIO when the topology cannot be read. */
 int tide_bind_plan(tide_bind_t mode, int nranks, int *cpus, size_t cap, size_t *first);
 /* cpus[0..n) (ascending) as "0-3,8", "none" when n is 0, truncated to cap
  * (cap >= 5). */

@@ -460,7 +460,10 @@ static void test_public_calls(const cpu_set_t *machine) {
       CHECK(CPU_EQUAL(&got, &shares[r]));
     }
   }
+  cpus[0] = -7;
+  first[0] = 99;
   CHECK_RC(tide_bind_plan(TIDE_BIND_NONE, N, cpus, (size_t)CPU_COUNT(machine), first), TIDE_EINVAL);
+  CHECK(cpus[0] == -7 && first[0] == 99); /* nothing written */
   CHECK_RC(tide_bind_plan(TIDE_BIND_CORE, 0, cpus, cap, first), TIDE_EINVAL);
   CHECK_RC(tide_bind_plan(TIDE_BIND_CORE, N, NULL, cap, first), TIDE_EINVAL);
   free(cpus);

@@ -85,16 +85,17 @@ int tide_bind_plan(tide_bind_t mode, int nranks, int *cpus, size_t cap, size_t *
   cpu_set_t *shares = tide__calloc((size_t)nranks, sizeof *shares);
   if (shares == NULL) return TIDE_ENOMEM;
   int rc = tide__bind_shares((int)mode, nranks, NULL, NULL, shares);
+  size_t total = 0;
+  for (int r = 0; rc == 0 && r < nranks; r++) total += (size_t)CPU_COUNT(&shares[r]);
+  if (rc == 0 && total > cap) { /* nothing written */
+    TIDE_ERROR("tide_bind_plan: cpus holds %zu entries, %d ranks' CPUs need %zu: give nranks * 1024", cap, nranks,
+               total);
+    rc = TIDE_EINVAL;
+  }
   int list[CPU_SETSIZE];
   size_t used = 0;
   for (int r = 0; rc == 0 && r < nranks; r++) {
     size_t n = cpuset_list(&shares[r], list);
-    if (used + n > cap) {
-      TIDE_ERROR("tide_bind_plan: cpus holds %zu entries, too few for %d ranks' CPUs: give nranks * 1024", cap,
-                 nranks);
-      rc = TIDE_EINVAL;
-      break;
-    }
     first[r] = used;
     memcpy(cpus + used, list, n * sizeof *list);
     used += n;
