@@ -78,7 +78,7 @@ start_daemon || exit 1
 [ $rc -eq 2 ] && grep -q "more than the 4 slots" "$tmp/err" || fail "submit --max-np 5 on 4 slots: rc $rc, $(cat "$tmp/err")"
 
 # Job a alone: its minimum at once, then the whole pool.
-a=$(replay a 0.04) || fail "submit a"
+a=$(replay a 0.08) || fail "submit a"
 jobs
 [ "$(field "$a" 3)" = running ] && [ "$(field "$a" 4)" = 1 ] || fail "a did not start at once on 1 slot: $(cat "$dir/jobs.txt")"
 wait_for 30 grep -q "job $a (a) runs on 4 worker(s)" "$tmp/sched.log" || fail "a never grew to 4 workers"
