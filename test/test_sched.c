@@ -417,6 +417,28 @@ static void test_trace_app(void) {
     tide_sim_result_free(r);
   }
   CHECK(close_to(finish[0], finish[1] / 2, 0.05));
+  /* start_cost: a job's start pauses it that long (the launch a live job pays), not the resize cost */
+  double took[2];
+  for (int k = 0; k < 2; k++) {
+    tide_sim_options_t o;
+    tide_sim_options_init(&o);
+    o.nodes = 1, o.slots = 4, o.resize_cost = 0, o.start_cost = k == 0 ? 0 : 7, o.sched.policy = TIDE_SCHED_FIFO;
+    tide_sim_result_t *r;
+    CHECK_OK(tide_sim_run(&o, dir, path, &r));
+    const tide_sim_job_t *jobs;
+    CHECK(tide_sim_result_jobs(r, &jobs) == 1 && jobs[0].finish > 0);
+    took[k] = jobs[0].finish - jobs[0].start;
+    tide_sim_result_free(r);
+  }
+  CHECK(fabs(took[1] - took[0] - 7) < 1e-6);
+  {
+    tide_sim_options_t o;
+    tide_sim_options_init(&o);
+    o.start_cost = -2;
+    tide_sim_result_t *r = NULL;
+    CHECK_RC(tide_sim_run(&o, dir, path, &r), TIDE_EINVAL);
+    CHECK(r == NULL);
+  }
   write_file(dir, "part.csv", "name,time,application,num_replicas,batch_size,work\nt0,0,toy,2,64,1.5\n");
   tide_sim_options_t o;
   tide_sim_options_init(&o);

@@ -51,7 +51,8 @@ typedef struct {
 } sim_t;
 
 void tide_sim_options_init(tide_sim_options_t *opts) {
-  *opts = (tide_sim_options_t){.nodes = 16, .slots = 4, .interval = 60, .resize_cost = 30, .arrival_scale = 1,
+  *opts = (tide_sim_options_t){.nodes = 16, .slots = 4, .interval = 60, .resize_cost = 30, .start_cost = -1,
+                               .arrival_scale = 1,
                                .copies = 1, .max_time = 30 * 86400.0};
   tide_sched_options_init(&opts->sched);
 }
@@ -359,6 +360,10 @@ static int check_options(const tide_sim_options_t *o) {
     TIDE_ERROR("sim: cluster %d x %d: nodes and slots must be >= 1", o->nodes, o->slots);
     return TIDE_EINVAL;
   }
+  if (!(o->start_cost >= 0 || o->start_cost == -1)) {
+    TIDE_ERROR("sim: start cost %g must be >= 0 seconds (or -1: the resize cost)", o->start_cost);
+    return TIDE_EINVAL;
+  }
   if (!(o->interval > 0) || !(o->resize_cost >= 0) || !(o->interference >= 0 && o->interference < 1) ||
       !(o->arrival_scale > 0) || o->copies < 1 || !(o->max_time > 0)) {
     TIDE_ERROR("sim: interval %g must be > 0, resize cost %g >= 0, interference %g in [0, 1), arrival scale %g > 0, "
@@ -480,9 +485,13 @@ int tide_sim_run(const tide_sim_options_t *opts, const char *traces_dir, const c
         for (int n = 0; n < N; n++)
           if (row[n] > 0) job->nodes++, job->slots += row[n];
         if (job->slots == 0) continue;
-        if (job->started) job->out.resizes++;
-        if (!job->started) job->started = 1, job->out.start = t;
         job->pause = opts->resize_cost;
+        if (job->started) {
+          job->out.resizes++;
+        } else {
+          job->started = 1, job->out.start = t;
+          if (opts->start_cost >= 0) job->pause = opts->start_cost;
+        }
         choose_batch(&s, job);
       }
       TIDE_CHECK_GOTO(record_round(res, t, &s, active, nactive, next), rc, out);
