@@ -108,7 +108,7 @@ if [ -n "$hosts" ]; then
         /bin/bash "$(cd "$(dirname "$0")" && pwd)/sched-live-bench.sh" "$build" "$policy" 1 "$slots" > "$d/emu.log" 2>&1 ||
         { echo "run failed: $d/emu.log"; tail -5 "$d/emu.log"; }
       cat "$d/result" 2> /dev/null
-      rm -rf "$d"
+      if grep -q '"not_done": 0,' "$d/result" 2> /dev/null; then rm -rf "$d"; else echo "kept $d (a job not done: its log)"; fi
     done
   done
   exit 0
