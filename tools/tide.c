@@ -1024,6 +1024,8 @@ static const char sim_usage_text[] =
     "  --interval S         seconds between allocation rounds (default 60)\n"
     "  --resize-cost S      seconds each change of a job's allocation costs it (default 30)\n"
     "  --start-cost S       seconds a job's start costs it (launch; default: the resize cost)\n"
+    "  --start-at-once      a job submitted between rounds starts then on one free slot, as\n"
+    "                       tide sched starts it (not fifo, tiresias; default: at the next round)\n"
     "  --traces DIR         the traces (default ../shared/data/pollux-osdi21/traces)\n"
     "  --out DIR            where summary.json and the plots go (default sim-out)\n"
     "  --p P                the power mean's exponent, <= 1 (default -1)\n"
@@ -1078,6 +1080,10 @@ static int cmd_sim(int argc, char **argv) {
     }
     if (strcmp(a, "--no-avoid") == 0) {
       o.sched.allow_interference = 1;
+      continue;
+    }
+    if (strcmp(a, "--start-at-once") == 0) {
+      o.start_at_once = 1;
       continue;
     }
     if (strcmp(a, "--quiet") == 0) {
