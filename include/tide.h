@@ -1649,6 +1649,10 @@ typedef struct {
   int nodes, slots;         /* default 16 x 4 */
   double interval;          /* s between allocation rounds, default 60 */
   double resize_cost;       /* s each change of a job's allocation costs, default 30 */
+  double start_cost;        /* s a job's first allocation costs it (launch, rendezvous); -1
+                               (default): resize_cost */
+  int start_at_once;        /* 1: a job submitted between rounds starts then on one free slot, as tide
+                               sched starts it (not fifo, tiresias); 0 (default): at the next round */
   double interference;      /* slowdown in [0, 1) of a multi-node job sharing a node with another */
   double arrival_scale;     /* submission times multiplied by it, default 1 */
   int copies;               /* each job submitted this many times, default 1 */

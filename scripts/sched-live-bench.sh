@@ -8,6 +8,9 @@
 #        pollux,fifo)] [RUNS (default 1)] [SLOTS (default 8)]
 # With HOSTS=H: H emulated hosts (scripts/emulate-cluster.sh, 1 Gbit/s, 0.5 ms; needs root) x SLOTS
 # slots each, one agent per host, the scheduler on host 0 (--hostfile), and 8 jobs submitted 20 s apart.
+# Under the pollux policy the jobs run the Pollux agent (tide-replay --adapt pollux, or ADAPT=LIST;
+# ADAPT=none: no agent), which publishes their scheduling hints every TIDE_SCHED_HINTS_INTERVAL seconds
+# (here 2 by default: the jobs are short) and at its first fit; the other policies run them at a fixed batch.
 set -eu
 build=${1:?usage: sched-live-bench.sh BUILD_DIR [POLICIES] [RUNS] [SLOTS]}
 policies=${2:-pollux,fifo}
@@ -18,6 +21,7 @@ hosts=${HOSTS:-}
 traces=$(cd "$(dirname "$0")/../../shared/data/pollux-osdi21/traces" && pwd)
 speed=${SPEED:-10}           # the replay jobs' --speed
 work_scale=${WORK_SCALE:-1}  # their --work times this
+export TIDE_SCHED_HINTS_INTERVAL=${TIDE_SCHED_HINTS_INTERVAL:-2}
 # name arrival_s app work requested_np (the fixed size FIFO runs it at)
 jobs_list="j1 0 cifar10 0.04 4
 j2 5 bert 0.02 2
@@ -53,12 +57,18 @@ run_one() { # POLICY RUN
     daemon=$!
   fi
   for _ in $(seq 100); do "$tools/tide" jobs --dir "$dir/d" > /dev/null 2>&1 && break; sleep 0.1; done
+  local adapt=()
+  case "${ADAPT:-}" in
+    none) ;;
+    "") [ "$policy" = pollux ] && adapt=(--adapt pollux) ;;
+    *) adapt=(--adapt "$ADAPT") ;;
+  esac
   t0=$(date +%s.%N)
   while read -r name at app work np; do
     while [ "$(echo "$(date +%s.%N) - $t0 < $at" | bc)" = 1 ]; do sleep 0.1; done
     "$tools/tide" submit --dir "$dir/d" --min-np 1 --max-np "$total" --np "$np" --name "$name" -- \
       "$tools/tide-replay" --app "$app" --traces "$traces" --speed "$speed" --work "$(echo "$work * $work_scale" | bc -l)" --grad-floats 65536 \
-      --log-every 50 --name "bench-$name" > /dev/null
+      "${adapt[@]}" --log-every 50 --name "bench-$name" > /dev/null
   done <<< "$jobs_list"
   local n
   n=$(echo "$jobs_list" | wc -l)
@@ -98,7 +108,7 @@ if [ -n "$hosts" ]; then
         /bin/bash "$(cd "$(dirname "$0")" && pwd)/sched-live-bench.sh" "$build" "$policy" 1 "$slots" > "$d/emu.log" 2>&1 ||
         { echo "run failed: $d/emu.log"; tail -5 "$d/emu.log"; }
       cat "$d/result" 2> /dev/null
-      rm -rf "$d"
+      if grep -q '"not_done": 0,' "$d/result" 2> /dev/null; then rm -rf "$d"; else echo "kept $d (a job not done: its log)"; fi
     done
   done
   exit 0

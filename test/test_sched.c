@@ -417,6 +417,45 @@ static void test_trace_app(void) {
     tide_sim_result_free(r);
   }
   CHECK(close_to(finish[0], finish[1] / 2, 0.05));
+  /* start_cost: a job's start pauses it that long (the launch a live job pays), not the resize cost */
+  double took[2];
+  for (int k = 0; k < 2; k++) {
+    tide_sim_options_t o;
+    tide_sim_options_init(&o);
+    o.nodes = 1, o.slots = 4, o.resize_cost = 0, o.start_cost = k == 0 ? 0 : 7, o.sched.policy = TIDE_SCHED_FIFO;
+    tide_sim_result_t *r;
+    CHECK_OK(tide_sim_run(&o, dir, path, &r));
+    const tide_sim_job_t *jobs;
+    CHECK(tide_sim_result_jobs(r, &jobs) == 1 && jobs[0].finish > 0);
+    took[k] = jobs[0].finish - jobs[0].start;
+    tide_sim_result_free(r);
+  }
+  CHECK(fabs(took[1] - took[0] - 7) < 1e-6);
+  /* start_at_once: a job submitted between rounds starts at its submission under pollux (as tide
+   * sched starts it), at the next round without it and under fifo */
+  write_file(dir, "late.csv", "name,time,application,num_replicas,batch_size,work\nt0,30,toy,2,64,0.5\n");
+  char late[600];
+  snprintf(late, sizeof late, "%s/late.csv", dir);
+  for (int k = 0; k < 3; k++) {
+    tide_sim_options_t o;
+    tide_sim_options_init(&o);
+    o.nodes = 1, o.slots = 4, o.interval = 60, o.start_at_once = k > 0;
+    o.sched.policy = k == 2 ? TIDE_SCHED_FIFO : TIDE_SCHED_POLLUX;
+    tide_sim_result_t *r;
+    CHECK_OK(tide_sim_run(&o, dir, late, &r));
+    const tide_sim_job_t *jobs;
+    CHECK(tide_sim_result_jobs(r, &jobs) == 1 && jobs[0].finish > jobs[0].start);
+    CHECK(jobs[0].start == (k == 1 ? 30 : 60));
+    tide_sim_result_free(r);
+  }
+  {
+    tide_sim_options_t o;
+    tide_sim_options_init(&o);
+    o.start_cost = -2;
+    tide_sim_result_t *r = NULL;
+    CHECK_RC(tide_sim_run(&o, dir, path, &r), TIDE_EINVAL);
+    CHECK(r == NULL);
+  }
   write_file(dir, "part.csv", "name,time,application,num_replicas,batch_size,work\nt0,0,toy,2,64,1.5\n");
   tide_sim_options_t o;
   tide_sim_options_init(&o);

@@ -18,6 +18,11 @@
  * travels with the parameters to workers that join and survives a
  * failure like the rest of the state.
  *
+ * With --adapt pollux the job runs the Pollux agent through the step API
+ * (as tide-train --adapt pollux does): under tide sched its rank 0
+ * publishes the job's scheduling hints to the job's store, at its first
+ * step, at its first fit and every TIDE_SCHED_HINTS_INTERVAL seconds.
+ *
  *   tiderun --elastic --min-np 1 --max-np 4 -np 2 tide-replay --app cifar10 --speed 20 --work 0.01
  */
 #include <errno.h>
@@ -44,7 +49,8 @@ static const char usage_text[] =
     "  --speed S           run S times faster than the trace's step times (default 1)\n"
     "  --work F            the fraction of the application's progress to make (default 1)\n"
     "  --grad-floats N     floats exchanged per step (default 262144)\n"
-    "  --adapt LIST        the trainer's policies (e.g. pollux; docs/adaptation.md)\n"
+    "  --adapt LIST        the trainer's policies (e.g. pollux: the Pollux agent, which publishes\n"
+    "                      the job's scheduling hints to tide sched; docs/adaptation.md)\n"
     "  --log-every K       rank 0 prints a line every K steps (default 10; 0: none)\n"
     "  --name J            a label (shows in ps and the lines printed)\n";
 

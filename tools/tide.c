@@ -1023,6 +1023,9 @@ static const char sim_usage_text[] =
     "  --cluster NxS        N nodes of S slots (default 16x4)\n"
     "  --interval S         seconds between allocation rounds (default 60)\n"
     "  --resize-cost S      seconds each change of a job's allocation costs it (default 30)\n"
+    "  --start-cost S       seconds a job's start costs it (launch; default: the resize cost)\n"
+    "  --start-at-once      a job submitted between rounds starts then on one free slot, as\n"
+    "                       tide sched starts it (not fifo, tiresias; default: at the next round)\n"
     "  --traces DIR         the traces (default ../shared/data/pollux-osdi21/traces)\n"
     "  --out DIR            where summary.json and the plots go (default sim-out)\n"
     "  --p P                the power mean's exponent, <= 1 (default -1)\n"
@@ -1079,6 +1082,10 @@ static int cmd_sim(int argc, char **argv) {
       o.sched.allow_interference = 1;
       continue;
     }
+    if (strcmp(a, "--start-at-once") == 0) {
+      o.start_at_once = 1;
+      continue;
+    }
     if (strcmp(a, "--quiet") == 0) {
       quiet = 1;
       continue;
@@ -1103,6 +1110,9 @@ static int cmd_sim(int argc, char **argv) {
     } else if (strcmp(a, "--interval") == 0) {
       if (parse_double(v, &d) || !(d > 0)) usage_error("sim", "--interval: '%s' is not a number of seconds > 0", v);
       o.interval = d;
+    } else if (strcmp(a, "--start-cost") == 0) {
+      if (parse_double(v, &d) || !(d >= 0)) usage_error("sim", "--start-cost: '%s' is not a number of seconds >= 0", v);
+      o.start_cost = d;
     } else if (strcmp(a, "--resize-cost") == 0) {
       if (parse_double(v, &d) || !(d >= 0)) usage_error("sim", "--resize-cost: '%s' is not a number of seconds >= 0", v);
       o.resize_cost = d;

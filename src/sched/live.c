@@ -1042,7 +1042,12 @@ static void resize_job_multi(daemon_t *d, job_t *j, const int *next) {
   for (int n = 0; n < nodes; n++) changed |= next[n] != j->on[n];
   if (!changed || job_connect(j) != 0) return;
   for (int n = 0; n < nodes; n++) grows += next[n] > j->on[n] ? next[n] - j->on[n] : 0;
-  int two_phase = next_total == cur_total;
+  /* A move (the same size elsewhere), or a change that keeps none of the
+   * job's members (0 2 -> 4 0): grow first, then shrink, so that a member
+   * with the state is there to hand it over. */
+  int stays = 0;
+  for (int n = 0; n < nodes; n++) stays += next[n] < j->on[n] ? next[n] : j->on[n];
+  int two_phase = next_total == cur_total || stays == 0;
   int target = two_phase ? cur_total + grows : next_total;
   for (int n = 0; n < nodes; n++) {
     if (next[n] < j->on[n]) {

@@ -51,7 +51,8 @@ typedef struct {
 } sim_t;
 
 void tide_sim_options_init(tide_sim_options_t *opts) {
-  *opts = (tide_sim_options_t){.nodes = 16, .slots = 4, .interval = 60, .resize_cost = 30, .arrival_scale = 1,
+  *opts = (tide_sim_options_t){.nodes = 16, .slots = 4, .interval = 60, .resize_cost = 30, .start_cost = -1,
+                               .arrival_scale = 1,
                                .copies = 1, .max_time = 30 * 86400.0};
   tide_sched_options_init(&opts->sched);
 }
@@ -354,9 +355,38 @@ static double seconds_now(void) {
   return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
+/* start_at_once: the jobs submitted in [now, now + interval) that have not
+ * started take one free slot each at their submission (tide sched starts a
+ * new job on its minimum at once under the elastic policies); the pause
+ * covers the time before it and the start cost. */
+static void start_arrivals(sim_t *s, int *used) {
+  const tide_sim_options_t *o = s->opts;
+  if (!o->start_at_once || o->sched.policy == TIDE_SCHED_FIFO || o->sched.policy == TIDE_SCHED_TIRESIAS) return;
+  int N = o->nodes;
+  for (int n = 0; n < N; n++) used[n] = 0;
+  for (int j = 0; j < s->njobs; j++)
+    for (int n = 0; n < N; n++) used[n] += s->jobs[j].row[n];
+  for (int j = 0; j < s->njobs; j++) {
+    job_t *job = &s->jobs[j];
+    if (job->started || job->done || job->out.submit < s->now || job->out.submit >= s->now + o->interval) continue;
+    int n = 0;
+    while (n < N && used[n] >= o->slots) n++;
+    if (n == N) return;
+    used[n]++;
+    job->row[n] = 1, job->slots = job->nodes = 1;
+    job->started = 1, job->out.start = job->out.submit;
+    job->pause = job->out.submit - s->now + (o->start_cost >= 0 ? o->start_cost : o->resize_cost);
+    choose_batch(s, job);
+  }
+}
+
 static int check_options(const tide_sim_options_t *o) {
   if (o->nodes < 1 || o->slots < 1 || (long)o->nodes * o->slots > 1 << 20) {
     TIDE_ERROR("sim: cluster %d x %d: nodes and slots must be >= 1", o->nodes, o->slots);
+    return TIDE_EINVAL;
+  }
+  if (!(o->start_cost >= 0 || o->start_cost == -1)) {
+    TIDE_ERROR("sim: start cost %g must be >= 0 seconds (or -1: the resize cost)", o->start_cost);
     return TIDE_EINVAL;
   }
   if (!(o->interval > 0) || !(o->resize_cost >= 0) || !(o->interference >= 0 && o->interference < 1) ||
@@ -416,6 +446,7 @@ int tide_sim_run(const tide_sim_options_t *opts, const char *traces_dir, const c
   int complete = 0;
   double round_sum = 0;
   for (s.now = 0; complete < J && s.now < opts->max_time; s.now += opts->interval) {
+    start_arrivals(&s, counts);
     /* Interference: nodes that two multi-node jobs share. */
     for (int n = 0; n < N; n++) owner[n] = 0;
     for (int j = 0; j < J; j++)
@@ -480,9 +511,13 @@ int tide_sim_run(const tide_sim_options_t *opts, const char *traces_dir, const c
         for (int n = 0; n < N; n++)
           if (row[n] > 0) job->nodes++, job->slots += row[n];
         if (job->slots == 0) continue;
-        if (job->started) job->out.resizes++;
-        if (!job->started) job->started = 1, job->out.start = t;
         job->pause = opts->resize_cost;
+        if (job->started) {
+          job->out.resizes++;
+        } else {
+          job->started = 1, job->out.start = t;
+          if (opts->start_cost >= 0) job->pause = opts->start_cost;
+        }
         choose_batch(&s, job);
       }
       TIDE_CHECK_GOTO(record_round(res, t, &s, active, nactive, next), rc, out);
