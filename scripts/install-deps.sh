@@ -7,14 +7,16 @@ set -euo pipefail
 # Open MPI is the default mpicc/mpirun; MPICH (mpicc.mpich, mpirun.mpich)
 # sits beside it for test_mpi_mpich. clang and libclang-rt-dev build the
 # libFuzzer harnesses (scripts/fuzz.sh, make fuzz). Slurm 22.05 and munge run
-# the real-Slurm tests on emulated hosts (scripts/slurm-cluster.sh).
+# the real-Slurm tests on emulated hosts (scripts/slurm-cluster.sh). GNU time
+# measures peak RSS from outside (scripts/data-limits-check.sh).
 packages=(build-essential cmake pkg-config zlib1g-dev libopenblas-dev liblapacke-dev libhwloc-dev clang libclang-rt-dev
           openmpi-bin libopenmpi-dev mpich libmpich-dev libgloo-dev iproute2
           iptables libnetfilter-queue-dev
           dataset-fashion-mnist gnuplot-nox libnlopt-dev
           python3 python3-numpy python3-torch
           libpng-dev libjpeg62-turbo-dev libcurl4-openssl-dev lighttpd python3-torchvision
-          slurm-wlm slurmctld slurmd slurm-client munge)
+          slurm-wlm slurmctld slurmd slurm-client munge
+          time)
 
 missing=()
 for p in "${packages[@]}"; do
