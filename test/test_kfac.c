@@ -174,11 +174,17 @@ static int resume_main(int rank, int size, void *arg) {
   return 0;
 }
 
+/* Reads a run's parameters and prints their checksum (the run's name
+ * without the temporary directory), so that builds can be compared bit for
+ * bit: the same runs before and after a change print the same lines. */
 static size_t read_params(const char *path, float *out, size_t cap) {
   FILE *f = fopen(path, "rb");
   CHECK(f != NULL);
   size_t n = fread(out, sizeof(float), cap, f);
   fclose(f);
+  const char *name = strrchr(path, '/');
+  fprintf(stderr, "params %s: %zu floats, checksum %016llx\n", name != NULL ? name + 1 : path, n,
+          (unsigned long long)tide__fnv1a(out, n * sizeof *out));
   return n;
 }
 
