@@ -355,6 +355,15 @@ static int bad_options(int rank, int size, void *arg) {
   CHECK_RC(tide_trainer_kfac(tr, &d, spoilt, 3), TIDE_EINVAL);
   CHECK(strstr(tide_trainer_last_error(tr), "layers[2]") != NULL);
   CHECK_RC(tide_trainer_kfac(tr, &d, layers, 0), TIDE_EINVAL);
+  /* The adasum row has no precondition stage in the exchange table (each
+   * rank steps on its own mean): refused, naming it. */
+  tide_trainer_config_t ca = c;
+  ca.exchange = TIDE_EXCHANGE_ADASUM;
+  tide_trainer_t *tra;
+  CHECK_OK(tide_trainer_create(comm, &ca, nn_params(m), nn_grads(m), nn_param_count(m), tensors, ntensors, &tra));
+  CHECK_RC(tide_trainer_kfac(tra, &d, layers, 3), TIDE_EINVAL);
+  CHECK(strstr(tide_trainer_last_error(tra), "adasum") != NULL);
+  tide_trainer_destroy(tra);
   /* Adding outside a step, and bad arguments inside one. */
   float x[16] = {0};
   CHECK_RC(tide_trainer_kfac_add(tr, 0, TIDE_KFAC_A, x, 1, 9, 0, 1.0f), TIDE_ESTATE);
