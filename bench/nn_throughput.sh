@@ -18,7 +18,7 @@ set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 build="${1:-$here/../build}"
-bench="$build/src/nn/nn_bench"
+bench="$build/bench/nn_bench"
 if [[ ! -x "$bench" ]]; then
   echo "nn_throughput.sh: $bench not found: cmake --build $build --target nn_bench" >&2
   exit 1

@@ -97,6 +97,12 @@ int tide_host_port_parse(const char *text, char *host, size_t host_cap, int *por
  * other tide function; all four must be given. Not thread-safe. */
 int tide_replace_allocator(void *(*malloc_fn)(size_t), void *(*realloc_fn)(void *, size_t),
                            void *(*calloc_fn)(size_t, size_t), void (*free_fn)(void *));
+/* Allocate through that allocator (the nn engine, include/tide_nn.h, and
+ * any code that hands memory to tide or takes it back). Never NULL for a
+ * zero size; tide_calloc returns NULL when count x size overflows. Free
+ * with tide_free. Any thread. */
+void *tide_malloc(size_t bytes);
+void *tide_calloc(size_t count, size_t size);
 
 /* ---- parameters ---------------------------------------------------------- */
 
@@ -124,6 +130,9 @@ int64_t tide_deadline_after_ms(int64_t ms);
 /* One line in tide's log format ("host:pid rank time tide info: ...") to
  * stderr or TIDE_LOG_FILE, when TIDE_LOG_LEVEL is info or more. */
 void tide_log_info(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* The same at level error (always printed unless the thread is muted):
+ * where a failure starts, once, naming the argument and what to do. */
+void tide_log_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
 /* ---- background jobs (docs/elastic.md, "Multiplexing") ------------------- */
 
@@ -1255,6 +1264,9 @@ int tide_trainer_base_batch(const tide_comm_t *comm, int batch, long *out);
  * rank whose checksum differs from rank 0's, -1 when every replica is
  * identical. Outputs written only on success. */
 int tide_replica_checksum(tide_comm_t *comm, const void *data, size_t bytes, uint64_t *checksum, int *differing);
+/* This rank's own FNV-1a of the `bytes` bytes at data: the value
+ * tide_replica_checksum compares (NULL data only with bytes 0). Any thread. */
+uint64_t tide_checksum(const void *data, size_t bytes);
 
 /* ---- elastic training (docs/elastic.md) ----------------------------------- */
 
@@ -1799,7 +1811,7 @@ int tide_sched_agent(const char *dir, int node);
  * parameter bytes, activation bytes per sample, and its forward and backward
  * time on one worker at each profiled per-worker batch. Read from tide's
  * profile format or DeepPool's A100 files (tide_profile_read), written by
- * `tide profile` (nn_profile in tide_nn measures tide's own models).
+ * `tide profile` (nn_profile, include/tide_nn.h, measures tide's own models).
  * Threads: one thread builds a profile; once built, any number may read
  * it. */
 typedef struct tide_profile tide_profile_t;

@@ -1,5 +1,8 @@
 /* nn: the small model engine tide-train trains with (Fashion-MNIST sized
- * MLPs and CNNs on the CPU), and the Fashion-MNIST loader.
+ * MLPs and CNNs on the CPU), and the Fashion-MNIST loader. Part of libtide
+ * (pkg-config --libs tide, CMake tide::tide); it calls only tide.h, so its
+ * allocations go through tide_replace_allocator's hook and its errors are
+ * logged in tide's format (tide_log_error).
  *
  * Every function returns 0 or a negative TIDE_E* code (include/tide.h) unless
  * its comment says otherwise; bad arguments give TIDE_EINVAL and one log line
@@ -110,12 +113,10 @@ typedef int (*nn_kfac_cb)(void *ctx, size_t layer, tide_kfac_factor_t factor, co
  * none, the default). The model borrows ctx. */
 void nn_set_kfac_hook(nn_model_t *m, nn_kfac_cb fn, void *ctx);
 
-/* Threads OpenBLAS uses for the matrix products (process-wide; n >= 1).
- * Without OpenBLAS (built against another BLAS, or the fallback kernel) it
- * does nothing. */
+/* Threads OpenBLAS uses for the matrix products (process-wide; n >= 1;
+ * K-FAC's products in libtide share them). */
 void nn_set_threads(int n);
-/* The BLAS in use: "OpenBLAS <core>" or "reference (no BLAS found at build
- * time)"; static storage. */
+/* The BLAS in use: "OpenBLAS <core>"; static storage. */
 const char *nn_blas_info(void);
 
 /* ---- per-layer profile (docs/burst-parallel.md) ------------------------------ */

@@ -27,7 +27,7 @@ trap 'rm -rf "$work"' EXIT
 git -C "$src" show "$rev:tools/tide-train.c" >"$work/loop.c" || { echo "no tools/tide-train.c at $rev" >&2; exit 1; }
 # libtide.a (tide_static) holds the MPI transport when the build found Open MPI
 mpi=$(pkg-config --libs ompi 2>/dev/null || true)
-cc -std=c11 -O3 -g -D_GNU_SOURCE -I"$src/include" -I"$src/src" "$work/loop.c" "$build/src/nn/libtide_nn.a" \
+cc -std=c11 -O3 -g -D_GNU_SOURCE -I"$src/include" -I"$src/src" "$work/loop.c" \
   "$build/libtide.a" -lopenblas -lz -lnlopt -lhwloc -lm -lpthread -lrt $mpi -o "$work/loop" ||
   { echo "bench-step-overhead: the $rev loop does not build against this library" >&2; exit 1; }
 for ((i = 1; i <= repeat; i++)); do

@@ -174,11 +174,17 @@ static int resume_main(int rank, int size, void *arg) {
   return 0;
 }
 
+/* Reads a run's parameters and prints their checksum (the run's name
+ * without the temporary directory), so that builds can be compared bit for
+ * bit: the same runs before and after a change print the same lines. */
 static size_t read_params(const char *path, float *out, size_t cap) {
   FILE *f = fopen(path, "rb");
   CHECK(f != NULL);
   size_t n = fread(out, sizeof(float), cap, f);
   fclose(f);
+  const char *name = strrchr(path, '/');
+  fprintf(stderr, "params %s: %zu floats, checksum %016llx\n", name != NULL ? name + 1 : path, n,
+          (unsigned long long)tide__fnv1a(out, n * sizeof *out));
   return n;
 }
 
@@ -349,6 +355,15 @@ static int bad_options(int rank, int size, void *arg) {
   CHECK_RC(tide_trainer_kfac(tr, &d, spoilt, 3), TIDE_EINVAL);
   CHECK(strstr(tide_trainer_last_error(tr), "layers[2]") != NULL);
   CHECK_RC(tide_trainer_kfac(tr, &d, layers, 0), TIDE_EINVAL);
+  /* The adasum row has no precondition stage in the exchange table (each
+   * rank steps on its own mean): refused, naming it. */
+  tide_trainer_config_t ca = c;
+  ca.exchange = TIDE_EXCHANGE_ADASUM;
+  tide_trainer_t *tra;
+  CHECK_OK(tide_trainer_create(comm, &ca, nn_params(m), nn_grads(m), nn_param_count(m), tensors, ntensors, &tra));
+  CHECK_RC(tide_trainer_kfac(tra, &d, layers, 3), TIDE_EINVAL);
+  CHECK(strstr(tide_trainer_last_error(tra), "adasum") != NULL);
+  tide_trainer_destroy(tra);
   /* Adding outside a step, and bad arguments inside one. */
   float x[16] = {0};
   CHECK_RC(tide_trainer_kfac_add(tr, 0, TIDE_KFAC_A, x, 1, 9, 0, 1.0f), TIDE_ESTATE);

@@ -29,9 +29,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#ifdef TIDE_WITH_NN
 #include "tide_nn.h"
-#endif
 #include "tide.h"
 
 #define EXIT_USAGE 2
@@ -1302,12 +1300,8 @@ static int cmd_profile(int argc, char **argv) {
     q = *end == ',' ? end + 1 : end;
   }
   tide_profile_t *p = NULL;
-#ifdef TIDE_WITH_NN
   nn_set_threads(threads);
   int rc = nn_profile(model, batches, nb, warmup, reps, cpu_clock ? NN_PROFILE_CPU_CLOCK : 0, &p);
-#else
-  int rc = TIDE_ENOSYS; /* built without src/nn */
-#endif
   if (rc == 0) rc = tide_profile_write(p, out);
   if (rc == 0) {
     printf("%-28s %6s %12s %12s %12s\n", "layer", "batch", "fwd+bwd_ms", "params_B", "act_B/sample");

@@ -28,4 +28,19 @@ enum {
 #undef XX
 };
 
+/* Propagation for functions that return 0 or a negative TIDE_E* code:
+ * TIDE_CHECK returns the failing call's code; TIDE_CHECK_GOTO stores it in
+ * rc and jumps to the one cleanup label. */
+#define TIDE_CHECK(call)                                                                 \
+  do {                                                                                   \
+    int tide__check_rc = (call);                                                         \
+    if (tide__check_rc < 0) return tide__check_rc;                                       \
+  } while (0)
+
+#define TIDE_CHECK_GOTO(call, rc, label)                                                 \
+  do {                                                                                   \
+    (rc) = (call);                                                                       \
+    if ((rc) < 0) goto label;                                                            \
+  } while (0)
+
 #endif

@@ -33,6 +33,8 @@ void tide__free(void *ptr) {
 }
 
 void tide_free(void *ptr) { tide__free(ptr); }
+void *tide_malloc(size_t bytes) { return tide__malloc(bytes); }
+void *tide_calloc(size_t count, size_t size) { return tide__calloc(count, size); }
 
 char *tide__strdup(const char *s) {
   size_t n = strlen(s) + 1;

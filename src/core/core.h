@@ -12,19 +12,7 @@
 
 #include "tide.h"
 
-/* ---- error propagation ---------------------------------------------------- */
-
-#define TIDE_CHECK(call)                                                                 \
-  do {                                                                                   \
-    int tide__check_rc = (call);                                                         \
-    if (tide__check_rc < 0) return tide__check_rc;                                       \
-  } while (0)
-
-#define TIDE_CHECK_GOTO(call, rc, label)                                                 \
-  do {                                                                                   \
-    (rc) = (call);                                                                       \
-    if ((rc) < 0) goto label;                                                            \
-  } while (0)
+/* Error propagation (TIDE_CHECK, TIDE_CHECK_GOTO): include/tide/errors.h. */
 
 /* ---- logging ---------------------------------------------------------------- */
 

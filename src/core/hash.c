@@ -11,6 +11,8 @@ uint64_t tide__fnv1a(const void *data, size_t len) {
   return h;
 }
 
+uint64_t tide_checksum(const void *data, size_t bytes) { return tide__fnv1a(data, bytes); }
+
 uint64_t tide__fnv1a_str(const char *s) {
   uint64_t h = TIDE__FNV1A_BASIS;
   for (; *s != '\0'; s++) h = (h ^ (uint8_t)*s) * TIDE__FNV1A_PRIME;

@@ -75,6 +75,13 @@ void tide_log_info(const char *fmt, ...) {
   va_end(ap);
 }
 
+void tide_log_error(const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  log_vwrite(TIDE__LOG_ERROR, 0, fmt, ap);
+  va_end(ap);
+}
+
 static pthread_mutex_t ratelimit_lock = PTHREAD_MUTEX_INITIALIZER;
 
 int tide__ratelimit_pass(tide__ratelimit_t *rl, unsigned long long *suppressed) {

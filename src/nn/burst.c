@@ -24,7 +24,6 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "core/core.h"
 #include "nn/layers.h"
 #include "nn/model_layers.h"
 #include "nn/nn.h"
@@ -168,7 +167,7 @@ static int make_buffers(nn_burst_t *b) {
       if (in > grad) grad = in;
       if (out > grad) grad = out;
       if (i == 0 || l->width != b->layers[i - 1].width) {
-        if ((l->in = tide__malloc(in * sizeof(float))) == NULL) return TIDE_ENOMEM;
+        if ((l->in = tide_malloc(in * sizeof(float))) == NULL) return TIDE_ENOMEM;
       }
     }
     if (i > 0 && l->width != b->layers[i - 1].width) {
@@ -186,12 +185,12 @@ static int make_buffers(nn_burst_t *b) {
       }
     }
   }
-  b->grad[0] = tide__malloc(grad * sizeof(float));
-  b->grad[1] = tide__malloc(grad * sizeof(float));
-  b->send = tide__malloc(xfer * sizeof(float));
-  b->recv = tide__malloc(xfer * sizeof(float));
-  b->counts = tide__calloc((size_t)cmax, sizeof *b->counts);
-  b->labels = tide__calloc((size_t)b->global_batch, sizeof *b->labels);
+  b->grad[0] = tide_malloc(grad * sizeof(float));
+  b->grad[1] = tide_malloc(grad * sizeof(float));
+  b->send = tide_malloc(xfer * sizeof(float));
+  b->recv = tide_malloc(xfer * sizeof(float));
+  b->counts = tide_calloc((size_t)cmax, sizeof *b->counts);
+  b->labels = tide_calloc((size_t)b->global_batch, sizeof *b->labels);
   if (b->grad[0] == NULL || b->grad[1] == NULL || b->send == NULL || b->recv == NULL || b->counts == NULL ||
       b->labels == NULL)
     return TIDE_ENOMEM;
@@ -239,34 +238,34 @@ int nn_burst_max_batch(const int *widths, int nwidths, int global_batch) {
 static int check_plan(const nn_model_t *m, int size, const int *widths, int nwidths, int global_batch,
                       const tide_optim_config_t *optim) {
   if (widths == NULL || optim == NULL) {
-    TIDE_ERROR("nn_burst_create: %s must not be NULL", widths == NULL ? "widths" : "optim");
+    tide_log_error("nn_burst_create: %s must not be NULL", widths == NULL ? "widths" : "optim");
     return TIDE_EINVAL;
   }
   int n = nn__layer_count(m), widest = 1;
   if (nwidths != n) {
-    TIDE_ERROR("nn_burst_create: the plan has %d layers but the model (%s) has %d: make the plan from this "
-               "model's profile (tide profile --model ...)", nwidths, nn_model_arch(m), n);
+    tide_log_error("nn_burst_create: the plan has %d layers but the model (%s) has %d: make the plan from this "
+                   "model's profile (tide profile --model ...)", nwidths, nn_model_arch(m), n);
     return TIDE_EINVAL;
   }
   for (int i = 0; i < n; i++) {
     if (!is_pow2(widths[i]) || widths[i] > size || widths[i] >= (1 << (MAX_LOG - 1))) {
-      TIDE_ERROR("nn_burst_create: layer %d: width %d must be a power of two in [1, %d] (the job's ranks)", i,
-                 widths[i], size);
+      tide_log_error("nn_burst_create: layer %d: width %d must be a power of two in [1, %d] (the job's ranks)", i,
+                     widths[i], size);
       return TIDE_EINVAL;
     }
     if (widths[i] > widest) widest = widths[i];
   }
   if (global_batch < widest) {
-    TIDE_ERROR("nn_burst_create: global_batch %d is smaller than the widest layer's %d workers: every worker of "
-               "a layer needs a sample", global_batch, widest);
+    tide_log_error("nn_burst_create: global_batch %d is smaller than the widest layer's %d workers: every worker of "
+                   "a layer needs a sample", global_batch, widest);
     return TIDE_EINVAL;
   }
   int need = 0;
   for (int i = 0; i < n; i++)
     if (largest_share(global_batch, widest, widths[i]) > need) need = largest_share(global_batch, widest, widths[i]);
   if (need > nn_model_max_batch(m)) {
-    TIDE_ERROR("nn_burst_create: a layer runs on %d samples per rank but the model takes batches of at most %d: "
-               "build it with max_batch >= %d", need, nn_model_max_batch(m), need);
+    tide_log_error("nn_burst_create: a layer runs on %d samples per rank but the model takes batches of at most %d: "
+                   "build it with max_batch >= %d", need, nn_model_max_batch(m), need);
     return TIDE_EINVAL;
   }
   return tide_optim_config_check(optim);
@@ -279,12 +278,12 @@ static int agree(tide_comm_t *comm, int failed, uint64_t h, const char *what) {
   int64_t mine[3] = {failed != 0, (int64_t)(h >> 1), -(int64_t)(h >> 1)}, all[3];
   TIDE_CHECK(tide_allreduce(comm, mine, all, 3, TIDE_I64, TIDE_MAX));
   if (all[0] != 0) {
-    if (!failed) TIDE_ERROR("nn_burst_create: another rank %s (its log says why)", what);
+    if (!failed) tide_log_error("nn_burst_create: another rank %s (its log says why)", what);
     return TIDE_EINVAL;
   }
   if (all[1] != -all[2]) {
-    TIDE_ERROR("nn_burst_create: the ranks were given different plans or global batches: give every rank the "
-               "same plan file and batch");
+    tide_log_error("nn_burst_create: the ranks were given different plans or global batches: give every rank the "
+                   "same plan file and batch");
     return TIDE_EINVAL;
   }
   return 0;
@@ -302,9 +301,9 @@ static int setup_tables(nn_burst_t *b, nn_model_t *m, tide_comm_t *comm, const i
   b->nlayers = n;
   b->first_param = nn__first_param(m);
   b->chunks = widest;
-  b->chunk_start = tide__calloc((size_t)widest, sizeof(int));
-  b->chunk_len = tide__calloc((size_t)widest, sizeof(int));
-  b->layers = tide__calloc((size_t)n, sizeof *b->layers);
+  b->chunk_start = tide_calloc((size_t)widest, sizeof(int));
+  b->chunk_len = tide_calloc((size_t)widest, sizeof(int));
+  b->layers = tide_calloc((size_t)n, sizeof *b->layers);
   if (b->chunk_start == NULL || b->chunk_len == NULL || b->layers == NULL) return TIDE_ENOMEM;
   for (int j = 0; j < widest; j++) {
     b->chunk_start[j] = (int)((int64_t)j * global_batch / widest);
@@ -312,7 +311,7 @@ static int setup_tables(nn_burst_t *b, nn_model_t *m, tide_comm_t *comm, const i
   }
   for (int lw = 0; (1 << lw) <= widest; lw++) {
     int w = 1 << lw;
-    if ((b->chunk_off[lw] = tide__calloc((size_t)widest, sizeof(int))) == NULL) return TIDE_ENOMEM;
+    if ((b->chunk_off[lw] = tide_calloc((size_t)widest, sizeof(int))) == NULL) return TIDE_ENOMEM;
     for (int j = w; j < widest; j++) b->chunk_off[lw][j] = b->chunk_off[lw][j - w] + b->chunk_len[j - w];
     b->local[lw] = b->rank < w ? samples_at(b, w, b->rank) : 0;
   }
@@ -329,7 +328,7 @@ static int setup_tables(nn_burst_t *b, nn_model_t *m, tide_comm_t *comm, const i
 int nn_burst_create(nn_model_t *m, tide_comm_t *comm, const int *widths, int nwidths, int global_batch,
                     const tide_optim_config_t *optim, nn_burst_t **out) {
   if (m == NULL || comm == NULL || out == NULL) {
-    TIDE_ERROR("nn_burst_create: %s must not be NULL", m == NULL ? "model" : comm == NULL ? "comm" : "out");
+    tide_log_error("nn_burst_create: %s must not be NULL", m == NULL ? "model" : comm == NULL ? "comm" : "out");
     return TIDE_EINVAL;
   }
   int n = nn__layer_count(m), size = tide_comm_size(comm), widest = 1;
@@ -337,11 +336,11 @@ int nn_burst_create(nn_model_t *m, tide_comm_t *comm, const int *widths, int nwi
    * waiting in a collective) and every rank runs the same plan on the same batch. */
   int bad = check_plan(m, size, widths, nwidths, global_batch, optim) != 0;
   uint64_t h = bad ? 0
-                   : tide__fnv1a(widths, (size_t)n * sizeof *widths) ^ (uint64_t)global_batch * 0x9e3779b97f4a7c15ull;
+                   : tide_checksum(widths, (size_t)n * sizeof *widths) ^ (uint64_t)global_batch * 0x9e3779b97f4a7c15ull;
   TIDE_CHECK(agree(comm, bad, h, "refused the plan"));
   for (int i = 0; i < n; i++)
     if (widths[i] > widest) widest = widths[i];
-  nn_burst_t *b = tide__calloc(1, sizeof *b);
+  nn_burst_t *b = tide_calloc(1, sizeof *b);
   int rc = b != NULL ? setup_tables(b, m, comm, widths, global_batch, widest) : TIDE_ENOMEM;
   /* a failure anywhere fails every rank, before and after the splits (themselves collective) */
   int agreed = agree(comm, rc != 0, 0, "could not set up (out of memory?)");
@@ -356,7 +355,7 @@ int nn_burst_create(nn_model_t *m, tide_comm_t *comm, const int *widths, int nwi
   *out = b;
   return 0;
 fail:
-  if (rc == TIDE_ENOMEM) TIDE_ERROR("nn_burst_create: out of memory");
+  if (rc == TIDE_ENOMEM) tide_log_error("nn_burst_create: out of memory");
   nn_burst_destroy(b);
   return rc;
 }
@@ -365,23 +364,23 @@ void nn_burst_destroy(nn_burst_t *b) {
   if (b == NULL) return;
   for (int l = 0; l < MAX_LOG; l++) {
     tide_comm_destroy(b->width_comm[l]);
-    tide__free(b->chunk_off[l]);
+    tide_free(b->chunk_off[l]);
     for (int h = 0; h < MAX_LOG; h++) tide_comm_destroy(b->pair_comm[l][h]);
   }
   for (int i = 0; b->layers != NULL && i < b->nlayers; i++) {
-    tide__free(b->layers[i].in);
+    tide_free(b->layers[i].in);
     tide_optim_destroy(b->layers[i].optim);
   }
-  tide__free(b->layers);
-  tide__free(b->chunk_start);
-  tide__free(b->chunk_len);
-  tide__free(b->labels);
-  tide__free(b->grad[0]);
-  tide__free(b->grad[1]);
-  tide__free(b->send);
-  tide__free(b->recv);
-  tide__free(b->counts);
-  tide__free(b);
+  tide_free(b->layers);
+  tide_free(b->chunk_start);
+  tide_free(b->chunk_len);
+  tide_free(b->labels);
+  tide_free(b->grad[0]);
+  tide_free(b->grad[1]);
+  tide_free(b->send);
+  tide_free(b->recv);
+  tide_free(b->counts);
+  tide_free(b);
 }
 
 int nn_burst_runs(const nn_burst_t *b, int layer) {
@@ -399,12 +398,12 @@ static void take_samples(const nn_burst_t *b, int w, const void *src, size_t byt
 
 int nn_burst_step(nn_burst_t *b, const float *x, const int32_t *labels, float lr, float *loss_out) {
   if (b == NULL || x == NULL || labels == NULL) {
-    TIDE_ERROR("nn_burst_step: %s must not be NULL", b == NULL ? "burst" : x == NULL ? "x" : "labels");
+    tide_log_error("nn_burst_step: %s must not be NULL", b == NULL ? "burst" : x == NULL ? "x" : "labels");
     return TIDE_EINVAL;
   }
   for (int i = 0; i < b->global_batch; i++)
     if (labels[i] < 0 || labels[i] >= NN_CLASSES) {
-      TIDE_ERROR("nn_burst_step: labels[%d] = %d is outside [0, %d)", i, (int)labels[i], NN_CLASSES);
+      tide_log_error("nn_burst_step: labels[%d] = %d is outside [0, %d)", i, (int)labels[i], NN_CLASSES);
       return TIDE_EINVAL;
     }
   int r = b->rank, n = b->nlayers;

@@ -6,12 +6,9 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "core/core.h"
-#include "nn/nn.h"
-
-#ifdef NN_HAVE_ZLIB
 #include <zlib.h>
-#endif
+
+#include "nn/nn.h"
 
 #define DEFAULT_DIR "/usr/share/datasets/fashion-mnist"
 /* The dataset's own mean and standard deviation of p / 255. */
@@ -32,17 +29,15 @@ const int32_t *nn_dataset_labels(const nn_dataset_t *ds) { return ds->labels; }
 
 void nn_dataset_free(nn_dataset_t *ds) {
   if (ds == NULL) return;
-  tide__free(ds->images);
-  tide__free(ds->labels);
-  tide__free(ds);
+  tide_free(ds->images);
+  tide_free(ds->labels);
+  tide_free(ds);
 }
 
-#ifdef NN_HAVE_ZLIB
-
 static int not_found(const char *dir, const char *path) {
-  TIDE_ERROR("nn_fashion_load: Fashion-MNIST not found at %s: install the Debian package "
-             "dataset-fashion-mnist (apt-get install dataset-fashion-mnist); missing %s",
-             dir, path);
+  tide_log_error("nn_fashion_load: Fashion-MNIST not found at %s: install the Debian package "
+                 "dataset-fashion-mnist (apt-get install dataset-fashion-mnist); missing %s",
+                 dir, path);
   return TIDE_ENOENT;
 }
 
@@ -50,12 +45,12 @@ static int open_idx(const char *dir, const char *path, gzFile *out) {
   struct stat st;
   if (stat(path, &st) != 0) {
     if (errno == ENOENT || errno == ENOTDIR) return not_found(dir, path);
-    TIDE_ERROR("nn_fashion_load: cannot read %s: %s", path, strerror(errno));
+    tide_log_error("nn_fashion_load: cannot read %s: %s", path, strerror(errno));
     return TIDE_EIO;
   }
   gzFile f = gzopen(path, "rb");
   if (f == NULL) {
-    TIDE_ERROR("nn_fashion_load: cannot open %s: %s", path, strerror(errno));
+    tide_log_error("nn_fashion_load: cannot open %s: %s", path, strerror(errno));
     return TIDE_EIO;
   }
   *out = f;
@@ -69,7 +64,7 @@ static int read_exact(gzFile f, const char *path, void *buf, unsigned len) {
   if (got == (int)len) return 0;
   int zerr = 0;
   const char *why = got < 0 ? gzerror(f, &zerr) : "unexpected end of file";
-  TIDE_ERROR("nn_fashion_load: %s is not a valid idx file: %s (wanted %u more bytes)", path, why, len);
+  tide_log_error("nn_fashion_load: %s is not a valid idx file: %s (wanted %u more bytes)", path, why, len);
   return TIDE_EINVAL;
 }
 
@@ -84,8 +79,8 @@ static int read_header(gzFile f, const char *path, int ndim, uint32_t *dims) {
   TIDE_CHECK(read_exact(f, path, head, 4 + 4 * (unsigned)ndim));
   uint32_t magic = be32(head);
   if (magic != (0x800u | (uint32_t)ndim)) {
-    TIDE_ERROR("nn_fashion_load: %s is not an idx%d-ubyte file: magic 0x%08x, wanted 0x%08x", path, ndim, magic,
-               0x800u | (uint32_t)ndim);
+    tide_log_error("nn_fashion_load: %s is not an idx%d-ubyte file: magic 0x%08x, wanted 0x%08x", path, ndim, magic,
+                   0x800u | (uint32_t)ndim);
     return TIDE_EINVAL;
   }
   for (int i = 0; i < ndim; i++) dims[i] = be32(head + 4 + 4 * i);
@@ -98,24 +93,24 @@ static int load_labels(const char *dir, const char *path, nn_dataset_t *ds) {
   uint32_t n;
   int rc = read_header(f, path, 1, &n);
   if (rc == 0 && (n == 0 || n > MAX_IMAGES)) {
-    TIDE_ERROR("nn_fashion_load: %s claims %u labels; expected 1 to %u", path, n, MAX_IMAGES);
+    tide_log_error("nn_fashion_load: %s claims %u labels; expected 1 to %u", path, n, MAX_IMAGES);
     rc = TIDE_EINVAL;
   }
   unsigned char *raw = NULL;
   if (rc == 0) {
-    raw = tide__malloc(n);
-    ds->labels = tide__malloc((size_t)n * sizeof *ds->labels);
+    raw = tide_malloc(n);
+    ds->labels = tide_malloc((size_t)n * sizeof *ds->labels);
     rc = raw == NULL || ds->labels == NULL ? TIDE_ENOMEM : read_exact(f, path, raw, n);
   }
   for (uint32_t i = 0; rc == 0 && i < n; i++) {
     if (raw[i] >= NN_CLASSES) {
-      TIDE_ERROR("nn_fashion_load: %s: label %u of item %u is not a class in [0, %d)", path, raw[i], i, NN_CLASSES);
+      tide_log_error("nn_fashion_load: %s: label %u of item %u is not a class in [0, %d)", path, raw[i], i, NN_CLASSES);
       rc = TIDE_EINVAL;
     }
     ds->labels[i] = raw[i];
   }
   if (rc == 0) ds->count = n;
-  tide__free(raw);
+  tide_free(raw);
   gzclose(f);
   return rc;
 }
@@ -126,15 +121,15 @@ static int load_images(const char *dir, const char *path, nn_dataset_t *ds) {
   uint32_t dims[3];
   int rc = read_header(f, path, 3, dims);
   if (rc == 0 && (dims[0] != ds->count || dims[1] != NN_IMAGE_SIDE || dims[2] != NN_IMAGE_SIDE)) {
-    TIDE_ERROR("nn_fashion_load: %s holds %u images of %ux%u; wanted %zu (as many as labels) of 28x28", path,
-               dims[0], dims[1], dims[2], ds->count);
+    tide_log_error("nn_fashion_load: %s holds %u images of %ux%u; wanted %zu (as many as labels) of 28x28", path,
+                   dims[0], dims[1], dims[2], ds->count);
     rc = TIDE_EINVAL;
   }
   enum { CHUNK = 512 };
   unsigned char *raw = NULL;
   if (rc == 0) {
-    raw = tide__malloc((size_t)CHUNK * NN_IMAGE_SIZE);
-    ds->images = tide__malloc(ds->count * NN_IMAGE_SIZE * sizeof *ds->images);
+    raw = tide_malloc((size_t)CHUNK * NN_IMAGE_SIZE);
+    ds->images = tide_malloc(ds->count * NN_IMAGE_SIZE * sizeof *ds->images);
     if (raw == NULL || ds->images == NULL) rc = TIDE_ENOMEM;
   }
   float table[256];
@@ -145,7 +140,7 @@ static int load_images(const char *dir, const char *path, nn_dataset_t *ds) {
     float *dst = ds->images + at * NN_IMAGE_SIZE;
     for (size_t i = 0; rc == 0 && i < bytes; i++) dst[i] = table[raw[i]];
   }
-  tide__free(raw);
+  tide_free(raw);
   gzclose(f);
   return rc;
 }
@@ -153,10 +148,10 @@ static int load_images(const char *dir, const char *path, nn_dataset_t *ds) {
 int nn_fashion_load(const char *dir, const char *split, nn_dataset_t **out) {
   if (split == NULL || (strcmp(split, "train") != 0 && strcmp(split, "test") != 0) || out == NULL) {
     if (out == NULL)
-      TIDE_ERROR("nn_fashion_load: out must not be NULL");
+      tide_log_error("nn_fashion_load: out must not be NULL");
     else
-      TIDE_ERROR("nn_fashion_load: split must be \"train\" or \"test\", got %s%s%s", split ? "\"" : "",
-                 split ? split : "NULL", split ? "\"" : "");
+      tide_log_error("nn_fashion_load: split must be \"train\" or \"test\", got %s%s%s", split ? "\"" : "",
+                     split ? split : "NULL", split ? "\"" : "");
     return TIDE_EINVAL;
   }
   if (dir == NULL) dir = DEFAULT_DIR;
@@ -164,10 +159,10 @@ int nn_fashion_load(const char *dir, const char *split, nn_dataset_t **out) {
   char labels_path[4096], images_path[4096];
   if (snprintf(labels_path, sizeof labels_path, "%s/%s-labels-idx1-ubyte.gz", dir, stem) >= (int)sizeof labels_path ||
       snprintf(images_path, sizeof images_path, "%s/%s-images-idx3-ubyte.gz", dir, stem) >= (int)sizeof images_path) {
-    TIDE_ERROR("nn_fashion_load: dir is too long (%zu bytes)", strlen(dir));
+    tide_log_error("nn_fashion_load: dir is too long (%zu bytes)", strlen(dir));
     return TIDE_EINVAL;
   }
-  nn_dataset_t *ds = tide__calloc(1, sizeof *ds);
+  nn_dataset_t *ds = tide_calloc(1, sizeof *ds);
   if (ds == NULL) return TIDE_ENOMEM;
   int rc;
   TIDE_CHECK_GOTO(load_labels(dir, labels_path, ds), rc, fail);
@@ -178,13 +173,3 @@ fail:
   nn_dataset_free(ds);
   return rc;
 }
-
-#else
-
-int nn_fashion_load(const char *dir, const char *split, nn_dataset_t **out) {
-  (void)dir, (void)split, (void)out;
-  TIDE_ERROR("nn_fashion_load: this build has no zlib: install zlib1g-dev and rebuild");
-  return TIDE_ENOSYS;
-}
-
-#endif

@@ -6,9 +6,7 @@
 #include <math.h>
 #include <string.h>
 
-#ifdef NN_HAVE_CBLAS
 #include <cblas.h>
-#endif
 
 /* The memory-bound loops get an AVX2 clone picked at load time, so a portable
  * build still runs them 8 floats wide where the CPU can. */
@@ -93,28 +91,8 @@ NN_HOT static void gemm_nt_small(int m, int n, size_t k, const float *a, size_t 
 
 void nn__sgemm(int trans_a, int trans_b, int m, int n, int k, float alpha, const float *a, int lda,
                const float *b, int ldb, float beta, float *c, int ldc) {
-#ifdef NN_HAVE_CBLAS
   cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans,
               m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
-#else
-  /* Reference: i-p-j order keeps the inner loop contiguous in B and C. */
-  for (int i = 0; i < m; i++) {
-    float *ci = c + (size_t)i * ldc;
-    if (beta == 0.0f)
-      memset(ci, 0, (size_t)n * sizeof *ci);
-    else if (beta != 1.0f)
-      for (int j = 0; j < n; j++) ci[j] *= beta;
-    for (int p = 0; p < k; p++) {
-      float aip = alpha * (trans_a ? a[(size_t)p * lda + i] : a[(size_t)i * lda + p]);
-      if (!trans_b) {
-        const float *bp = b + (size_t)p * ldb;
-        for (int j = 0; j < n; j++) ci[j] += aip * bp[j];
-      } else {
-        for (int j = 0; j < n; j++) ci[j] += aip * b[(size_t)j * ldb + p];
-      }
-    }
-  }
-#endif
 }
 
 /* ---- dense ------------------------------------------------------------------ */

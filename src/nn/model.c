@@ -8,13 +8,10 @@
 #include <string.h>
 #include <time.h>
 
-#include "core/core.h"
 #include "nn/layers.h"
 #include "nn/nn.h"
 
-#ifdef NN_HAVE_OPENBLAS
 #include <cblas.h>
-#endif
 
 enum { LAYER_CONV, LAYER_POOL, LAYER_FLATTEN, LAYER_DENSE };
 enum { MAX_LAYERS = 32, MAX_BATCH_LIMIT = 1 << 20 };
@@ -109,7 +106,7 @@ static int parse_int(const char **p, int lo, int hi, int *out) {
 }
 
 static int bad_arch(const char *arch, const char *why) {
-  TIDE_ERROR("nn_model_create: arch \"%s\": %s; %s", arch, why, ARCH_HELP);
+  tide_log_error("nn_model_create: arch \"%s\": %s; %s", arch, why, ARCH_HELP);
   return TIDE_EINVAL;
 }
 
@@ -246,11 +243,11 @@ static void init_params(nn_model_t *m, uint64_t seed) {
 
 int nn_model_create(const char *arch, int max_batch, uint64_t seed, nn_model_t **out) {
   if (arch == NULL || out == NULL) {
-    TIDE_ERROR("nn_model_create: %s must not be NULL", arch == NULL ? "arch" : "out");
+    tide_log_error("nn_model_create: %s must not be NULL", arch == NULL ? "arch" : "out");
     return TIDE_EINVAL;
   }
   if (max_batch < 1 || max_batch > MAX_BATCH_LIMIT) {
-    TIDE_ERROR("nn_model_create: max_batch %d must be in [1, %d]", max_batch, MAX_BATCH_LIMIT);
+    tide_log_error("nn_model_create: max_batch %d must be in [1, %d]", max_batch, MAX_BATCH_LIMIT);
     return TIDE_EINVAL;
   }
   const char *list = NULL;
@@ -260,11 +257,11 @@ int nn_model_create(const char *arch, int max_batch, uint64_t seed, nn_model_t *
     if (strchr(arch, ':') == NULL && strchr(arch, ',') == NULL) return bad_arch(arch, "unknown model name");
     list = arch;
   }
-  nn_model_t *m = tide__calloc(1, sizeof *m);
+  nn_model_t *m = tide_calloc(1, sizeof *m);
   if (m == NULL) return TIDE_ENOMEM;
   int rc = parse_layers(m, arch, list);
   if (rc != 0) {
-    tide__free(m);
+    tide_free(m);
     return rc;
   }
   m->max_batch = max_batch;
@@ -291,9 +288,9 @@ int nn_model_create(const char *arch, int max_batch, uint64_t seed, nn_model_t *
     size_t col = l->kind == LAYER_CONV ? nn__conv_scratch_size(&l->conv, max_batch) : 0;
     if (col > scratch) scratch = col;
     if (layer_out_size(l) * (size_t)max_batch > INT_MAX || col > INT_MAX || nparams > INT_MAX) {
-      TIDE_ERROR("nn_model_create: arch \"%s\" with max_batch %d needs buffers over 2^31 floats; "
-                 "use a smaller max_batch", arch, max_batch);
-      tide__free(m);
+      tide_log_error("nn_model_create: arch \"%s\" with max_batch %d needs buffers over 2^31 floats; "
+                     "use a smaller max_batch", arch, max_batch);
+      tide_free(m);
       return TIDE_EINVAL;
     }
   }
@@ -310,17 +307,19 @@ int nn_model_create(const char *arch, int max_batch, uint64_t seed, nn_model_t *
       y_at[i] = carve(&bytes, layer_out_size(l) * max_batch * sizeof(float));
     if (l->kind == LAYER_POOL) arg_at[i] = carve(&bytes, layer_out_size(l) * max_batch);
   }
-  m->arch = tide__strdup(list);
+  size_t list_len = strlen(list) + 1;
+  m->arch = tide_malloc(list_len);
   /* 63 spare bytes to align the start. */
-  m->arena = tide__malloc(bytes + 63);
+  m->arena = tide_malloc(bytes + 63);
   if (m->arch == NULL || m->arena == NULL) {
-    tide__free(m->arch);
-    tide__free(m->arena);
-    tide__free(m);
-    TIDE_ERROR("nn_model_create: cannot allocate %zu bytes for arch \"%s\" with max_batch %d", bytes, arch,
-               max_batch);
+    tide_free(m->arch);
+    tide_free(m->arena);
+    tide_free(m);
+    tide_log_error("nn_model_create: cannot allocate %zu bytes for arch \"%s\" with max_batch %d", bytes, arch,
+                   max_batch);
     return TIDE_ENOMEM;
   }
+  memcpy(m->arch, list, list_len);
   char *base = (char *)(((uintptr_t)m->arena + 63) & ~(uintptr_t)63);
   m->params = (float *)(base + params_at);
   m->grads = (float *)(base + grads_at);
@@ -341,9 +340,9 @@ int nn_model_create(const char *arch, int max_batch, uint64_t seed, nn_model_t *
 
 void nn_model_destroy(nn_model_t *m) {
   if (m == NULL) return;
-  tide__free(m->arena);
-  tide__free(m->arch);
-  tide__free(m);
+  tide_free(m->arena);
+  tide_free(m->arch);
+  tide_free(m);
 }
 
 const char *nn_model_arch(const nn_model_t *m) { return m->arch; }
@@ -387,7 +386,7 @@ static const float *layer_forward(nn_model_t *m, int i, const float *in, int bat
 
 /* nn_profile's clock: wall, or this process's CPU time (all its threads). */
 static int64_t timing_now(const nn_model_t *m) {
-  if (!m->timing_cpu) return tide__now_ns();
+  if (!m->timing_cpu) return tide_now_ns();
   struct timespec ts;
   clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
   return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
@@ -520,19 +519,19 @@ float *nn__layer_backward(nn_model_t *m, int i, int batch, float *dout, float *d
 static int check_call(const char *fn, const nn_model_t *m, const float *x, const int32_t *labels,
                       int need_labels, int n, int chunked) {
   if (m == NULL || x == NULL || (need_labels && labels == NULL)) {
-    TIDE_ERROR("%s: %s must not be NULL", fn, m == NULL ? "model" : x == NULL ? "x" : "labels");
+    tide_log_error("%s: %s must not be NULL", fn, m == NULL ? "model" : x == NULL ? "x" : "labels");
     return TIDE_EINVAL;
   }
   if (n < 1 || (!chunked && n > m->max_batch)) {
     if (chunked)
-      TIDE_ERROR("%s: n = %d must be at least 1", fn, n);
+      tide_log_error("%s: n = %d must be at least 1", fn, n);
     else
-      TIDE_ERROR("%s: batch = %d must be in [1, max_batch = %d]", fn, n, m->max_batch);
+      tide_log_error("%s: batch = %d must be in [1, max_batch = %d]", fn, n, m->max_batch);
     return TIDE_EINVAL;
   }
   for (int i = 0; labels != NULL && i < n; i++)
     if (labels[i] < 0 || labels[i] >= NN_CLASSES) {
-      TIDE_ERROR("%s: labels[%d] = %d is outside [0, %d)", fn, i, (int)labels[i], NN_CLASSES);
+      tide_log_error("%s: labels[%d] = %d is outside [0, %d)", fn, i, (int)labels[i], NN_CLASSES);
       return TIDE_EINVAL;
     }
   return 0;
@@ -567,7 +566,7 @@ int nn_evaluate(nn_model_t *m, const float *x, const int32_t *labels, int n, flo
 int nn_forward(nn_model_t *m, const float *x, int batch, float *logits_out) {
   TIDE_CHECK(check_call("nn_forward", m, x, NULL, 0, batch, 0));
   if (logits_out == NULL) {
-    TIDE_ERROR("nn_forward: logits_out must not be NULL");
+    tide_log_error("nn_forward: logits_out must not be NULL");
     return TIDE_EINVAL;
   }
   memcpy(logits_out, forward(m, x, batch), (size_t)batch * NN_CLASSES * sizeof *logits_out);
@@ -580,7 +579,7 @@ size_t nn_kfac_layer_count(const nn_model_t *m) { return m != NULL ? m->ntensors
 
 int nn_kfac_layers(const nn_model_t *m, tide_kfac_layer_t *out) {
   if (m == NULL || out == NULL) {
-    TIDE_ERROR("nn_kfac_layers: %s must not be NULL", m == NULL ? "model" : "out");
+    tide_log_error("nn_kfac_layers: %s must not be NULL", m == NULL ? "model" : "out");
     return TIDE_EINVAL;
   }
   /* name_tensors lays out weight, bias per dense or conv layer. */
@@ -601,23 +600,13 @@ void nn_set_kfac_hook(nn_model_t *m, nn_kfac_cb fn, void *ctx) {
 /* ---- BLAS ------------------------------------------------------------------------------ */
 
 void nn_set_threads(int n) {
-#ifdef NN_HAVE_OPENBLAS
   if (n >= 1) openblas_set_num_threads(n);
-#else
-  (void)n;
-#endif
 }
 
 const char *nn_blas_info(void) {
-#ifdef NN_HAVE_OPENBLAS
   static char info[128];
   snprintf(info, sizeof info, "OpenBLAS %s", openblas_get_corename());
   return info;
-#elif defined(NN_HAVE_CBLAS)
-  return "CBLAS (not OpenBLAS: nn_set_threads has no effect)";
-#else
-  return "reference (no BLAS found at build time)";
-#endif
 }
 
 /* ---- per-layer profile (docs/burst-parallel.md) ------------------------------------------ */
@@ -654,7 +643,7 @@ static int profile_layers(const char *arch, const nn_model_t *m, tide_profile_t 
 
 int nn_profile_layers(const char *arch, tide_profile_t **out) {
   if (arch == NULL || out == NULL) {
-    TIDE_ERROR("nn_profile_layers: %s must not be NULL", arch == NULL ? "arch" : "out");
+    tide_log_error("nn_profile_layers: %s must not be NULL", arch == NULL ? "arch" : "out");
     return TIDE_EINVAL;
   }
   nn_model_t *m = NULL;
@@ -667,15 +656,18 @@ int nn_profile_layers(const char *arch, tide_profile_t **out) {
 int nn_profile(const char *arch, const int *batches, int nbatches, int warmup, int reps, unsigned flags,
                tide_profile_t **out) {
   if (arch == NULL || batches == NULL || out == NULL || nbatches < 1 || warmup < 0 || reps < 1) {
-    TIDE_ERROR("nn_profile: %s", arch == NULL ? "arch must not be NULL" : batches == NULL ? "batches must not be NULL"
-                                 : out == NULL ? "out must not be NULL" : nbatches < 1 ? "nbatches must be >= 1"
-                                 : warmup < 0 ? "warmup must be >= 0" : "reps must be >= 1");
+    tide_log_error("nn_profile: %s", arch == NULL      ? "arch must not be NULL"
+                                     : batches == NULL ? "batches must not be NULL"
+                                     : out == NULL     ? "out must not be NULL"
+                                     : nbatches < 1    ? "nbatches must be >= 1"
+                                     : warmup < 0      ? "warmup must be >= 0"
+                                                       : "reps must be >= 1");
     return TIDE_EINVAL;
   }
   int max_batch = 0;
   for (int b = 0; b < nbatches; b++) {
     if (batches[b] < 1 || batches[b] > 65536) {
-      TIDE_ERROR("nn_profile: batches[%d] = %d must be in [1, 65536]", b, batches[b]);
+      tide_log_error("nn_profile: batches[%d] = %d must be in [1, 65536]", b, batches[b]);
       return TIDE_EINVAL;
     }
     if (batches[b] > max_batch) max_batch = batches[b];
@@ -688,10 +680,10 @@ int nn_profile(const char *arch, const int *batches, int nbatches, int warmup, i
   int rc;
   TIDE_CHECK_GOTO(nn_model_create(arch, max_batch, 1, &m), rc, out);
   int n = m->nlayers;
-  x = tide__malloc((size_t)max_batch * NN_IMAGE_SIZE * sizeof *x);
-  labels = tide__malloc((size_t)max_batch * sizeof *labels);
-  samples = tide__malloc((size_t)reps * 2 * n * sizeof *samples);
-  m->timing = tide__calloc((size_t)2 * n, sizeof *m->timing);
+  x = tide_malloc((size_t)max_batch * NN_IMAGE_SIZE * sizeof *x);
+  labels = tide_malloc((size_t)max_batch * sizeof *labels);
+  samples = tide_malloc((size_t)reps * 2 * n * sizeof *samples);
+  m->timing = tide_calloc((size_t)2 * n, sizeof *m->timing);
   m->timing_cpu = (flags & NN_PROFILE_CPU_CLOCK) != 0;
   if (x == NULL || labels == NULL || samples == NULL || m->timing == NULL) {
     rc = TIDE_ENOMEM;
@@ -725,13 +717,13 @@ int nn_profile(const char *arch, const int *batches, int nbatches, int warmup, i
   rc = 0;
 out:
   if (m != NULL) {
-    tide__free(m->timing);
+    tide_free(m->timing);
     m->timing = NULL;
   }
   nn_model_destroy(m);
   tide_profile_destroy(p);
-  tide__free(x);
-  tide__free(labels);
-  tide__free(samples);
+  tide_free(x);
+  tide_free(labels);
+  tide_free(samples);
   return rc;
 }

@@ -19,7 +19,7 @@ void tide__exchange_average(tide_trainer_t *tr, float inv, tide__mean_t *mean) {
     if (tensor_sq != NULL) tensor_sq[t] = sq;
     total += sq;
   }
-  *mean = (tide__mean_t){tr->exchange + tr->shard_offset, total, 0};
+  *mean = (tide__mean_t){tr->exchange + tr->shard_offset, total, 0, tr->exchange};
 }
 
 /* The rows that sum the whole gradient. */
@@ -31,7 +31,6 @@ static int sum_average(tide_trainer_t *tr, void *state, double total, tide__mean
 
 int tide__exchange_update(tide_trainer_t *tr, void *state, const tide__mean_t *mean, float lr, tide__update_t *out) {
   (void)state;
-  if (tr->kfac != NULL) TIDE_CHECK(tide__kfac_run(tr, lr, &out->kfac_s));
   int rc = tide_optim_step(tr->optim, tr->params + tr->shard_offset, mean->grad, lr);
   if (rc != 0)
     return tide__trainer_fail(tr, rc, tr->pto ? "optimizer step %ld failed on this rank's shard"
@@ -224,12 +223,15 @@ static int adasum_update(tide_trainer_t *tr, void *state, const tide__mean_t *me
 }
 
 #define UPDATE tide__exchange_update
+#define KFAC tide__kfac_stage
 const tide__exchange_ops_t tide__exchanges[TIDE__EXCHANGE_ROWS] = {
-    [TIDE_EXCHANGE_DENSE] = {"dense", dense_open, dense_run, sum_average, UPDATE, dense_close, no_compressor},
-    [TIDE_EXCHANGE_TOPK] = {"topk", topk_open, sparse_run, sum_average, UPDATE, sparse_close, sparse_compressor},
-    [TIDE_EXCHANGE_HITOPK] = {"hitopk", hitopk_open, sparse_run, sum_average, UPDATE, sparse_close, sparse_compressor},
-    [TIDE_EXCHANGE_ADASUM] = {"adasum", adasum_open, adasum_reduce, adasum_average, adasum_update, adasum_close,
-                              no_compressor},
-    [TIDE__EXCHANGE_PTO] = {"pto", tide__pto_open, tide__pto_reduce, tide__pto_average, UPDATE, tide__pto_row_close,
-                            no_compressor},
+    [TIDE_EXCHANGE_DENSE] = {"dense", dense_open, dense_run, sum_average, KFAC, UPDATE, dense_close, no_compressor},
+    [TIDE_EXCHANGE_TOPK] = {"topk", topk_open, sparse_run, sum_average, KFAC, UPDATE, sparse_close,
+                            sparse_compressor},
+    [TIDE_EXCHANGE_HITOPK] = {"hitopk", hitopk_open, sparse_run, sum_average, KFAC, UPDATE, sparse_close,
+                              sparse_compressor},
+    [TIDE_EXCHANGE_ADASUM] = {"adasum", adasum_open, adasum_reduce, adasum_average, NULL, adasum_update,
+                              adasum_close, no_compressor},
+    [TIDE__EXCHANGE_PTO] = {"pto", tide__pto_open, tide__pto_reduce, tide__pto_average, NULL, UPDATE,
+                            tide__pto_row_close, no_compressor},
 };

@@ -308,7 +308,7 @@ int tide_trainer_kfac(tide_trainer_t *tr, const tide_kfac_config_t *config, cons
   if (tr->elastic != NULL)
     return tide__trainer_fail(tr, TIDE_EINVAL, "tide_trainer_kfac: K-FAC is not elastic yet (its layer owners are "
                               "fixed): turn it on only in a job that is not elastic");
-  if (tr->exchange_kind == TIDE_EXCHANGE_ADASUM)
+  if (tide__exchanges[tr->exchange_kind].precondition == NULL)
     return tide__trainer_fail(tr, TIDE_EINVAL, "tide_trainer_kfac: K-FAC preconditions the averaged gradient, and the "
                               "adasum exchange has none (each rank steps on its own): use dense, topk or hitopk");
   const char *why, *field = config_problem(config, &why);
@@ -529,11 +529,13 @@ static double precondition(tide__kfac_t *k, const layer_t *l, const float *grad,
   return dot;
 }
 
-int tide__kfac_run(tide_trainer_t *tr, float lr, double *seconds) {
-  tide__kfac_t *k = tr->kfac;
+int tide__kfac_stage(tide_trainer_t *tr, tide__kfac_t *k, const tide__mean_t *mean, float lr, tide__update_t *out) {
+  if (mean->whole == NULL) /* a row without this stage in the table (tide__exchange_row avoids them) */
+    return tide__trainer_fail(tr, TIDE_ESTATE, "K-FAC: step %ld's exchange averaged only a shard of the gradient",
+                              tr->step);
   int64_t t0 = tide__now_ns(), t;
   int rc;
-  float *grad = tr->exchange;
+  float *grad = mean->whole;
   if (factor_step(tr) && (rc = update_factors(tr, k)) != 0) return rc;
   int refresh = tr->step % k->config.inverse_every == 0, eigen = 0;
   t = tide__now_ns();
@@ -638,7 +640,7 @@ int tide__kfac_run(tide_trainer_t *tr, float lr, double *seconds) {
     scatter(l, l->spread ? l->pw : k->recv + k->at[i], nu, grad);
   }
   lap(k, APPLY, &t);
-  *seconds = (double)(tide__now_ns() - t0) * 1e-9 + k->add_s;
+  out->kfac_s += (double)(tide__now_ns() - t0) * 1e-9 + k->add_s;
   k->prof[STATS] += k->add_s;
   k->prof_steps++;
   k->add_s = 0;

@@ -88,11 +88,12 @@ int tide__pto_open(tide_trainer_t *tr, void **state) {
   return 0;
 }
 
-/* Not under K-FAC, which needs the whole averaged gradient on every rank:
- * then PTO shards only the update. */
+/* PTO's row, whose mean is one shard, has no precondition stage: with
+ * K-FAC on (it needs the whole averaged gradient on every rank) the dense
+ * exchange keeps its own row and PTO shards only the update. */
 int tide__exchange_row(const tide_trainer_t *tr) {
-  return tr->pto && tr->exchange_kind == TIDE_EXCHANGE_DENSE && tr->kfac == NULL ? TIDE__EXCHANGE_PTO
-                                                                                 : (int)tr->exchange_kind;
+  int row = tr->pto && tr->exchange_kind == TIDE_EXCHANGE_DENSE ? TIDE__EXCHANGE_PTO : (int)tr->exchange_kind;
+  return tr->kfac != NULL && tide__exchanges[row].precondition == NULL ? (int)tr->exchange_kind : row;
 }
 
 int tide__pto_reduce(tide_trainer_t *tr, void *state) {
@@ -127,7 +128,7 @@ int tide__pto_average(tide_trainer_t *tr, void *state, double total, tide__mean_
     if (tensor_sq != NULL) tensor_sq[t] = p->shard_sq[t];
     sq += p->shard_sq[t];
   }
-  *mean = (tide__mean_t){p->shard_grad, sq, 0};
+  *mean = (tide__mean_t){p->shard_grad, sq, 0, NULL};
   return 0;
 }
 

@@ -249,7 +249,7 @@ static int apply(tide_trainer_t *tr, const tide_decision_t *d) {
     if (tr->config.pto && !tide__pto_supports(d->exchange))
       return tide__trainer_fail(tr, TIDE_EINVAL, "a policy chose exchange %s, which PTO does not run (dense, topk "
                                 "and hitopk do)", tide_exchange_name((tide_exchange_t)d->exchange));
-    if (tr->kfac != NULL && d->exchange == TIDE_EXCHANGE_ADASUM)
+    if (tr->kfac != NULL && tide__exchanges[d->exchange].precondition == NULL)
       return tide__trainer_fail(tr, TIDE_EINVAL, "a policy chose the adasum exchange, which K-FAC does not run "
                                 "with (it preconditions the averaged gradient)");
     tr->exchange_kind = (tide_exchange_t)d->exchange;
@@ -400,7 +400,8 @@ static int finish(tide_trainer_t *tr, double total, int64_t t1, int64_t t2, doub
 }
 
 /* One micro-batch; after the step's last, the exchange through one row of
- * the table (reduce, average, update), the statistics and the policies. */
+ * the table (reduce, average, precondition, update), the statistics and the
+ * policies. */
 int tide_trainer_step(tide_trainer_t *tr, double loss, tide_step_stats_t *stats) {
   if (tr == NULL) {
     TIDE_ERROR("tide_trainer_step: trainer must not be NULL");
@@ -444,6 +445,7 @@ int tide_trainer_step(tide_trainer_t *tr, double loss, tide_step_stats_t *stats)
   s->gain = d.gain > 0 ? d.gain : s->scale;
   s->lr = (double)tide_lr_at(&tr->config.schedule, (long)floor(tr->progress)) * s->lr_factor;
   tide__update_t done = {0, 0};
+  if (tr->kfac != NULL) TIDE_CHECK(ops->precondition(tr, tr->kfac, &mean, (float)s->lr, &done));
   TIDE_CHECK(ops->update(tr, state, &mean, (float)s->lr, &done));
   s->kfac_s = done.kfac_s;
   TIDE_CHECK(finish(tr, total, t1, t2, done.comm_s));

@@ -11,11 +11,15 @@
  * part (the whole gradient; [shard_offset, shard_offset + shard_len) under
  * PTO) and the squared norm of the mean over all ranks (per tensor into
  * monitor.tensor_sq under config.tensor_stats). own: the gradient is this
- * rank's own mean (a row that combines the ranks' updates): no |G|^2. */
+ * rank's own mean (a row that combines the ranks' updates): no |G|^2.
+ * whole: the whole averaged gradient (nparams floats, grad inside it), which
+ * the precondition stage changes in place; NULL when the row averaged only
+ * this rank's shard. */
 typedef struct {
   const float *grad;
   double sq;
   int own;
+  float *whole;
 } tide__mean_t;
 
 /* What the update reports: seconds of communication inside it (counted as
@@ -24,6 +28,10 @@ typedef struct {
   double comm_s, kfac_s;
 } tide__update_t;
 
+/* The K-FAC stage's state (src/train/kfac.c): tr->kfac, NULL while K-FAC is
+ * off. */
+typedef struct tide__kfac tide__kfac_t;
+
 /* One row of the exchange table owns the whole exchange of a step:
  *   open     its state, once, when the row first runs (collective);
  *   reduce   sums tr->exchange's statistics slots over the ranks, exactly,
@@ -31,7 +39,14 @@ typedef struct {
  *            error feedback;
  *   average  divides the sum by the samples (total over the ranks) and
  *            fills the mean (|G|^2 included, reduced over ranks if needed);
- *   update   applies it: tide__exchange_update (K-FAC, the optimizer, PTO's
+ *   precondition  the stage between the average and the update, with its
+ *            own state (the K-FAC stage, tide__kfac_stage, and tr->kfac;
+ *            the step runs it while that state is on): changes mean->whole
+ *            in place and adds its seconds to out->kfac_s. NULL for a row
+ *            whose mean is not the averaged gradient of the whole model
+ *            (adasum: each rank's own; pto: one shard): K-FAC refuses the
+ *            first and takes the exchange's own row instead of the second;
+ *   update   applies it: tide__exchange_update (the optimizer, PTO's
  *            all-gather) or the row's own around it;
  *   close    frees the state (NULL accepted).
  * compressor: the one holding this rank's error-feedback residual (NULL
@@ -41,6 +56,8 @@ typedef struct {
   int (*open)(tide_trainer_t *tr, void **state);
   int (*reduce)(tide_trainer_t *tr, void *state);
   int (*average)(tide_trainer_t *tr, void *state, double total, tide__mean_t *mean);
+  int (*precondition)(tide_trainer_t *tr, tide__kfac_t *stage, const tide__mean_t *mean, float lr,
+                      tide__update_t *out);
   int (*update)(tide_trainer_t *tr, void *state, const tide__mean_t *mean, float lr, tide__update_t *out);
   void (*close)(void *state);
   tide_compressor_t *(*compressor)(void *state);
@@ -59,12 +76,11 @@ void tide__pto_row_close(void *state);
 
 /* The row this step runs (pto.c). */
 int tide__exchange_row(const tide_trainer_t *tr);
-/* The default update: K-FAC preconditions the whole averaged gradient in
- * place, then the optimizer steps this rank's part (its one call in the
- * trainer), then under PTO the parameters are all-gathered. */
+/* The default update: the optimizer steps this rank's part (its one call
+ * in the trainer), then under PTO the parameters are all-gathered. */
 int tide__exchange_update(tide_trainer_t *tr, void *state, const tide__mean_t *mean, float lr, tide__update_t *out);
 /* Divides the whole gradient sum by its samples (inv = 1 / samples) into
- * the mean. */
+ * the mean (whole: the exchange buffer). */
 void tide__exchange_average(tide_trainer_t *tr, float inv, tide__mean_t *mean);
 /* Closes every row's state (they reopen at the next step). */
 void tide__exchange_close_all(tide_trainer_t *tr);
@@ -74,15 +90,16 @@ typedef struct {
   void *state;
 } tide__policy_slot_t;
 
-/* The K-FAC stage (src/train/kfac.c). */
-typedef struct tide__kfac tide__kfac_t;
+/* The K-FAC stage (src/train/kfac.c): its state k (tr->kfac) is made by
+ * tide_trainer_kfac and freed here (NULL accepted). */
 void tide__kfac_destroy(tide__kfac_t *k);
 /* At the end of each micro-batch: counts the factors it added to. */
 void tide__kfac_micro_end(tide__kfac_t *k);
-/* Between the exchange and the optimizer: factors, eigendecompositions,
- * preconditioning of tr->exchange in place, sharing. Collective. *seconds
- * gets the stage's time plus this step's tide_trainer_kfac_add time. */
-int tide__kfac_run(tide_trainer_t *tr, float lr, double *seconds);
+/* The rows' precondition stage: factors, eigendecompositions,
+ * preconditioning of mean->whole in place, sharing. Collective.
+ * out->kfac_s gets the stage's time plus this step's tide_trainer_kfac_add
+ * time. */
+int tide__kfac_stage(tide_trainer_t *tr, tide__kfac_t *k, const tide__mean_t *mean, float lr, tide__update_t *out);
 /* Its part of the trainer state: factors and decompositions (floats; 0
  * without K-FAC). get gathers the decompositions from their owners
  * (collective when they are spread over the ranks); check returns why a
