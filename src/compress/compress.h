@@ -231,6 +231,31 @@ static inline float tide__mstopk_probe(double base, double top, double f) {
   return (float)(base + f * (top - base));
 }
 
+/* MSTopK's bisection state: the bracket [l, r] of fractions, the largest
+ * count <= k seen (k1, at threshold t1) and the smallest count > k (k2, t2). */
+typedef struct {
+  double l, r;
+  size_t k1, k2;
+  float t1, t2;
+} tide__mstopk_bracket_t;
+
+/* One probe's count c at threshold t (fraction f) narrows the bracket. */
+static inline void tide__mstopk_narrow(tide__mstopk_bracket_t *b, size_t k, double f, float t, size_t c) {
+  if (c <= k) {
+    b->r = f;
+    if (c > b->k1) {
+      b->k1 = c;
+      b->t1 = t;
+    }
+  } else {
+    b->l = f;
+    if (c < b->k2) {
+      b->k2 = c;
+      b->t2 = t;
+    }
+  }
+}
+
 /* splitmix64: seeds and draws. */
 static inline uint64_t tide__splitmix64(uint64_t *state) {
   uint64_t z = (*state += 0x9e3779b97f4a7c15ull);

@@ -273,9 +273,7 @@ int tide__topk_mstopk(const float *x, size_t d, size_t k, int rounds, uint64_t s
   double top = top_f;
   stats->full_passes = 1;
 
-  double l = 0.0, r = 1.0;
-  size_t k1 = 0, k2 = d;
-  float t1 = 0.0f, t2 = 0.0f;
+  tide__mstopk_bracket_t b = {.l = 0.0, .r = 1.0, .k1 = 0, .k2 = d};
   int collected = 0;
   m->cap = 2 * k + 65536;
   m->budget = d / 32 + 65536 < m->cap ? d / 32 + 65536 : m->cap;
@@ -286,7 +284,7 @@ int tide__topk_mstopk(const float *x, size_t d, size_t k, int rounds, uint64_t s
     if (rc < 0) goto out;
   }
   for (int round = 0; round < rounds; round++) {
-    double f = (l + r) / 2.0;
+    double f = (b.l + b.r) / 2.0;
     float t = tide__mstopk_probe(base, top, f);
     m->probe = tide__key(t);
     size_t c = 0;
@@ -326,20 +324,10 @@ int tide__topk_mstopk(const float *x, size_t d, size_t k, int rounds, uint64_t s
         tide__parallel_run(nw, ms_work, m);
       }
     }
-    if (c <= k) {
-      r = f;
-      if (c > k1) {
-        k1 = c;
-        t1 = t;
-      }
-    } else {
-      l = f;
-      if (c < k2) {
-        k2 = c;
-        t2 = t;
-      }
-    }
+    tide__mstopk_narrow(&b, k, f, t, c);
   }
+  size_t k1 = b.k1, k2 = b.k2;
+  float t1 = b.t1, t2 = b.t2;
   for (int i = 0; i < nt && !collected; i++) cands[i].len = 0;
 
   /* The sure set and the band; with no probe <= k nothing is sure. */

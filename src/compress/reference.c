@@ -78,28 +78,16 @@ int tide__topk_ref_mstopk(const float *x, size_t d, size_t k, int rounds, uint64
   float top = 0.0f;
   for (size_t i = 0; i < d; i++) top = fabsf(x[i]) > top ? fabsf(x[i]) : top;
 
-  double l = 0.0, r = 1.0;
-  size_t k1 = 0, k2 = d;
-  float t1 = 0.0f, t2 = 0.0f;
+  tide__mstopk_bracket_t b = {.l = 0.0, .r = 1.0, .k1 = 0, .k2 = d};
   for (int round = 0; round < rounds; round++) {
-    double f = (l + r) / 2.0;
+    double f = (b.l + b.r) / 2.0;
     float t = tide__mstopk_probe(base, top, f);
     size_t c = 0;
     for (size_t i = 0; i < d; i++) c += fabsf(x[i]) >= t;
-    if (c <= k) {
-      r = f;
-      if (c > k1) {
-        k1 = c;
-        t1 = t;
-      }
-    } else {
-      l = f;
-      if (c < k2) {
-        k2 = c;
-        t2 = t;
-      }
-    }
+    tide__mstopk_narrow(&b, k, f, t, c);
   }
+  size_t k1 = b.k1;
+  float t1 = b.t1, t2 = b.t2;
   /* k1 = 0: no probe counted <= k, nothing is sure and the band is |x| >= t2. */
   size_t band = 0;
   for (size_t i = 0; i < d; i++) {
