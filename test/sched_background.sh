@@ -95,7 +95,7 @@ done
 # Foreground c holds one slot, so that foreground a starts on the other and
 # stays on 1 worker until c is cancelled.
 c=$(submit --min-np 1 --max-np 1 --name c -- $(replay c 1)) || fail "submit c"
-a=$(submit --min-np 1 --max-np 2 --name a -- $(replay a 0.025)) || fail "submit a"
+a=$(submit --min-np 1 --max-np 2 --name a -- $(replay a 0.03)) || fail "submit a"
 at="127.0.0.1:$(sed -n 's/^port //p' "$dir/jobs/$a/state")" # a's store, as the guard names it
 solo_of() { guard | sed -n "s/.*foreground at $at: solo step \([0-9.]*\) s on $1 worker(s).*/\1/p" | head -1; }
 has_solo() { [ -n "$(solo_of "$1")" ]; }
@@ -114,7 +114,7 @@ jobs
 grep -q "^$bg .*step=[0-9]*,pauses=[1-9]" "$dir/jobs.txt" || fail "tide jobs shows no progress for bg: $(cat "$dir/jobs.txt")"
 
 # Foreground b: a shrinks back to 1 worker, whose solo step its store kept.
-b=$(submit --min-np 1 --max-np 1 --name b -- $(replay b 0.005)) || fail "submit b"
+b=$(submit --min-np 1 --max-np 1 --name b -- $(replay b 0.01)) || fail "submit b"
 wait_for 30 grep -q "job $a (a) runs on 1 worker(s)" "$tmp/sched.log" || fail "a never shrank to 1 worker"
 wait_for 30 guard_says "at $at runs on 1 worker(s) now (was 2); its solo step there: known" ||
   fail "the guard did not take a's 1-worker solo step back: $(guard | tail -5)"

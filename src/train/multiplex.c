@@ -503,7 +503,7 @@ static int watch_read(struct tide__multiplex *m, int i, double waited_s) {
 /* Foreground w's verdict: 1 to hold the background. */
 static int watch_judge(struct tide__multiplex *m, watch_t *w) {
   if (!(w->solo > 0)) {
-    if (!w->held) {
+    if (!w->need_solo) { /* held for a slowdown too, perhaps: now it waits for the solo time */
       w->held = w->need_solo = 1;
       TIDE_INFO("multiplexing: the foreground at %s has no solo step time at its size (%d worker(s)): pausing so it "
                 "measures one", w->where, w->size);
