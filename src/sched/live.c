@@ -48,6 +48,7 @@
 #define MAX_NODES 64
 #define AGENT_LOST_S 3.0
 #define CHANGE_GIVE_UP_S 30.0 /* a change whose workers never came (their host was lost, say) */
+#define MULTIPLEX_ACTIVE_KEY "multiplex/active" /* a foreground's count of background jobs beside it */
 
 typedef enum { JOB_PENDING, JOB_RUNNING, JOB_CANCELLING, JOB_DONE, JOB_FAILED, JOB_CANCELLED } job_state_t;
 static const char *const state_names[] = {"pending", "running", "cancelling", "done", "failed", "cancelled"};
@@ -86,6 +87,7 @@ typedef struct {
   int background;
   uint64_t fg_list_hash;        /* the foreground list last written to its store (0: none) */
   char progress[64];            /* its guard's "STEP running|paused PAUSES" */
+  int64_t backgrounds;          /* a foreground: background jobs running beside it (multiplex/active) */
 } job_t;
 
 typedef struct {
@@ -1314,6 +1316,30 @@ static uint64_t fnv1a(const char *text) {
   return h | 1; /* never 0: "not written" */
 }
 
+/* A background job that ended without its trainer's end (cancelled,
+ * killed) while its guard said running is still counted by the
+ * foregrounds it watched (multiplex/active): take it out, never below 0
+ * (a foreground that came in its last 0.1 s may not have counted it). */
+static void background_ended(daemon_t *d, job_t *j) {
+  long step, pauses;
+  char guard[16];
+  if (!j->background || j->state == JOB_DONE || sscanf(j->progress, "%ld %15s %ld", &step, guard, &pauses) != 3 ||
+      strcmp(guard, "running") != 0)
+    return;
+  int fixed = 0;
+  for (int i = 0; i < d->njobs; i++) {
+    job_t *f = &d->jobs[i];
+    int64_t n = 0;
+    if (f->background || f->state != JOB_RUNNING || job_connect(f) != 0) continue;
+    if (tide_store_add(f->store, MULTIPLEX_ACTIVE_KEY, 0, &n) == 0 && n > 0 &&
+        tide_store_add(f->store, MULTIPLEX_ACTIVE_KEY, -1, &n) == 0)
+      fixed++;
+  }
+  if (!d->o->quiet && fixed > 0)
+    fprintf(stderr, "tide sched: job %llu (%s) ended while running beside %d foreground(s): taken out of their "
+                    "counts of background jobs\n", (unsigned long long)j->id, j->name, fixed);
+}
+
 /* Each running background job's store gets the running foregrounds
  * (TIDE_MULTIPLEX_FOREGROUNDS_KEY) whenever the set changed; its guard's
  * progress comes back for tide jobs. */
@@ -1331,6 +1357,9 @@ static void backgrounds_tick(daemon_t *d) {
   uint64_t hash = fnv1a(list);
   for (int i = 0; i < d->njobs; i++) {
     job_t *j = &d->jobs[i];
+    if (!j->background && j->state == JOB_RUNNING && j->store != NULL &&
+        tide_store_add(j->store, MULTIPLEX_ACTIVE_KEY, 0, &j->backgrounds) != 0)
+      job_disconnect(j);
     if (!j->background || j->state != JOB_RUNNING || job_connect(j) != 0) continue;
     if (j->fg_list_hash != hash) {
       if (tide_store_set(j->store, TIDE_MULTIPLEX_FOREGROUNDS_KEY, list, at) != 0) {
@@ -1421,6 +1450,7 @@ static void tick(daemon_t *d) {
         fprintf(stderr, "tide sched: job %llu (%s) %s (exit %d), %.1f s after its submission\n",
                 (unsigned long long)j->id, j->name, state_names[j->state], j->exit_code, j->finish - j->submit);
       save_job(d, j);
+      background_ended(d, j);
       continue;
     }
     if (j->state != JOB_RUNNING || job_connect(j) != 0) continue;
@@ -1531,6 +1561,8 @@ static void jobs_table(daemon_t *d, text_t *t) {
     const char *state = state_names[j->state];
     char progress[96] = "-";
     if (j->background) background_row(j, slots, sizeof slots, &state, progress, sizeof progress);
+    else if (j->state == JOB_RUNNING && j->backgrounds > 0)
+      snprintf(progress, sizeof progress, "backgrounds=%lld", (long long)j->backgrounds);
     text_add(t, "%-4llu %-16.16s %-10s %5s %7s %7s %9s %11s %7d %7s %8.1f %5s %s\n", (unsigned long long)j->id,
              j->name, state, slots, workers, batch, goodput, speedup, j->resizes, lat, time_s, exit_code, progress);
   }
