@@ -39,6 +39,7 @@
 #include <unistd.h>
 
 #include "core/core.h"
+#include "store/store.h"
 #include "tide.h"
 
 #define MAX_REQUEST (4 << 20)
@@ -1368,14 +1369,9 @@ static void backgrounds_tick(daemon_t *d) {
       }
       j->fg_list_hash = hash;
     }
-    void *value;
-    size_t len;
-    if (tide_store_get(j->store, TIDE_MULTIPLEX_PROGRESS_KEY, 0, &value, &len) == 0) {
-      size_t n = len < sizeof j->progress - 1 ? len : sizeof j->progress - 1;
-      memcpy(j->progress, value, n);
-      j->progress[n] = '\0';
-      tide_free(value);
-    }
+    char progress[sizeof j->progress];
+    if (tide__store_get_string(j->store, TIDE_MULTIPLEX_PROGRESS_KEY, 0, progress, sizeof progress) == 0)
+      memcpy(j->progress, progress, sizeof progress);
   }
 }
 

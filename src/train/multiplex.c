@@ -58,6 +58,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "store/store.h"
 #include "train/train.h"
 
 #define KEY_FOREGROUND "multiplex/foreground"
@@ -147,17 +148,9 @@ static int held(long pushed, int cap) { return pushed < cap ? (int)pushed : cap;
 
 static double now_s(void) { return (double)tide__now_ns() * 1e-9; }
 
-/* A store's value as a NUL-terminated string in buf; the store's error otherwise. */
+/* A store's value as a NUL-terminated string in buf, now (no wait); the store's error otherwise. */
 static int get_text(tide_store_t *store, const char *key, char *buf, size_t cap) {
-  void *value = NULL;
-  size_t len = 0;
-  int rc = tide_store_get(store, key, 0, &value, &len);
-  if (rc != 0) return rc;
-  size_t n = len < cap - 1 ? len : cap - 1;
-  memcpy(buf, value, n);
-  buf[n] = '\0';
-  tide_free(value);
-  return 0;
+  return tide__store_get_string(store, key, 0, buf, cap);
 }
 
 static int connect_to(const char *where, const char *token, int timeout_ms, tide_store_t **out) {
