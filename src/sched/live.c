@@ -1345,6 +1345,9 @@ static void background_ended(daemon_t *d, job_t *j) {
  * (TIDE_MULTIPLEX_FOREGROUNDS_KEY) whenever the set changed; its guard's
  * progress comes back for tide jobs. */
 static void backgrounds_tick(daemon_t *d) {
+  int any = 0;
+  for (int i = 0; i < d->njobs; i++) any |= d->jobs[i].background;
+  if (!any || d->multi) return; /* nothing to tell, nor any foreground's count to show */
   char list[4096];
   size_t at = 0;
   list[0] = '\0';
