@@ -1789,6 +1789,31 @@ int tide_sched_serve(const tide_sched_daemon_options_t *opts);
  * for a request it refuses. */
 int tide_sched_submit(const char *dir, const char *name, int min_np, int max_np, int np, const char *cwd, int argc,
                         char *const *argv, char *const *envp, char *id, size_t cap);
+/* The options of a submission (tide_sched_submit_job). */
+typedef struct {
+  const char *name; /* a label (NULL or "": job<ID>), at most 63 characters, no spaces */
+  int min_np, max_np; /* an elastic (foreground) job's size range; 0 for a background job */
+  int np;           /* the fixed size a foreground asks for (0: max_np); a background job's workers */
+  int background;   /* 1: a background job (tide submit --background; docs/scheduling.md,
+                       "Background jobs"): it takes no slots from the allocator; np workers run on
+                       the local host at the lowest CPU priority (tiderun --background), and its
+                       trainer's guard pauses it at step boundaries while any running foreground
+                       job of this scheduler is slowed (TIDE_GUARD_PERCENT of its solo step time),
+                       following the foreground set as jobs start and end. One-host pools only. */
+} tide_sched_submit_options_t;
+void tide_sched_submit_options_init(tide_sched_submit_options_t *opts);
+/* tide_sched_submit with options: TIDE_EINVAL with the daemon's message
+ * for a combination it refuses (a background job with min_np or max_np, or
+ * without np >= 1, or more workers than the pool's slots, or on a pool of
+ * several hosts). */
+int tide_sched_submit_job(const char *dir, const tide_sched_submit_options_t *opts, const char *cwd, int argc,
+                          char *const *argv, char *const *envp, char *id, size_t cap);
+/* Under tide sched, the keys of a background job's own store: the running
+ * foregrounds ("HOST:PORT TOKEN" per line; tide sched writes it, the guard
+ * follows it) and the guard's progress ("STEP running|paused PAUSES";
+ * tide jobs shows it). */
+#define TIDE_MULTIPLEX_FOREGROUNDS_KEY "multiplex/foregrounds"
+#define TIDE_MULTIPLEX_PROGRESS_KEY "multiplex/progress"
 int tide_sched_jobs(const char *dir, char **text);
 int tide_sched_cancel(const char *dir, const char *job);
 /* The state of job `job` (id or name) as one word in buf: pending,

@@ -90,6 +90,17 @@ int main(void) {
   CHECK(getcwd(cwd, sizeof cwd) != NULL);
   char *argv[] = {"sleep", "60", NULL};
   CHECK_RC(tide_sched_submit(dir, "toobig", 1, 3, 0, cwd, 2, argv, environ, id, sizeof id), TIDE_EINVAL);
+  /* Background submissions the daemon refuses: a size range, no size, more
+   * workers than the pool's slots; and no options at all. */
+  tide_sched_submit_options_t bo;
+  tide_sched_submit_options_init(&bo);
+  bo.name = "bg", bo.background = 1, bo.min_np = 1, bo.max_np = 1, bo.np = 1;
+  CHECK_RC(tide_sched_submit_job(dir, &bo, cwd, 2, argv, environ, id, sizeof id), TIDE_EINVAL);
+  bo.min_np = bo.max_np = bo.np = 0;
+  CHECK_RC(tide_sched_submit_job(dir, &bo, cwd, 2, argv, environ, id, sizeof id), TIDE_EINVAL);
+  bo.np = 3;
+  CHECK_RC(tide_sched_submit_job(dir, &bo, cwd, 2, argv, environ, id, sizeof id), TIDE_EINVAL);
+  CHECK_RC(tide_sched_submit_job(dir, NULL, cwd, 2, argv, environ, id, sizeof id), TIDE_EINVAL);
   CHECK_OK(tide_sched_submit(dir, "hinted", 1, 2, 0, cwd, 2, argv, environ, id, sizeof id));
   CHECK_OK(tide_sched_job_state(dir, "hinted", buf, sizeof buf));
   CHECK(strcmp(buf, "running") == 0); /* its minimum at once */

@@ -5,7 +5,10 @@
  *     test writes the foreground's step times into a store) waits for the
  *     solo time, runs, pauses at a step boundary when the foreground's
  *     recent step time is too long, stays paused while it is, resumes when
- *     it is back, pauses again, goes on unguarded when the foreground's store
+ *     it is back, pauses while the foreground, resized, has no solo time at
+ *     its new size and runs once it has one (its longer steps there not
+ *     compared with the old size's solo time), pauses again, goes on
+ *     unguarded when the foreground's store
  *     dies, and ends with the same parameters (checksum) as the same job run
  *     alone, with every step counted once;
  *   - a real foreground tide-train (--hosts-background) beside a background
@@ -191,10 +194,25 @@ static void scripted_foreground(const char *solo) {
   fprintf(stderr, "scripted foreground: paused at step %ld, resumed at step %ld (solo %s)\n", paused_at,
           resumed_at, solo);
   CHECK(resumed_at >= paused_at);
-  /* Slow again after its window: a second pause; then the foreground's
+  /* The foreground runs on 2 workers now (an elastic resize), a size it has
+   * no solo time for: the background pauses until it has one. Its steps
+   * there (0.02 s) are twice the old size's solo time, which the guard does
+   * not compare them with: at the new size's solo time it runs. */
+  say("42 0 0.02 2");
+  long resized_at = wait_state("paused");
+  say("46 0.02 0.02 2");
+  CHECK(wait_state("running") >= resized_at);
+  for (int fg_step = 47; fg_step <= 52; fg_step++) {
+    char line[64];
+    snprintf(line, sizeof line, "%d 0.02 0.021 2", fg_step);
+    say(line);
+    poll(NULL, 0, 30);
+  }
+  CHECK(bg_progress(st) >= resized_at && strcmp(st, "running") == 0);
+  /* Slow again after its window: another pause; then the foreground's
    * store goes away (the foreground died): the background goes on unguarded
    * and finishes. */
-  say("50 0.01 0.02");
+  say("57 0.02 0.05 2");
   long second = wait_state("paused");
   CHECK(second >= resumed_at && second < BG_STEPS);
   tide_store_close(fg);
@@ -208,7 +226,7 @@ static void scripted_foreground(const char *solo) {
   CHECK(steps_in_order("guarded", &pauses, &paused_s, &first, &solo_s) == BG_STEPS);
   fprintf(stderr, "guarded background: %d steps, %ld pause(s), %.2f s paused, checksum %s (solo %s)\n", BG_STEPS,
           pauses, paused_s, sum, solo);
-  CHECK(pauses == 2 && first > 0 && paused_s > first);
+  CHECK(pauses == 3 && first > 0 && paused_s > first);
   CHECK(strcmp(sum, solo) == 0);
 }
 
@@ -311,7 +329,7 @@ int main(void) {
   scripted_foreground(solo);
   real_foreground(solo);
   /* tide report shows both jobs' multiplexing (when gnuplot is there to draw). */
-  const char *expect[][2] = {{"guarded", "multiplexing: background job, 96 steps, 2 pauses"},
+  const char *expect[][2] = {{"guarded", "multiplexing: background job, 96 steps, 3 pauses"},
                              {"foreground", "multiplexing: foreground job, solo step 0."}};
   for (int i = 0; i < 2; i++) {
     snprintf(cmd, sizeof cmd, "%s/tide report %s/%s 2>&1", tools, runs, expect[i][0]);

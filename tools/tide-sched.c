@@ -52,6 +52,9 @@ const char tide_cli_sched_usage[] =
     "  --quiet              no line per decision on stderr\n"
     "\n"
     "tide submit [--dir DIR] --min-np N --max-np M [--np K] [--name J] -- PROGRAM ARGS\n"
+    "tide submit [--dir DIR] --background --np K [--name J] -- PROGRAM ARGS\n"
+    "                       a background job: no slots; K workers at the lowest CPU priority,\n"
+    "                       paused while a foreground job is slowed (docs/scheduling.md)\n"
     "tide jobs [--dir DIR]\n"
     "tide cancel [--dir DIR] [--no-wait] JOB      (its id or name)\n";
 
@@ -223,7 +226,7 @@ static int client_dir(const char *cmd, int argc, char **argv, int *i, const char
 int tide_cli_submit(int argc, char **argv) {
   char dir_buf[4096], cwd[4096], id[64];
   const char *dir = NULL, *name = "";
-  int min_np = 0, max_np = 0, np = 0, i;
+  int min_np = 0, max_np = 0, np = 0, background = 0, i;
   for (i = 0; i < argc; i++) {
     const char *a = argv[i];
     if (strcmp(a, "--") == 0) {
@@ -232,6 +235,10 @@ int tide_cli_submit(int argc, char **argv) {
     }
     if (client_dir("submit", argc, argv, &i, &dir)) continue;
     if (a[0] != '-') break;
+    if (strcmp(a, "--background") == 0) {
+      background = 1;
+      continue;
+    }
     const char *v = i + 1 < argc ? argv[i + 1] : NULL;
     if (v == NULL) fail_usage("submit", "%s needs a value", a);
     i++;
@@ -247,15 +254,22 @@ int tide_cli_submit(int argc, char **argv) {
       fail_usage("submit", "unknown option '%s'", a);
     }
   }
-  if (min_np == 0 || max_np == 0) fail_usage("submit", "--min-np and --max-np are required");
+  if (background && (min_np != 0 || max_np != 0))
+    fail_usage("submit", "--background takes no --min-np or --max-np: a background job takes no slots and is "
+                         "never resized; give its workers with --np");
+  if (background && np == 0) fail_usage("submit", "--background needs --np K, the background job's workers");
+  if (!background && (min_np == 0 || max_np == 0)) fail_usage("submit", "--min-np and --max-np are required");
   if (max_np < min_np) fail_usage("submit", "--max-np (%d) is below --min-np (%d)", max_np, min_np);
-  if (np != 0 && (np < min_np || np > max_np))
+  if (!background && np != 0 && (np < min_np || np > max_np))
     fail_usage("submit", "--np (%d) must be between --min-np (%d) and --max-np (%d)", np, min_np, max_np);
   if (i >= argc) fail_usage("submit", "no program given: tide submit ... -- PROGRAM ARGS");
   if (dir == NULL) dir = default_dir(dir_buf, sizeof dir_buf);
   if (getcwd(cwd, sizeof cwd) == NULL) fail_usage("submit", "cannot read the current directory");
   /* A relative program is found from here, as a shell would. */
-  int rc = tide_sched_submit(dir, name, min_np, max_np, np, cwd, argc - i, argv + i, environ, id, sizeof id);
+  tide_sched_submit_options_t o;
+  tide_sched_submit_options_init(&o);
+  o.name = name, o.min_np = min_np, o.max_np = max_np, o.np = np, o.background = background;
+  int rc = tide_sched_submit_job(dir, &o, cwd, argc - i, argv + i, environ, id, sizeof id);
   if (rc != 0) return rc == TIDE_EINVAL ? EXIT_USAGE : 1;
   printf("%s\n", id);
   return 0;

@@ -178,6 +178,10 @@ int tide__array_bytes(const char *fn, const char *arg, size_t count, size_t size
   XX(FOREGROUND_TOKEN, STR, "", 0, 0,                                                    \
      "the foreground job's TIDE_JOB_TOKEN, which the background's rank 0 proves to the "   \
      "foreground's store (required with TIDE_FOREGROUND)")                               \
+  XX(FOREGROUND_LIST, INT, "0", 0, 1,                                                    \
+     "1: a background job under tide sched (tide submit --background): its guard "       \
+     "watches the foreground jobs tide sched lists in this job's own store "             \
+     "(multiplex/foregrounds), following the list as foregrounds start and end")         \
   XX(HOSTS_BACKGROUND, INT, "0", 0, 1,                                                   \
      "1: this job hosts background jobs (tiderun --hosts-background): its trainer's "     \
      "rank 0 publishes its solo and recent step times in its store, and its waits block " \

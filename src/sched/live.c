@@ -39,6 +39,7 @@
 #include <unistd.h>
 
 #include "core/core.h"
+#include "store/store.h"
 #include "tide.h"
 
 #define MAX_REQUEST (4 << 20)
@@ -48,6 +49,7 @@
 #define MAX_NODES 64
 #define AGENT_LOST_S 3.0
 #define CHANGE_GIVE_UP_S 30.0 /* a change whose workers never came (their host was lost, say) */
+#define MULTIPLEX_ACTIVE_KEY "multiplex/active" /* a foreground's count of background jobs beside it */
 
 typedef enum { JOB_PENDING, JOB_RUNNING, JOB_CANCELLING, JOB_DONE, JOB_FAILED, JOB_CANCELLED } job_state_t;
 static const char *const state_names[] = {"pending", "running", "cancelling", "done", "failed", "cancelled"};
@@ -82,6 +84,11 @@ typedef struct {
   int pend_leave[MAX_NODES];    /* a move's second half: members to take off once the grow is in */
   int started;                  /* workers the agents were asked to start */
   int started_on[MAX_NODES];    /* of which on each node */
+  /* A background job (tide submit --background): no slots; see backgrounds_tick. */
+  int background;
+  uint64_t fg_list_hash;        /* the foreground list last written to its store (0: none) */
+  char progress[64];            /* its guard's "STEP running|paused PAUSES" */
+  int64_t backgrounds;          /* a foreground: background jobs running beside it (multiplex/active) */
 } job_t;
 
 typedef struct {
@@ -242,8 +249,24 @@ static int request(const char *dir, const char *const *fields, int n, char **rep
   return 0;
 }
 
+void tide_sched_submit_options_init(tide_sched_submit_options_t *opts) {
+  if (opts != NULL) memset(opts, 0, sizeof *opts);
+}
+
 int tide_sched_submit(const char *dir, const char *name, int min_np, int max_np, int np, const char *cwd, int argc,
                         char *const *argv, char *const *envp, char *id, size_t cap) {
+  tide_sched_submit_options_t o = {.name = name, .min_np = min_np, .max_np = max_np, .np = np};
+  return tide_sched_submit_job(dir, &o, cwd, argc, argv, envp, id, cap);
+}
+
+int tide_sched_submit_job(const char *dir, const tide_sched_submit_options_t *opts, const char *cwd, int argc,
+                          char *const *argv, char *const *envp, char *id, size_t cap) {
+  if (opts == NULL) {
+    TIDE_ERROR("tide_sched_submit_job: opts must be given (tide_sched_submit_options_init)");
+    return TIDE_EINVAL;
+  }
+  const char *name = opts->name;
+  int min_np = opts->min_np, max_np = opts->max_np, np = opts->np;
   if (dir == NULL || cwd == NULL || argc < 1 || argv == NULL || id == NULL || cap == 0) {
     TIDE_ERROR("tide_sched_submit: dir, cwd, a program (argc >= 1) and id must be given");
     return TIDE_EINVAL;
@@ -259,7 +282,7 @@ int tide_sched_submit(const char *dir, const char *name, int min_np, int max_np,
   snprintf(nums[2], sizeof nums[2], "%d", np);
   snprintf(nums[3], sizeof nums[3], "%d", argc);
   int k = 0;
-  f[k++] = "submit";
+  f[k++] = opts->background ? "submit-background" : "submit";
   f[k++] = name != NULL ? name : "";
   f[k++] = nums[0];
   f[k++] = nums[1];
@@ -329,6 +352,7 @@ static int save_job(const daemon_t *d, const job_t *j) {
     for (int n = 0; n < d->o->nodes; n++) fprintf(f, "%c%d", n ? ',' : ' ', j->started_on[n]);
     fprintf(f, "\n");
   }
+  if (j->background) fprintf(f, "background 1\n");
   if (fclose(f) != 0 || rename(tmp, path) != 0) {
     TIDE_ERROR("tide sched: cannot write %s: %s", path, strerror(errno));
     return TIDE_EIO;
@@ -362,6 +386,7 @@ static int load_job(const daemon_t *d, job_t *j) {
     else if (strcmp(key, "latency") == 0) j->last_latency = atof(value);
     else if (strcmp(key, "max_latency") == 0) j->max_latency = atof(value);
     else if (strcmp(key, "started") == 0) j->started = atoi(value);
+    else if (strcmp(key, "background") == 0) j->background = atoi(value);
     else if (strcmp(key, "on") == 0 || strcmp(key, "started_on") == 0) {
       int *v = key[0] == 'o' ? j->on : j->started_on;
       char *p = value;
@@ -637,6 +662,16 @@ static void __attribute__((noreturn)) keeper_exit(const char *job_dir, int code)
   _exit(0);
 }
 
+/* The variables of multiplexing, which tide sched sets itself: a foreground
+ * publishes its step times, a background follows tide sched's list. */
+static int multiplex_env(const char *e) {
+  static const char *const names[] = {"TIDE_FOREGROUND=", "TIDE_FOREGROUND_TOKEN=", "TIDE_FOREGROUND_LIST=",
+                                      "TIDE_HOSTS_BACKGROUND="};
+  for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+    if (strncmp(e, names[i], strlen(names[i])) == 0) return 1;
+  return 0;
+}
+
 /* The keeper (child of fork, in its own session): starts tiderun, forwards
  * SIGTERM/SIGINT/SIGHUP to it, writes its exit status to jobs/ID/exit.
  * Never returns. */
@@ -652,23 +687,27 @@ static void __attribute__((noreturn)) keeper_main(const char *tiderun, const cha
   while (s->argv[argc] != NULL) argc++;
   const char *fixed[] = {tiderun, "--elastic", "--rdzv", rdzv, "--min-np", min_np, "--max-np", max_np, "-np",
                          nps, "--bind", "none", "--"};
+  const char *background[] = {tiderun, "--background", "--rdzv", rdzv, "-np", nps, "--bind", "none", "--"};
   int nfixed = (int)(sizeof fixed / sizeof fixed[0]);
+  if (j->background) nfixed = (int)(sizeof background / sizeof background[0]);
   char **args = tide__calloc((size_t)(nfixed + argc + 1), sizeof *args);
   int nenv = 0;
   while (s->envp[nenv] != NULL) nenv++;
-  char **env = tide__calloc((size_t)nenv + 3, sizeof *env);
+  char **env = tide__calloc((size_t)nenv + 4, sizeof *env);
   if (args == NULL || env == NULL) _exit(1);
-  for (int i = 0; i < nfixed; i++) args[i] = (char *)fixed[i];
+  for (int i = 0; i < nfixed; i++) args[i] = (char *)(j->background ? background[i] : fixed[i]);
   for (int i = 0; i < argc; i++) args[nfixed + i] = s->argv[i];
   int k = 0;
   for (int i = 0; i < nenv; i++)
-    if (strncmp(s->envp[i], "TIDE_JOB_TOKEN=", 15) != 0 && strncmp(s->envp[i], "TIDE_SCHED_JOB=", 15) != 0)
+    if (strncmp(s->envp[i], "TIDE_JOB_TOKEN=", 15) != 0 && strncmp(s->envp[i], "TIDE_SCHED_JOB=", 15) != 0 &&
+        !multiplex_env(s->envp[i]))
       env[k++] = s->envp[i];
   char token_env[64], id_env[64];
   snprintf(token_env, sizeof token_env, "TIDE_JOB_TOKEN=%s", j->token);
   snprintf(id_env, sizeof id_env, "TIDE_SCHED_JOB=%llu", (unsigned long long)j->id);
   env[k++] = token_env;
   env[k++] = id_env;
+  env[k++] = j->background ? "TIDE_FOREGROUND_LIST=1" : "TIDE_HOSTS_BACKGROUND=1"; /* backgrounds_tick */
   env[k] = NULL;
   pid_t child = fork();
   if (child == 0) {
@@ -768,6 +807,9 @@ static int start_job(daemon_t *d, job_t *j, int slots) {
 
 static int active(const job_t *j) { return j->state == JOB_PENDING || j->state == JOB_RUNNING; }
 
+/* Jobs the allocator divides the slots among: background jobs take none. */
+static int allocated(const job_t *j) { return active(j) && !j->background; }
+
 static int used_slots(const daemon_t *d) {
   int used = 0;
   for (int i = 0; i < d->njobs; i++)
@@ -797,7 +839,7 @@ static void allocate_apply_multi(daemon_t *d, job_t **map, int n, const int *nex
 
 static void allocate(daemon_t *d) {
   int n = 0;
-  for (int i = 0; i < d->njobs; i++) n += active(&d->jobs[i]);
+  for (int i = 0; i < d->njobs; i++) n += allocated(&d->jobs[i]);
   if (n == 0) return;
   if (d->multi && d->nlive == 0) return;
   int nodes = d->multi ? d->nlive : 1;
@@ -809,7 +851,7 @@ static void allocate(daemon_t *d) {
   int k = 0;
   for (int i = 0; i < d->njobs; i++) {
     job_t *j = &d->jobs[i];
-    if (!active(j)) continue;
+    if (!allocated(j)) continue;
     if (j->state == JOB_RUNNING && job_connect(j) == 0) job_read_hints(j);
     map[k] = j;
     sj[k] = (tide_sched_job_t){.id = j->id, .submit_time = j->submit, .min_slots = j->min_np,
@@ -1256,6 +1298,86 @@ static void allocate_apply_multi(daemon_t *d, job_t **map, int n, const int *nex
   }
 }
 
+/* ---- background jobs (tide submit --background) ------------------------------- */
+
+/* Starts the pending background jobs at once: they take no slots. */
+static void start_backgrounds(daemon_t *d) {
+  for (int i = 0; i < d->njobs; i++) {
+    job_t *j = &d->jobs[i];
+    if (j->state != JOB_PENDING || !j->background || d->multi) continue;
+    if (start_job(d, j, j->np) != 0 || j->state != JOB_RUNNING) continue;
+    j->alloc = 0;
+    save_job(d, j);
+  }
+}
+
+static uint64_t fnv1a(const char *text) {
+  uint64_t h = 1469598103934665603ULL;
+  for (; *text; text++) h = (h ^ (unsigned char)*text) * 1099511628211ULL;
+  return h | 1; /* never 0: "not written" */
+}
+
+/* A background job that ended without its trainer's end (cancelled,
+ * killed) while its guard said running is still counted by the
+ * foregrounds it watched (multiplex/active): take it out, never below 0
+ * (a foreground that came in its last 0.1 s may not have counted it). */
+static void background_ended(daemon_t *d, job_t *j) {
+  long step, pauses;
+  char guard[16];
+  if (!j->background || j->state == JOB_DONE || sscanf(j->progress, "%ld %15s %ld", &step, guard, &pauses) != 3 ||
+      strcmp(guard, "running") != 0)
+    return;
+  int fixed = 0;
+  for (int i = 0; i < d->njobs; i++) {
+    job_t *f = &d->jobs[i];
+    int64_t n = 0;
+    if (f->background || f->state != JOB_RUNNING || job_connect(f) != 0) continue;
+    if (tide_store_add(f->store, MULTIPLEX_ACTIVE_KEY, 0, &n) == 0 && n > 0 &&
+        tide_store_add(f->store, MULTIPLEX_ACTIVE_KEY, -1, &n) == 0)
+      fixed++;
+  }
+  if (!d->o->quiet && fixed > 0)
+    fprintf(stderr, "tide sched: job %llu (%s) ended while running beside %d foreground(s): taken out of their "
+                    "counts of background jobs\n", (unsigned long long)j->id, j->name, fixed);
+}
+
+/* Each running background job's store gets the running foregrounds
+ * (TIDE_MULTIPLEX_FOREGROUNDS_KEY) whenever the set changed; its guard's
+ * progress comes back for tide jobs. */
+static void backgrounds_tick(daemon_t *d) {
+  int any = 0;
+  for (int i = 0; i < d->njobs; i++) any |= d->jobs[i].background;
+  if (!any || d->multi) return; /* nothing to tell, nor any foreground's count to show */
+  char list[4096];
+  size_t at = 0;
+  list[0] = '\0';
+  for (int i = 0; i < d->njobs; i++) {
+    const job_t *f = &d->jobs[i];
+    if (f->background || f->state != JOB_RUNNING || f->port <= 0 || f->token[0] == '\0') continue;
+    int n = snprintf(list + at, sizeof list - at, "127.0.0.1:%d %s\n", f->port, f->token);
+    if (n < 0 || (size_t)n >= sizeof list - at) break;
+    at += (size_t)n;
+  }
+  uint64_t hash = fnv1a(list);
+  for (int i = 0; i < d->njobs; i++) {
+    job_t *j = &d->jobs[i];
+    if (!j->background && j->state == JOB_RUNNING && j->store != NULL &&
+        tide_store_add(j->store, MULTIPLEX_ACTIVE_KEY, 0, &j->backgrounds) != 0)
+      job_disconnect(j);
+    if (!j->background || j->state != JOB_RUNNING || job_connect(j) != 0) continue;
+    if (j->fg_list_hash != hash) {
+      if (tide_store_set(j->store, TIDE_MULTIPLEX_FOREGROUNDS_KEY, list, at) != 0) {
+        job_disconnect(j);
+        continue;
+      }
+      j->fg_list_hash = hash;
+    }
+    char progress[sizeof j->progress];
+    if (tide__store_get_string(j->store, TIDE_MULTIPLEX_PROGRESS_KEY, 0, progress, sizeof progress) == 0)
+      memcpy(j->progress, progress, sizeof progress);
+  }
+}
+
 /* Admits pending jobs at their minimum on the nodes with the most room. */
 static void admit_multi(daemon_t *d) {
   for (int i = 0; i < d->njobs; i++) {
@@ -1279,6 +1401,7 @@ static void admit_multi(daemon_t *d) {
 /* Admits pending jobs at their minimum, in submission order, while they fit
  * (a newly submitted job starts at once). FIFO waits for its round. */
 static void admit(daemon_t *d) {
+  start_backgrounds(d);
   if (d->o->sched.policy == TIDE_SCHED_FIFO || d->o->sched.policy == TIDE_SCHED_TIRESIAS) return;
   if (d->multi) {
     admit_multi(d);
@@ -1286,7 +1409,7 @@ static void admit(daemon_t *d) {
   }
   for (int i = 0; i < d->njobs; i++) {
     job_t *j = &d->jobs[i];
-    if (j->state != JOB_PENDING) continue;
+    if (j->state != JOB_PENDING || j->background) continue;
     if (j->min_np > d->total - used_slots(d)) break;
     start_job(d, j, j->min_np);
   }
@@ -1326,6 +1449,7 @@ static void tick(daemon_t *d) {
         fprintf(stderr, "tide sched: job %llu (%s) %s (exit %d), %.1f s after its submission\n",
                 (unsigned long long)j->id, j->name, state_names[j->state], j->exit_code, j->finish - j->submit);
       save_job(d, j);
+      background_ended(d, j);
       continue;
     }
     if (j->state != JOB_RUNNING || job_connect(j) != 0) continue;
@@ -1345,6 +1469,7 @@ static void tick(daemon_t *d) {
       save_job(d, j);
     }
   }
+  backgrounds_tick(d);
 }
 
 /* ---- requests ----------------------------------------------------------------------- */
@@ -1389,10 +1514,23 @@ static void __attribute__((format(printf, 2, 3))) text_add(text_t *t, const char
   }
 }
 
+/* A background job's row in tide jobs: SLOTS "bg", its guard's state
+ * (running or paused) while it runs, and PROGRESS "step=S,pauses=P". */
+static void background_row(const job_t *j, char *slots, size_t slots_cap, const char **state, char *progress,
+                           size_t progress_cap) {
+  static const char *const guard_states[] = {"running", "paused"};
+  snprintf(slots, slots_cap, "bg");
+  long step, pauses;
+  char guard[16];
+  if (sscanf(j->progress, "%ld %15s %ld", &step, guard, &pauses) != 3) return;
+  snprintf(progress, progress_cap, "step=%ld,pauses=%ld", step, pauses);
+  if (j->state == JOB_RUNNING) *state = guard_states[strcmp(guard, "paused") == 0];
+}
+
 static void jobs_table(daemon_t *d, text_t *t) {
   double now = wall_s();
-  text_add(t, "%-4s %-16s %-10s %5s %7s %7s %9s %11s %7s %7s %8s %5s\n", "ID", "NAME", "STATE", "SLOTS", "WORKERS",
-           "BATCH", "GOODPUT", "SPEEDUP", "RESIZES", "LAT_S", "TIME_S", "EXIT");
+  text_add(t, "%-4s %-16s %-10s %5s %7s %7s %9s %11s %7s %7s %8s %5s %s\n", "ID", "NAME", "STATE", "SLOTS", "WORKERS",
+           "BATCH", "GOODPUT", "SPEEDUP", "RESIZES", "LAT_S", "TIME_S", "EXIT", "PROGRESS");
   for (int i = 0; i < d->njobs; i++) {
     job_t *j = &d->jobs[i];
     char batch[32] = "-", goodput[32] = "-", speedup[32] = "-", exit_code[16] = "-", lat[32] = "-";
@@ -1419,10 +1557,38 @@ static void jobs_table(daemon_t *d, text_t *t) {
       for (int n = 0, at = 0; n < d->o->nodes && at < (int)sizeof slots - 4; n++)
         at += snprintf(slots + at, sizeof slots - (size_t)at, "%s%d", n ? "+" : "", j->on[n]);
     snprintf(workers, sizeof workers, "%d", j->state == JOB_RUNNING ? j->members : 0);
-    text_add(t, "%-4llu %-16.16s %-10s %5s %7s %7s %9s %11s %7d %7s %8.1f %5s\n", (unsigned long long)j->id,
-             j->name, state_names[j->state], slots, workers, batch, goodput, speedup, j->resizes, lat, time_s,
-             exit_code);
+    const char *state = state_names[j->state];
+    char progress[96] = "-";
+    if (j->background) background_row(j, slots, sizeof slots, &state, progress, sizeof progress);
+    else if (j->state == JOB_RUNNING && j->backgrounds > 0)
+      snprintf(progress, sizeof progress, "backgrounds=%lld", (long long)j->backgrounds);
+    text_add(t, "%-4llu %-16.16s %-10s %5s %7s %7s %9s %11s %7d %7s %8.1f %5s %s\n", (unsigned long long)j->id,
+             j->name, state, slots, workers, batch, goodput, speedup, j->resizes, lat, time_s, exit_code, progress);
   }
+}
+
+/* A background submission's refusals (1, with the message in t). */
+static int background_refused(daemon_t *d, int min_np, int max_np, int np, text_t *t) {
+  if (d->multi) {
+    text_add(t, "--background: background jobs run on a one-host pool only (this tide sched has %d hosts)",
+             d->o->nodes);
+    return 1;
+  }
+  if (min_np != 0 || max_np != 0) {
+    text_add(t, "--background takes no --min-np or --max-np: a background job takes no slots and is never "
+                "resized; give its workers with --np");
+    return 1;
+  }
+  if (np < 1) {
+    text_add(t, "--background needs --np K, the number of workers of the background job");
+    return 1;
+  }
+  if (np > d->total) {
+    text_add(t, "--np %d: a background job runs at most as many workers as the pool has slots (%d), on the "
+                "foregrounds' host", np, d->total);
+    return 1;
+  }
+  return 0;
 }
 
 static int handle_submit(daemon_t *d, char **f, int nf, text_t *t) {
@@ -1431,6 +1597,9 @@ static int handle_submit(daemon_t *d, char **f, int nf, text_t *t) {
     return -1;
   }
   int min_np = atoi(f[2]), max_np = atoi(f[3]), np = atoi(f[4]), argc = atoi(f[6]);
+  int background = strcmp(f[0], "submit-background") == 0;
+  if (background && background_refused(d, min_np, max_np, np, t)) return -1;
+  if (background) min_np = max_np = np; /* its size, fixed */
   if (min_np < 1 || max_np < min_np) {
     text_add(t, "--min-np (%d) must be >= 1 and <= --max-np (%d)", min_np, max_np);
     return -1;
@@ -1461,6 +1630,7 @@ static int handle_submit(daemon_t *d, char **f, int nf, text_t *t) {
   snprintf(j->name, sizeof j->name, "%s", f[1][0] ? f[1] : "job");
   if (f[1][0] == 0) snprintf(j->name, sizeof j->name, "job%llu", (unsigned long long)j->id);
   j->min_np = min_np, j->max_np = max_np, j->np = np;
+  j->background = background;
   j->submit = wall_s();
   j->state = JOB_PENDING;
   char path[4300];
@@ -1477,14 +1647,15 @@ static int handle_submit(daemon_t *d, char **f, int nf, text_t *t) {
   }
   text_add(t, "%llu", (unsigned long long)j->id);
   if (!d->o->quiet)
-    fprintf(stderr, "tide sched: job %llu (%s) submitted: %d..%d worker(s)\n", (unsigned long long)j->id, j->name,
-            min_np, max_np);
+    fprintf(stderr, "tide sched: job %llu (%s) submitted: %d..%d worker(s)%s\n", (unsigned long long)j->id, j->name,
+            min_np, max_np, background ? ", background" : "");
   admit(d);
   return 0;
 }
 
 static int handle(daemon_t *d, char **f, int nf, text_t *t) {
-  if (nf >= 1 && strcmp(f[0], "submit") == 0) return handle_submit(d, f, nf, t);
+  if (nf >= 1 && (strcmp(f[0], "submit") == 0 || strcmp(f[0], "submit-background") == 0))
+    return handle_submit(d, f, nf, t);
   if (nf >= 1 && strcmp(f[0], "jobs") == 0) {
     jobs_table(d, t);
     return 0;
