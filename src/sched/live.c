@@ -1799,7 +1799,10 @@ int tide_sched_serve(const tide_sched_daemon_options_t *user_opts) {
   sigprocmask(SIG_SETMASK, &old_mask, NULL);
   rc = d.agents < 0 ? TIDE_EIO : 0;
 out:
-  tide__sched_agents_stop(d.agents);
+  /* A Slurm pool's agents: told to quit (they stop their workers and exit
+   * 0, and so does srun); SIGTERM to srun would SIGKILL them. */
+  for (int n = 0; d.agents > 0 && d.ctl != NULL && n < opts->nodes; n++) agent_cmd(&d, n, "quit");
+  tide__sched_agents_stop(d.agents, 10.0);
   for (int i = 0; i < d.njobs; i++) {
     job_disconnect(&d.jobs[i]);
     tide_speedup_destroy(d.jobs[i].speedup);
@@ -1980,6 +1983,8 @@ int tide_sched_agent(const char *dir, int node) {
       } else if (sscanf(cmd, "kill %llu", &id) == 1) {
         for (int i = 0; i < nworkers; i++)
           if (workers[i].job == id) kill(-workers[i].pid, SIGTERM);
+      } else if (strcmp(cmd, "quit") == 0) { /* the daemon stops (a Slurm pool's) */
+        stop = 1;
       }
       snprintf(key, sizeof key, "agent/%d/taken", node);
       rc = tide_store_add(ctl, key, 1, &taken);

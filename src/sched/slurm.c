@@ -168,15 +168,24 @@ int tide__sched_agents_start(const char *tide, const char *dir, int nodes, const
   return 0;
 }
 
-void tide__sched_agents_stop(pid_t pid) {
-  if (pid <= 0) return;
-  kill(pid, SIGTERM);
-  for (int i = 0; i < 300; i++) {
+/* Waits up to s seconds for pid to end: 1 when it did. */
+static int ended_within(pid_t pid, double s) {
+  for (int i = 0; i <= (int)(s * 20); i++) {
     pid_t got = waitpid(pid, NULL, WNOHANG);
-    if (got == pid || (got < 0 && errno == ECHILD)) return;
+    if (got == pid || (got < 0 && errno == ECHILD)) return 1;
     usleep(50 * 1000);
   }
-  TIDE_WARN("tide sched: the agents' srun step (pid %d) did not stop 15 s after SIGTERM: killing it", (int)pid);
+  return 0;
+}
+
+void tide__sched_agents_stop(pid_t pid, double grace_s) {
+  if (pid <= 0 || ended_within(pid, grace_s)) return;
+  TIDE_WARN("tide sched: the agents' srun step (pid %d) did not end %.0f s after they were told to quit: "
+            "SIGTERM to srun (Slurm kills the agents and their workers)",
+            (int)pid, grace_s);
+  kill(pid, SIGTERM);
+  if (ended_within(pid, 10.0)) return;
+  TIDE_WARN("tide sched: srun (pid %d) did not end 10 s after SIGTERM: killing it", (int)pid);
   kill(pid, SIGKILL);
   waitpid(pid, NULL, 0);
 }

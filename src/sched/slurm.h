@@ -40,8 +40,10 @@ int tide__sched_address(const char *const *hosts, int nodes, const char *whence,
  * sched --agent --dir dir` in its own process group with signal mask
  * `mask` and stdin from /dev/null; *pid gets srun's pid. */
 int tide__sched_agents_start(const char *tide, const char *dir, int nodes, const sigset_t *mask, pid_t *pid);
-/* Stops that step (SIGTERM to srun, which passes it to the agents; they
- * stop their workers), SIGKILL after 15 s; pid <= 0: nothing. */
-void tide__sched_agents_stop(pid_t pid);
+/* Waits up to grace_s for that step to end (the daemon has told the
+ * agents to quit: they stop their workers and exit 0, then srun does),
+ * then SIGTERM to srun (srun SIGKILLs the tasks; Slurm's process tracking
+ * takes their workers), then SIGKILL to srun after 10 s. pid <= 0: nothing. */
+void tide__sched_agents_stop(pid_t pid, double grace_s);
 
 #endif
