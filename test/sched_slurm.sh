@@ -5,8 +5,9 @@
 # (SLURM_JOB_NODELIST, SLURM_JOB_CPUS_PER_NODE), finds the address the other
 # node reaches it at (not 127.0.1.1) and starts one agent per node with srun.
 # Checks: the pool is emu0 (2) emu1 (2), the agents reach 10.213.0.1, both
-# jobs done, one ran on both nodes, nothing of the jobs outlives them, and
-# the agents' srun step stops with the daemon.
+# jobs done, one ran on both nodes, nothing of the jobs outlives them, the
+# agents' srun step stops with the daemon, and a second daemon whose agents
+# are killed stops (exit 1) saying so.
 # Skips (77) where the cluster cannot be made. Usage: sched_slurm.sh BUILD_DIR SOURCE_DIR
 set -u
 build=$(cd "$1" && pwd)
@@ -44,6 +45,16 @@ kill \$daemon; wait \$daemon; echo \$? > $tmp/daemon.rc
 for _ in \$(seq 50); do pgrep -f -- "sched --agent --dir \$dir" > /dev/null || break; sleep 0.1; done
 pgrep -af -- "sched --agent --dir \$dir" > $tmp/agents.left
 grep -c '^state done' \$dir/jobs/*/state | grep -c ':1\$' > $tmp/done
+# A daemon whose agents' srun step ends under it stops, exit 1, saying so.
+dir2=$tmp/d2
+\$tools/tide sched --dir \$dir2 > $tmp/sched2.log 2>&1 &
+daemon2=\$!
+for _ in \$(seq 100); do [ \$(pgrep -f -- "sched --agent --dir \$dir2" | wc -l) = 2 ] && break; sleep 0.1; done
+sleep 1
+kill \$(pgrep -f -- "sched --agent --dir \$dir2")
+for _ in \$(seq 100); do kill -0 \$daemon2 2> /dev/null || break; sleep 0.1; done
+kill -9 \$daemon2 2> /dev/null
+wait \$daemon2; echo \$? > $tmp/daemon2.rc
 EOF2
 "$src/scripts/emulate-cluster.sh" --slurm --build "$build" --hosts 2 --ranks-per-host 2 -- \
   sbatch --wait "$tmp/job.sh" > "$tmp/emu.log" 2>&1
@@ -59,6 +70,8 @@ grep -Eq "runs on [1-9] [1-9] worker" "$tmp/sched.log" || fail "no job ran on bo
 [ -s "$tmp/outlived" ] && fail "processes of the jobs outlived them: $(cat "$tmp/outlived")"
 [ "$(cat "$tmp/daemon.rc" 2> /dev/null)" = 0 ] || fail "tide sched exited $(cat "$tmp/daemon.rc" 2> /dev/null) on SIGTERM"
 [ -s "$tmp/agents.left" ] && fail "agents outlived the daemon: $(cat "$tmp/agents.left")"
+[ "$(cat "$tmp/daemon2.rc" 2> /dev/null)" = 1 ] && grep -q "the nodes' agents (their srun step) ended" "$tmp/sched2.log" ||
+  fail "a daemon whose agents were killed exited $(cat "$tmp/daemon2.rc" 2> /dev/null): $(cat "$tmp/sched2.log")"
 if [ $fails -ne 0 ]; then
   echo "--- emulate (rc $rc)"; tail -20 "$tmp/emu.log"; echo "--- batch"; tail -20 "$tmp/batch.out"
   echo "--- scheduler"; cat "$tmp/sched.log"
