@@ -123,33 +123,28 @@ if [ -n "${BENCH_SLURM_INSIDE:-}" ]; then
   run_one "$BENCH_POLICY" "$BENCH_RUN" > "$BENCH_DIR/result"
   exit 0
 fi
-if [ -n "$slurm" ]; then
-  for ((r = 1; r <= runs; r++)); do
-    for policy in ${policies//,/ }; do
-      d=$(mktemp -d /tmp/tide-sched-bench.XXXXXX)
-      chmod 755 "$d"
-      BENCH_SLURM_INSIDE=1 BENCH_POLICY=$policy BENCH_RUN=$r BENCH_DIR=$d "$here/emulate-cluster.sh" --slurm \
-        --build "$build" --hosts "$hosts" --ranks-per-host "$slots" --bandwidth 1gbit --latency 0.5ms -- \
-        sbatch --wait -N "$hosts" --exclusive -J tide-sched-bench -o "$d/batch.out" \
-        --wrap "exec /bin/bash $here/sched-live-bench.sh $build $policy 1 $slots" > "$d/emu.log" 2>&1 ||
-        { echo "run failed: $d/emu.log"; tail -5 "$d/emu.log"; tail -5 "$d/batch.out" 2> /dev/null; }
-      cat "$d/result" 2> /dev/null
-      if grep -q '"not_done": 0,.*"outlived": 0}' "$d/result" 2> /dev/null; then rm -rf "$d"; else echo "kept $d"; fi
-    done
-  done
-  exit 0
-fi
+# Emulated hosts: one cluster per run; host 0 (or the Slurm batch script) writes the result.
+emulated_run() { # POLICY RUN DIR
+  if [ -n "$slurm" ]; then
+    BENCH_SLURM_INSIDE=1 BENCH_POLICY=$1 BENCH_RUN=$2 BENCH_DIR=$3 "$here/emulate-cluster.sh" --slurm \
+      --build "$build" --hosts "$hosts" --ranks-per-host "$slots" --bandwidth 1gbit --latency 0.5ms -- \
+      sbatch --wait -N "$hosts" --exclusive -J tide-sched-bench -o "$3/batch.out" \
+      --wrap "exec /bin/bash $here/sched-live-bench.sh $build $1 1 $slots"
+  else
+    BENCH_INSIDE=$1 BENCH_RUN=$2 BENCH_DIR=$3 "$here/emulate-cluster.sh" --build "$build" \
+      --hosts "$hosts" --ranks-per-host 1 --bandwidth 1gbit --latency 0.5ms --no-prefix -- \
+      /bin/bash "$here/sched-live-bench.sh" "$build" "$1" 1 "$slots"
+  fi
+}
 if [ -n "$hosts" ]; then
   for ((r = 1; r <= runs; r++)); do
     for policy in ${policies//,/ }; do
       d=$(mktemp -d /tmp/tide-sched-bench.XXXXXX)
       chmod 755 "$d"
-      BENCH_INSIDE=$policy BENCH_RUN=$r BENCH_DIR=$d "$here/emulate-cluster.sh" --build "$build" \
-        --hosts "$hosts" --ranks-per-host 1 --bandwidth 1gbit --latency 0.5ms --no-prefix -- \
-        /bin/bash "$here/sched-live-bench.sh" "$build" "$policy" 1 "$slots" > "$d/emu.log" 2>&1 ||
-        { echo "run failed: $d/emu.log"; tail -5 "$d/emu.log"; }
+      emulated_run "$policy" "$r" "$d" > "$d/emu.log" 2>&1 ||
+        { echo "run failed: $d/emu.log"; tail -5 "$d/emu.log"; tail -5 "$d/batch.out" 2> /dev/null; }
       cat "$d/result" 2> /dev/null
-      if grep -q '"not_done": 0,' "$d/result" 2> /dev/null; then rm -rf "$d"; else echo "kept $d (a job not done: its log)"; fi
+      if grep -q '"not_done": 0,.*"outlived": 0}' "$d/result" 2> /dev/null; then rm -rf "$d"; else echo "kept $d"; fi
     done
   done
   exit 0
