@@ -144,7 +144,8 @@ static void test_tool(void) {
   expect_tool_error("SLURM_JOB_ID=7 SLURM_JOB_NODELIST='emu[0-1]'", "", "give --slots-per-node N");
   expect_tool_error("", "--slots 2 --slots-per-node 2", "--slots-per-node is for a Slurm allocation");
   expect_tool_error("", "--slots-per-node 0", "--slots-per-node: '0'");
-  expect_tool_error("SLURM_JOB_ID=7 SLURM_JOB_NODELIST='nosuch-a.invalid,nosuch-b.invalid' SLURM_JOB_CPUS_PER_NODE='2(x2)'",
+  expect_tool_error("SLURM_JOB_ID=7 SLURM_JOB_NODELIST='nosuch-a.invalid,nosuch-b.invalid' "
+                    "SLURM_JOB_CPUS_PER_NODE='2(x2)'",
                     "", "give --address ADDR");
   char cmd[128];
   snprintf(cmd, sizeof cmd, "rm -rf /tmp/tide-test-sched-slurm-%d", (int)getpid());
