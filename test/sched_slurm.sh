@@ -29,7 +29,7 @@ dir=$tmp/d
 daemon=\$!
 for _ in \$(seq 100); do \$tools/tide jobs --dir \$dir > /dev/null 2>&1 && break; sleep 0.1; done
 export TIDE_ALGO=ring
-for j in a:0.03 b:0.015; do
+for j in a:0.02 b:0.01; do
   \$tools/tide submit --dir \$dir --min-np 1 --max-np 4 --name \${j%:*} -- \$tools/tide-replay --app cifar10 \\
     --traces $traces --speed 5 --work \${j#*:} --grad-floats 65536 --log-every 5 --name $mark\${j%:*}
   sleep 3
