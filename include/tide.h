@@ -1758,7 +1758,13 @@ typedef struct {
   const char *dir;        /* state directory (created, mode 0700) */
   int nodes;              /* hosts in the pool; with more than one, each host runs an agent
                              (tide_sched_agent) and the jobs' workers run there */
-  const int *slots;       /* slots per host */
+  const int *slots;       /* slots per host; NULL (the default): the Slurm allocation this
+                             runs in (salloc, sbatch: SLURM_JOB_ID and SLURM_JOB_NODELIST set),
+                             its nodes in order, slots_per_node slots each, else each node's
+                             CPUs (SLURM_JOB_CPUS_PER_NODE, "4(x2),2"); the daemon then starts
+                             one agent per node itself (one `srun --ntasks-per-node=1 --overlap
+                             TIDE sched --agent --dir DIR` step) and stops that step when it
+                             stops. TIDE_EINVAL naming the variable for a malformed one */
   const char *const *hosts; /* host names (NULL: "localhost") */
   double interval;        /* s between allocation rounds (> 0) */
   tide_sched_options_t sched; /* policy, p, seed ... */
@@ -1767,15 +1773,22 @@ typedef struct {
                              own is measured (decision to membership), default 0.1 */
   int quiet;              /* 1: no line per decision on stderr */
   const char *address;    /* several hosts: this host's address as the agents and workers reach it
-                             (NULL: hosts[0]); the jobs' stores and the agents' control store
-                             listen there */
+                             (NULL: the local address of the route to the first pool host that is
+                             not this one, never a loopback one such as Debian's 127.0.1.1 for the
+                             host's own name; TIDE_EINVAL saying to give it when that cannot be
+                             found); the jobs' stores and the agents' control store listen there */
+  int slots_per_node;     /* > 0: with slots NULL, the slots of every node of the Slurm allocation
+                             (0: its CPUs) */
+  const char *tide;       /* with slots NULL: the tide program the agents run (NULL: "tide"
+                             beside tiderun) */
 } tide_sched_daemon_options_t;
 
 void tide_sched_daemon_options_init(tide_sched_daemon_options_t *opts);
 /* Runs the daemon until SIGINT or SIGTERM (the jobs go on; a new daemon
  * on the same dir takes them over). TIDE_EINVAL names a bad option;
  * TIDE_ESTATE when another daemon serves dir; TIDE_EIO naming a file or
- * socket it cannot use. Call from the main thread of a process that has
+ * socket it cannot use, or when the agents' srun step (a Slurm pool) ends
+ * under it. Call from the main thread of a process that has
  * no other threads (it forks the jobs' keepers). */
 int tide_sched_serve(const tide_sched_daemon_options_t *opts);
 /* The client's side, for any process: a request to the daemon serving

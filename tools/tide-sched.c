@@ -24,19 +24,25 @@ int tide_cli_cancel(int argc, char **argv);
 
 const char tide_cli_sched_usage[] =
     "usage: tide sched (--slots N | --hostfile F) [options]\n"
+    "       tide sched [--slots-per-node N] [options]     (inside salloc or sbatch)\n"
     "       tide sched --agent [--dir DIR] [--node I]     (each host of a multi-host pool)\n"
     "\n"
     "A scheduler daemon that shares N slots among elastic jobs (tide submit) and every\n"
     "--interval seconds reallocates them in place (docs/scheduling.md, \"The live scheduler\").\n"
     "It runs until SIGINT or SIGTERM; the jobs go on without it and a new tide sched on the\n"
-    "same --dir takes them over.\n"
+    "same --dir takes them over (in a Slurm allocation, the agents and their workers stop\n"
+    "with it).\n"
     "\n"
     "  --slots N            the local host with N slots\n"
     "  --hostfile F         one host a line: NAME SLOTS; with several hosts, each runs\n"
     "                       `tide sched --agent --node I` (I: its line, from 0) and --dir\n"
     "                       must be shared by every host; the jobs' stores stay here\n"
+    "  (neither)            inside a Slurm allocation (SLURM_JOB_NODELIST): the pool is its\n"
+    "                       nodes, in order, with their CPUs as slots (SLURM_JOB_CPUS_PER_NODE),\n"
+    "                       and tide sched starts their agents itself (one srun step)\n"
+    "  --slots-per-node N   in a Slurm allocation: N slots on every node instead\n"
     "  --address HOST       several hosts: this host as the others reach it (default: the\n"
-    "                       hostfile's first host)\n"
+    "                       address of this host's route to another host of the pool)\n"
     "  --agent              run the per-host agent instead: starts and stops the workers\n"
     "                       the scheduler at --dir places on host --node I (default\n"
     "                       $SLURM_NODEID, else 0)\n"
@@ -123,7 +129,7 @@ int tide_cli_sched(int argc, char **argv) {
   tide_sched_daemon_options_init(&o);
   char dir[4096], tiderun[4096];
   o.dir = NULL;
-  int slots = 0;
+  int slots = 0, slots_per_node = 0;
   const char *hostfile = NULL;
   char **hosts = NULL;
   int *host_slots = NULL;
@@ -151,6 +157,8 @@ int tide_cli_sched(int argc, char **argv) {
       if (to_int(v, 1, &slots)) fail_usage("sched", "--slots: '%s' is not an integer >= 1", v);
     } else if (strcmp(a, "--hostfile") == 0) {
       hostfile = v;
+    } else if (strcmp(a, "--slots-per-node") == 0) {
+      if (to_int(v, 1, &slots_per_node)) fail_usage("sched", "--slots-per-node: '%s' is not an integer >= 1", v);
     } else if (strcmp(a, "--dir") == 0) {
       o.dir = v;
     } else if (strcmp(a, "--interval") == 0) {
@@ -179,7 +187,8 @@ int tide_cli_sched(int argc, char **argv) {
     }
   }
   if (agent) {
-    if (slots > 0 || hostfile != NULL) fail_usage("sched", "--agent takes no --slots or --hostfile (the scheduler has them)");
+    if (slots > 0 || hostfile != NULL || slots_per_node > 0)
+      fail_usage("sched", "--agent takes no --slots, --hostfile or --slots-per-node (the scheduler has them)");
     const char *slurm_node = getenv("SLURM_NODEID");
     if (node < 0 && slurm_node != NULL && to_int(slurm_node, 0, &node))
       fail_usage("sched", "SLURM_NODEID '%s' is not an integer >= 0: give --node I", slurm_node);
@@ -188,20 +197,30 @@ int tide_cli_sched(int argc, char **argv) {
     int rc = tide_sched_agent(o.dir, node);
     return rc == TIDE_EINVAL ? EXIT_USAGE : rc != 0;
   }
-  if ((slots > 0) == (hostfile != NULL)) fail_usage("sched", "give one of --slots N or --hostfile F");
+  if (slots > 0 && hostfile != NULL) fail_usage("sched", "give one of --slots N or --hostfile F, not both");
+  if (slots_per_node > 0 && (slots > 0 || hostfile != NULL))
+    fail_usage("sched", "--slots-per-node is for a Slurm allocation's nodes: with --slots or --hostfile, give the "
+                        "slots there");
+  /* Neither: the library takes the Slurm allocation this runs in (o.slots NULL). */
+  o.slots_per_node = slots_per_node;
   if (hostfile != NULL) {
     o.nodes = read_hostfile(hostfile, &hosts, &host_slots);
     o.slots = host_slots;
     o.hosts = (const char *const *)hosts;
-  } else {
+  } else if (slots > 0) {
     o.nodes = 1;
     o.slots = &slots;
   }
   if (o.dir == NULL) o.dir = default_dir(dir, sizeof dir);
+  char self[4096];
+  ssize_t self_len = readlink("/proc/self/exe", self, sizeof self - 16);
+  if (self_len > 0) {
+    self[self_len] = 0;
+    o.tide = self; /* what a Slurm pool's agents run */
+  }
   if (o.tiderun == NULL) {
-    ssize_t n = readlink("/proc/self/exe", tiderun, sizeof tiderun - 16);
-    if (n <= 0) fail_usage("sched", "cannot find this program's path: give --tiderun");
-    tiderun[n] = 0;
+    if (self_len <= 0) fail_usage("sched", "cannot find this program's path: give --tiderun");
+    strcpy(tiderun, self);
     char *slash = strrchr(tiderun, '/');
     strcpy(slash ? slash + 1 : tiderun, "tiderun");
     o.tiderun = tiderun;

@@ -69,7 +69,7 @@ static const char usage_text[] =
     "  sim [options] WORKLOAD.csv...\n"
     "                           simulate a cluster scheduler over a workload of the Pollux\n"
     "                           traces (see tide help sim; docs/scheduling.md)\n"
-    "  sched (--slots N | --hostfile F) [--dir DIR] [--interval S] [--policy P]\n"
+    "  sched [--slots N | --hostfile F] [--dir DIR] [--interval S] [--policy P]\n"
     "                           the live scheduler: shares the slots among elastic jobs and\n"
     "                           resizes them in place (see tide help sched)\n"
     "  submit --min-np N --max-np M [--np K] [--name J] -- PROGRAM ARGS\n"

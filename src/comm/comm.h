@@ -197,6 +197,10 @@ int tide__slurm_rdzv(char *host, size_t cap, char *job_out, size_t job_cap);
  * TIDE_NNODES, Open MPI's sizes), 0 when it does not say. */
 int tide__launcher_hosts(void);
 int tide__addr_is_loopback(const char *addr);
+/* The local IPv4 address of this host's route to host (a name or an
+ * address; nothing is sent): TIDE_EINVAL when host does not resolve,
+ * TIDE_EIO when there is no route. */
+int tide__route_addr(const char *host, char *addr, size_t cap);
 /* The address peers should use to reach this rank, from the route to the
  * store: when that is loopback but the launcher says the job spans hosts,
  * the address that reaches the launch host or this host's only other one;

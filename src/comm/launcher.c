@@ -242,6 +242,8 @@ static int route_addr(const char *host, int port, char *addr, size_t cap) {
   return rc;
 }
 
+int tide__route_addr(const char *host, char *addr, size_t cap) { return route_addr(host, 0, addr, cap); }
+
 int tide__publish_addr(const char *store_host, int store_port, char *addr, size_t cap) {
   if (route_addr(store_host, store_port, addr, cap) != 0) {
     TIDE_ERROR("cannot resolve the store host \"%s\" (TIDE_RDZV, or the first host of SLURM_JOB_NODELIST)",

@@ -39,6 +39,7 @@
 #include <unistd.h>
 
 #include "core/core.h"
+#include "sched/slurm.h"
 #include "store/store.h"
 #include "tide.h"
 
@@ -48,6 +49,7 @@
 #define CLIENT_TIMEOUT_MS 5000
 #define MAX_NODES 64
 #define AGENT_LOST_S 3.0
+#define AGENT_START_S 30.0 /* an agent that has not beaten yet (srun starting it, say) */
 #define CHANGE_GIVE_UP_S 30.0 /* a change whose workers never came (their host was lost, say) */
 #define MULTIPLEX_ACTIVE_KEY "multiplex/active" /* a foreground's count of background jobs beside it */
 
@@ -111,6 +113,8 @@ typedef struct {
   double beat_at[MAX_NODES];    /* and when it changed (monotonic s) */
   double last_beat_check;
   int live[MAX_NODES], nlive;   /* the hosts d->sched allocates over (all but the lost ones) */
+  pid_t agents;                 /* a Slurm pool: the agents' srun step; 0: none */
+  int agents_status;            /* its wait status once it ended (agents then < 0) */
 } daemon_t;
 
 static double wall_s(void) {
@@ -1161,7 +1165,7 @@ static void check_agents(daemon_t *d, double now) {
       }
       d->beat[n] = beat;
       d->beat_at[n] = now;
-    } else if (!d->dead[n] && now - d->beat_at[n] > AGENT_LOST_S) {
+    } else if (!d->dead[n] && now - d->beat_at[n] > (d->beat[n] == 0 ? AGENT_START_S : AGENT_LOST_S)) {
       d->dead[n] = 1, changed = 1;
       for (int i = 0; i < d->njobs; i++) { /* its workers are gone: a change toward it will not come */
         job_t *j = &d->jobs[i];
@@ -1420,8 +1424,10 @@ static void tick(daemon_t *d) {
   double now = mono_s();
   double dt = d->last_tick > 0 ? now - d->last_tick : 0;
   d->last_tick = now;
-  while (waitpid(-1, NULL, WNOHANG) > 0) {
-  }
+  pid_t pid;
+  int status;
+  while ((pid = waitpid(-1, &status, WNOHANG)) > 0)
+    if (pid == d->agents) d->agents = -1, d->agents_status = status;
   if (d->multi) check_agents(d, now);
   for (int i = 0; i < d->njobs; i++) {
     job_t *j = &d->jobs[i];
@@ -1724,13 +1730,14 @@ static void serve_client(daemon_t *d) {
 
 /* ---- the daemon ------------------------------------------------------------------- */
 
-static int check_options(const tide_sched_daemon_options_t *o) {
+static int check_options(const tide_sched_daemon_options_t *o, int multi) {
   if (o->dir == NULL || o->dir[0] == 0) {
     TIDE_ERROR("tide sched: no state directory (--dir)");
     return TIDE_EINVAL;
   }
   if (o->nodes < 1 || o->slots == NULL) {
-    TIDE_ERROR("tide sched: the pool needs at least one host with slots (--slots N or --hostfile F)");
+    TIDE_ERROR("tide sched: the pool needs at least one host with slots (--slots N or --hostfile F, or run "
+               "inside a Slurm allocation)");
     return TIDE_EINVAL;
   }
   if (o->nodes > MAX_NODES) {
@@ -1743,7 +1750,7 @@ static int check_options(const tide_sched_daemon_options_t *o) {
   }
   char self[256] = "";
   gethostname(self, sizeof self - 1);
-  if (o->nodes == 1 && o->hosts != NULL && o->hosts[0] != NULL && strcmp(o->hosts[0], "localhost") != 0 &&
+  if (!multi && o->hosts != NULL && o->hosts[0] != NULL && strcmp(o->hosts[0], "localhost") != 0 &&
       strncmp(o->hosts[0], "127.", 4) != 0 && strcmp(o->hosts[0], self) != 0) {
     TIDE_ERROR("tide sched: host %s is not this host (%s): the jobs run where tide sched runs; name it "
                "localhost or %s in the hostfile",
@@ -1763,7 +1770,7 @@ static int check_options(const tide_sched_daemon_options_t *o) {
     TIDE_ERROR("tide sched: the resize cost must be >= 0 seconds");
     return TIDE_EINVAL;
   }
-  if (o->nodes == 1 && (o->tiderun == NULL || access(o->tiderun, X_OK) != 0)) {
+  if (!multi && (o->tiderun == NULL || access(o->tiderun, X_OK) != 0)) {
     TIDE_ERROR("tide sched: the launcher %s is not an executable (tiderun)", o->tiderun ? o->tiderun : "(none)");
     return TIDE_EINVAL;
   }
@@ -1797,10 +1804,60 @@ static int control_start(daemon_t *d) {
   return 0;
 }
 
-int tide_sched_serve(const tide_sched_daemon_options_t *opts) {
-  if (opts == NULL) return TIDE_EINVAL;
-  int rc = check_options(opts);
-  if (rc != 0) return rc;
+/* The pool of the Slurm allocation this runs in (no slots given): o's
+ * nodes, slots and hosts point into pool; tide gets the agents' program. */
+static int slurm_pool(tide_sched_daemon_options_t *o, tide__sched_pool_t *pool, char *tide, size_t cap) {
+  const char *job = getenv("SLURM_JOB_ID"), *nodelist = getenv("SLURM_JOB_NODELIST");
+  if (job == NULL || job[0] == '\0' || nodelist == NULL || nodelist[0] == '\0') {
+    TIDE_ERROR("tide sched: no pool: give --slots N (this host's) or --hostfile F, or run tide sched inside a "
+               "Slurm allocation (salloc or sbatch: SLURM_JOB_ID and SLURM_JOB_NODELIST set)");
+    return TIDE_EINVAL;
+  }
+  TIDE_CHECK(tide__sched_slurm_pool(nodelist, getenv("SLURM_JOB_CPUS_PER_NODE"), o->slots_per_node, pool));
+  o->nodes = pool->nodes;
+  o->slots = pool->slots;
+  o->hosts = pool->names;
+  int n = 0;
+  if (o->tide != NULL) {
+    n = snprintf(tide, cap, "%s", o->tide);
+  } else if (o->tiderun != NULL) {
+    const char *slash = strrchr(o->tiderun, '/');
+    n = slash != NULL ? snprintf(tide, cap, "%.*s/tide", (int)(slash - o->tiderun), o->tiderun)
+                      : snprintf(tide, cap, "tide");
+  }
+  if (n <= 0 || (size_t)n >= cap) {
+    TIDE_ERROR("tide sched: which tide should the nodes' agents run? (the options' tide; default: the tide "
+               "beside tiderun)");
+    return TIDE_EINVAL;
+  }
+  if (strchr(tide, '/') != NULL && access(tide, X_OK) != 0) {
+    TIDE_ERROR("tide sched: %s is not an executable: the nodes' agents run `tide sched --agent`", tide);
+    return TIDE_EINVAL;
+  }
+  return 0;
+}
+
+int tide_sched_serve(const tide_sched_daemon_options_t *user_opts) {
+  if (user_opts == NULL) return TIDE_EINVAL;
+  tide_sched_daemon_options_t eff = *user_opts; /* with a Slurm pool filled in */
+  const tide_sched_daemon_options_t *opts = &eff;
+  tide__sched_pool_t pool;
+  char tide[4096], address[64];
+  int slurm = user_opts->slots == NULL, rc;
+  if (user_opts->slots_per_node < 0 || (user_opts->slots_per_node > 0 && !slurm)) {
+    TIDE_ERROR("tide sched: --slots-per-node %d: it gives the slots of a Slurm allocation's nodes (a number "
+               ">= 1, with neither --slots nor --hostfile)",
+               user_opts->slots_per_node);
+    return TIDE_EINVAL;
+  }
+  if (slurm && (rc = slurm_pool(&eff, &pool, tide, sizeof tide)) != 0) return rc;
+  int multi = eff.nodes > 1 || slurm; /* under Slurm the agents start the workers, one node or more */
+  if ((rc = check_options(opts, multi)) != 0) return rc;
+  if (multi && eff.address == NULL) {
+    TIDE_CHECK(tide__sched_address(eff.hosts, eff.nodes, slurm ? "SLURM_JOB_NODELIST" : "the hostfile", address,
+                                   sizeof address));
+    eff.address = address;
+  }
   daemon_t d = {.o = opts, .listen_fd = -1, .signal_fd = -1};
   for (int n = 0; n < opts->nodes; n++) d.total += opts->slots[n];
   if (mkdir(opts->dir, 0700) != 0 && errno != EEXIST) {
@@ -1837,26 +1894,42 @@ int tide_sched_serve(const tide_sched_daemon_options_t *opts) {
   }
   chmod(addr.sun_path, 0600);
   if ((rc = tide_sched_create(&opts->sched, opts->nodes, opts->slots, &d.sched)) != 0) goto out;
-  d.multi = opts->nodes > 1;
+  d.multi = multi;
   for (int n = 0; n < opts->nodes && n < MAX_NODES; n++) d.live[n] = n;
   d.nlive = opts->nodes;
-  d.address = opts->address != NULL ? opts->address : opts->hosts != NULL ? opts->hosts[0] : "127.0.0.1";
-  if (d.multi && (rc = control_start(&d)) != 0) goto out;
-  d.next_id = 1;
-  load_jobs(&d);
+  d.address = opts->address != NULL ? opts->address : "127.0.0.1";
   sigemptyset(&d.mask);
   sigaddset(&d.mask, SIGCHLD);
   sigaddset(&d.mask, SIGINT);
   sigaddset(&d.mask, SIGTERM);
   sigaddset(&d.mask, SIGHUP);
   sigset_t old_mask;
+  /* Before the control store's thread starts: a SIGTERM it took would kill
+   * the daemon at once (no orderly stop, the agents left behind). */
   sigprocmask(SIG_BLOCK, &d.mask, &old_mask);
+  if (d.multi && (rc = control_start(&d)) != 0) {
+    sigprocmask(SIG_SETMASK, &old_mask, NULL);
+    goto out;
+  }
+  d.next_id = 1;
+  load_jobs(&d);
   d.signal_fd = signalfd(-1, &d.mask, SFD_CLOEXEC | SFD_NONBLOCK);
   if (d.signal_fd < 0) {
     TIDE_ERROR("tide sched: signalfd: %s", strerror(errno));
     rc = TIDE_EIO;
     sigprocmask(SIG_SETMASK, &old_mask, NULL);
     goto out;
+  }
+  if (slurm) {
+    if ((rc = tide__sched_agents_start(tide, opts->dir, opts->nodes, &old_mask, &d.agents)) != 0) {
+      sigprocmask(SIG_SETMASK, &old_mask, NULL);
+      goto out;
+    }
+    if (!opts->quiet) {
+      fprintf(stderr, "tide sched: Slurm job %s, %d node(s):", getenv("SLURM_JOB_ID"), opts->nodes);
+      for (int n = 0; n < opts->nodes; n++) fprintf(stderr, " %s (%d)", opts->hosts[n], opts->slots[n]);
+      fprintf(stderr, "; their agents started by srun (pid %d)\n", (int)d.agents);
+    }
   }
   if (!opts->quiet)
     fprintf(stderr, "tide sched: %d slot(s), policy %s, every %g s, state in %s (pid %d)\n", d.total,
@@ -1877,16 +1950,30 @@ int tide_sched_serve(const tide_sched_daemon_options_t *opts) {
     }
     if (n > 0 && (pfd[0].revents & POLLIN)) serve_client(&d);
     tick(&d);
+    if (d.agents < 0) {
+      int st = d.agents_status;
+      TIDE_ERROR("tide sched: the nodes' agents (their srun step) ended, %s %d: no host can run workers; stopping "
+                 "(srun's own message is above)",
+                 WIFEXITED(st) ? "exit status" : "signal", WIFEXITED(st) ? WEXITSTATUS(st) : WTERMSIG(st));
+      break;
+    }
     if (mono_s() >= next_round) {
       allocate(&d);
       admit(&d);
       next_round = mono_s() + opts->interval;
     }
   }
-  if (!opts->quiet) fprintf(stderr, "tide sched: stopping; running jobs go on and a new tide sched takes them over\n");
+  if (!opts->quiet)
+    fprintf(stderr, "tide sched: stopping; %s\n",
+            slurm ? "the nodes' agents stop and with them the jobs' workers"
+                  : "running jobs go on and a new tide sched takes them over");
   sigprocmask(SIG_SETMASK, &old_mask, NULL);
-  rc = 0;
+  rc = d.agents < 0 ? TIDE_EIO : 0;
 out:
+  /* A Slurm pool's agents: told to quit (they stop their workers and exit
+   * 0, and so does srun); SIGTERM to srun would SIGKILL them. */
+  for (int n = 0; d.agents > 0 && d.ctl != NULL && n < opts->nodes; n++) agent_cmd(&d, n, "quit");
+  tide__sched_agents_stop(d.agents, 10.0);
   for (int i = 0; i < d.njobs; i++) {
     job_disconnect(&d.jobs[i]);
     tide_speedup_destroy(d.jobs[i].speedup);
@@ -2067,6 +2154,8 @@ int tide_sched_agent(const char *dir, int node) {
       } else if (sscanf(cmd, "kill %llu", &id) == 1) {
         for (int i = 0; i < nworkers; i++)
           if (workers[i].job == id) kill(-workers[i].pid, SIGTERM);
+      } else if (strcmp(cmd, "quit") == 0) { /* the daemon stops (a Slurm pool's) */
+        stop = 1;
       }
       snprintf(key, sizeof key, "agent/%d/taken", node);
       rc = tide_store_add(ctl, key, 1, &taken);
