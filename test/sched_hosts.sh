@@ -134,5 +134,7 @@ if [ $fails -ne 0 ]; then
   exit 1
 fi
 cat "$tmp/sched.log"
+echo "--- a's recovery (its workers' warnings)"
+grep -E "tide (warn|error)" "$dir/jobs/$a/log" | grep -Ev "watcher|sampler" | cut -c1-300 | head -12
 read -r host0 victim < "$tmp/victim"
 echo "sched_hosts: ok (a's rank 0 was on host $host0; host $victim was killed)"

@@ -30,6 +30,8 @@ typedef struct {
   int kill_rank, kill_step; /* a rank that dies (SIGKILL) when handed this step; -1 none */
   int kill_mask;            /* more ranks (bit r: rank r) that die with it: a host lost */
   int connect_kill;         /* a rank that dies while epoch 1's communicator connects (0: none) */
+  int handover_kill;        /* a rank that dies while epoch 1 takes the state over (0: none); the
+                               joiners wait 0.5 s before their trainer, the old members for them */
   int initial;              /* first members; harness ranks >= initial join later */
   int join_step;            /* joiners start when rank 0 reaches this step */
   int join_to;              /* rank 0 slows down from join_step until this many members (0: no wait) */
@@ -77,16 +79,20 @@ static tide_store_t *connect_store(const char *token) {
   return store;
 }
 
-/* Dies (SIGKILL, the whole process) as soon as this rank has published
- * its address for membership epoch 1 (key "x1/peer/R"): inside the connect
- * of the new epoch's communicator, before its peers can finish theirs. */
-static void *connect_killer(void *arg) {
+/* Kills its process (SIGKILL) delay_ms after key appears in the store. */
+typedef struct {
   char key[64];
-  snprintf(key, sizeof key, "x1/peer/%d", *(int *)arg);
+  int delay_ms;
+} killer_t;
+
+static void *killer_main(void *arg) {
+  killer_t *k = arg;
   tide_store_t *store = connect_store(getenv("TIDE_JOB_TOKEN"));
   void *v;
   size_t len;
-  if (tide_store_get(store, key, 60000, &v, &len) == 0) raise(SIGKILL);
+  if (tide_store_get(store, k->key, 60000, &v, &len) != 0) return NULL;
+  usleep((useconds_t)k->delay_ms * 1000);
+  raise(SIGKILL);
   return NULL;
 }
 
@@ -129,11 +135,20 @@ static int worker(int rank, int size, void *arg) {
   snprintf(path, sizeof path, "%s/rec.%d", sc->dir, (int)getpid());
   FILE *rec = fopen(path, "w");
   CHECK(rec != NULL);
-  static int killer_rank;
+  static killer_t kill_at;
   pthread_t killer;
   if (sc->connect_kill > 0 && rank == sc->connect_kill && !joiner) {
-    killer_rank = rank; /* an old member keeps its rank in the next epoch */
-    CHECK(pthread_create(&killer, NULL, connect_killer, &killer_rank) == 0);
+    /* Once it has published its address for epoch 1 (an old member keeps
+     * its rank): inside the connect, before its peers can finish theirs. */
+    snprintf(kill_at.key, sizeof kill_at.key, "x1/peer/%d", rank);
+    CHECK(pthread_create(&killer, NULL, killer_main, &kill_at) == 0);
+  }
+  if (sc->handover_kill > 0 && rank == sc->handover_kill && !joiner) {
+    /* 0.2 s after epoch 1 connected (the first joiner, rank 2, is ready),
+     * while the old members wait for the joiners in the hand-over. */
+    snprintf(kill_at.key, sizeof kill_at.key, "x1/ready/2");
+    kill_at.delay_ms = 200;
+    CHECK(pthread_create(&killer, NULL, killer_main, &kill_at) == 0);
   }
   tide_comm_t *comm;
   CHECK_OK(tide_comm_init(&comm));
@@ -150,6 +165,7 @@ static int worker(int rank, int size, void *arg) {
   c.pto = sc->pto;
   float w[D] = {0}, g[D];
   tide_trainer_t *tr;
+  if (sc->handover_kill > 0 && joiner) usleep(500000);
   CHECK_OK(tide_trainer_create(comm, &c, w, g, D, NULL, 0, &tr));
   CHECK_OK(tide_trainer_elastic(tr));
   int member0 = tide_comm_rank(tide_trainer_comm(tr)) == 0 && !joiner;
@@ -393,7 +409,8 @@ static int run(scenario_t *sc, int np, int transport, int want_end_size) {
   for (int r = 0; r < np; r++) {
     int st = harness_status[r];
     int killed = WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL;
-    int dies = kills(sc, r) || (sc->connect_kill > 0 && r == sc->connect_kill);
+    int dies = kills(sc, r) || (sc->connect_kill > 0 && r == sc->connect_kill) ||
+               (sc->handover_kill > 0 && r == sc->handover_kill);
     if (dies ? !killed : !(WIFEXITED(st) && WEXITSTATUS(st) == 0)) {
       fprintf(stderr, "%s: rank %d ended with status 0x%x\n", sc->name, r, st);
       rc = 1;
@@ -458,7 +475,8 @@ static int run_tiderun(const char *self, const char *name, const char *launch, i
 }
 
 /* `test_elastic faults` (ctest test_elastic_faults): the host of rank 0
- * lost, and a member lost while the next epoch's communicator connects. */
+ * lost, a member lost while the next epoch's communicator connects, and
+ * while it takes the training state over. */
 static int faults(void) {
   int failed = 0;
   setenv("TIDE_ELASTIC_MAX", "4", 1);
@@ -485,6 +503,14 @@ static int faults(void) {
                            .hang_rank = -1, .bad_token_rank = -1};
   failed |= run(&connecting, 4, 2, 3);
   failed |= run(&connecting, 4, 0, 3);
+  /* The same, rank 1 dying while the grown epoch takes the state over: the
+   * old member and the joiners (whose trainer meets it there) start another
+   * epoch without it. */
+  scenario_t handover = connecting;
+  handover.name = "a member lost during the hand-over to joiners";
+  handover.connect_kill = 0;
+  handover.handover_kill = 1;
+  failed |= run(&handover, 4, 2, 3);
   int left = shm_leftovers();
   if (left) fprintf(stderr, "%d shared-memory files of this test remain in /dev/shm\n", left);
   return failed || left;

@@ -294,6 +294,7 @@ int tide_trainer_elastic(tide_trainer_t *tr) {
   tr->elastic->mode = mode;
   tr->elastic->stateless = tide_comm_joined(tr->comm);
   int rc = reset_ranks(tr);
+  if (rc == 0 && tr->elastic->stateless) rc = tide__trainer_agree(tr); /* tide_trainer_create left it to here */
   if (rc == 0 && tr->elastic->stateless) rc = hand_over(tr, 0);
   if (rc != 0 && !recoverable(rc)) {
     tide__free(tr->elastic->ewma);
