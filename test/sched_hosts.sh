@@ -50,7 +50,8 @@ replay() {
   "$tools/tide" submit --dir "$dir" --min-np 1 --max-np 4 --name "$1" -- "$tools/tide-replay" --app cifar10 \
     --traces "$traces" --speed 5 --work "$2" --grad-floats 65536 --log-every 5 --name "$mark$1"
 }
-wait_for() { local n=$(($1 * 10)); shift; for _ in $(seq "$n"); do "$@" && return 0; sleep 0.1; done; return 1; }
+# Polls up to $1 s; after a failure it only looks once (the run is failed, later waits need not wait).
+wait_for() { local n=$(($1 * 10)); shift; [ $rc -ne 0 ] && n=1; for _ in $(seq "$n"); do "$@" && return 0; sleep 0.1; done; return 1; }
 state_of() { sed -n 's/^state //p' "$dir/jobs/$1/state"; }
 is_state() { [ "$(state_of "$1")" = "$2" ]; }
 ended() { grep -q '^state \(done\|failed\|cancelled\)' "$dir/jobs/$1/state"; }
@@ -107,7 +108,7 @@ exit $rc
 DRIVER
 chmod +x "$tmp/driver.sh"
 "$src/scripts/emulate-cluster.sh" --build "$build" --hosts 2 --ranks-per-host 1 --bandwidth 1gbit --latency 0.5ms \
-  --no-prefix --timeout 900 -- /bin/bash "$tmp/driver.sh" "$build/tools" "$tmp" "$traces" "$mark" "$kill_which" \
+  --no-prefix --timeout 540 -- /bin/bash "$tmp/driver.sh" "$build/tools" "$tmp" "$traces" "$mark" "$kill_which" \
   > "$tmp/emu.log" 2>&1
 rc=$?
 [ $rc -eq 77 ] && { cat "$tmp/emu.log"; echo "SKIP: no emulated hosts"; exit 77; }
