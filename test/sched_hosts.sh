@@ -59,6 +59,8 @@ rc=0
 a=$(replay a 0.1) || { echo "FAIL: submit a"; rc=1; }
 # Generous deadlines: each wait ends as soon as its condition holds.
 wait_for 120 grep -q "job $a (a) runs on 2 2 worker(s)" "$tmp/sched.log" || { echo "FAIL: a never ran on both hosts (2 2)"; rc=1; }
+# b comes once a has stepped on 4 workers (slow runs would shrink it first).
+wait_for 120 grep -q "workers 4 batch" "$dir/jobs/$a/log" || { echo "FAIL: a never stepped on 4 workers"; rc=1; }
 b=$(replay b 0.03) || { echo "FAIL: submit b"; rc=1; }
 wait_for 120 grep -Eq "job $a \(a\): 2 2 -> [0-9] [0-9]" "$tmp/sched.log" || { echo "FAIL: a was never shrunk for b"; rc=1; }
 echo "$a $b" > "$tmp/ids"
