@@ -1276,7 +1276,10 @@ uint64_t tide_checksum(const void *data, size_t bytes);
  * trainer): the caller must not destroy it and reads the current one with
  * tide_trainer_comm. In a worker that joined a running job
  * (tide_comm_joined) it receives the state and parameters from the others,
- * who are in their own membership change (collective with them).
+ * who are in their own membership change (collective with them); when a
+ * member dies during that hand-over it recovers with the survivors
+ * (tide_trainer_recover), and the trainer owns the communicator even if
+ * that fails (TIDE_ESTATE: no survivor had a state to hand over).
  * At every step boundary tide_trainer_next then reads the job's requests
  * (tide_elastic_request, workers waiting to join, a policy's world_size),
  * watches for stragglers (TIDE_STRAGGLER) and changes the membership when

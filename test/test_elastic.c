@@ -10,6 +10,7 @@
  * each; the parent checks coverage from them. */
 #include <dirent.h>
 #include <math.h>
+#include <pthread.h>
 #include <signal.h>
 #include <string.h>
 #include <sys/wait.h>
@@ -27,6 +28,10 @@
 typedef struct {
   const char *name;
   int kill_rank, kill_step; /* a rank that dies (SIGKILL) when handed this step; -1 none */
+  int kill_mask;            /* more ranks (bit r: rank r) that die with it: a host lost */
+  int connect_kill;         /* a rank that dies while epoch 1's communicator connects (0: none) */
+  int handover_kill;        /* a rank that dies while epoch 1 takes the state over (0: none); the
+                               joiners wait 0.5 s before their trainer, the old members for them */
   int initial;              /* first members; harness ranks >= initial join later */
   int join_step;            /* joiners start when rank 0 reaches this step */
   int join_to;              /* rank 0 slows down from join_step until this many members (0: no wait) */
@@ -74,6 +79,27 @@ static tide_store_t *connect_store(const char *token) {
   return store;
 }
 
+/* Kills its process (SIGKILL) delay_ms after key appears in the store. */
+typedef struct {
+  char key[64];
+  int delay_ms;
+} killer_t;
+
+static void *killer_main(void *arg) {
+  killer_t *k = arg;
+  tide_store_t *store = connect_store(getenv("TIDE_JOB_TOKEN"));
+  void *v;
+  size_t len;
+  if (tide_store_get(store, k->key, 60000, &v, &len) != 0) return NULL;
+  usleep((useconds_t)k->delay_ms * 1000);
+  raise(SIGKILL);
+  return NULL;
+}
+
+static int kills(const scenario_t *sc, int rank) {
+  return rank == sc->kill_rank || (rank >= 0 && rank < 31 && (sc->kill_mask >> rank & 1));
+}
+
 static int worker(int rank, int size, void *arg) {
   (void)size;
   scenario_t *sc = arg;
@@ -109,6 +135,21 @@ static int worker(int rank, int size, void *arg) {
   snprintf(path, sizeof path, "%s/rec.%d", sc->dir, (int)getpid());
   FILE *rec = fopen(path, "w");
   CHECK(rec != NULL);
+  static killer_t kill_at;
+  pthread_t killer;
+  if (sc->connect_kill > 0 && rank == sc->connect_kill && !joiner) {
+    /* Once it has published its address for epoch 1 (an old member keeps
+     * its rank): inside the connect, before its peers can finish theirs. */
+    snprintf(kill_at.key, sizeof kill_at.key, "x1/peer/%d", rank);
+    CHECK(pthread_create(&killer, NULL, killer_main, &kill_at) == 0);
+  }
+  if (sc->handover_kill > 0 && rank == sc->handover_kill && !joiner) {
+    /* 0.2 s after epoch 1 connected (the first joiner, rank 2, is ready),
+     * while the old members wait for the joiners in the hand-over. */
+    snprintf(kill_at.key, sizeof kill_at.key, "x1/ready/2");
+    kill_at.delay_ms = 200;
+    CHECK(pthread_create(&killer, NULL, killer_main, &kill_at) == 0);
+  }
   tide_comm_t *comm;
   CHECK_OK(tide_comm_init(&comm));
   tide_trainer_config_t c;
@@ -124,6 +165,7 @@ static int worker(int rank, int size, void *arg) {
   c.pto = sc->pto;
   float w[D] = {0}, g[D];
   tide_trainer_t *tr;
+  if (sc->handover_kill > 0 && joiner) usleep(500000);
   CHECK_OK(tide_trainer_create(comm, &c, w, g, D, NULL, 0, &tr));
   CHECK_OK(tide_trainer_elastic(tr));
   int member0 = tide_comm_rank(tide_trainer_comm(tr)) == 0 && !joiner;
@@ -174,7 +216,7 @@ static int worker(int rank, int size, void *arg) {
       for (size_t j = 0; j < b.count; j++) fprintf(rec, " %llu", (unsigned long long)b.indices[j]);
       fprintf(rec, "\n");
       fflush(rec);
-      if (rank == sc->kill_rank && !joiner && b.step == sc->kill_step) raise(SIGKILL);
+      if (kills(sc, rank) && !joiner && b.step == sc->kill_step) raise(SIGKILL);
       if (rank == sc->hang_rank && b.step == sc->hang_step && !joiner) sleep(3);
       if (sc->slow_rank > 0) {
         /* Everyone "computes" 5 ms, the straggler 60 ms from slow_step on.
@@ -367,7 +409,9 @@ static int run(scenario_t *sc, int np, int transport, int want_end_size) {
   for (int r = 0; r < np; r++) {
     int st = harness_status[r];
     int killed = WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL;
-    if (r == sc->kill_rank ? !killed : !(WIFEXITED(st) && WEXITSTATUS(st) == 0)) {
+    int dies = kills(sc, r) || (sc->connect_kill > 0 && r == sc->connect_kill) ||
+               (sc->handover_kill > 0 && r == sc->handover_kill);
+    if (dies ? !killed : !(WIFEXITED(st) && WEXITSTATUS(st) == 0)) {
       fprintf(stderr, "%s: rank %d ended with status 0x%x\n", sc->name, r, st);
       rc = 1;
     }
@@ -430,10 +474,53 @@ static int run_tiderun(const char *self, const char *name, const char *launch, i
   return rc;
 }
 
+/* `test_elastic faults` (ctest test_elastic_faults): the host of rank 0
+ * lost, a member lost while the next epoch's communicator connects, and
+ * while it takes the training state over. */
+static int faults(void) {
+  int failed = 0;
+  setenv("TIDE_ELASTIC_MAX", "4", 1);
+  /* Rank 0 alone (shm, TCP), then rank 0's whole host (ranks 0 and 1 of
+   * hosts A A B B, hierarchical all-reduce, and again with the ring). */
+  setenv("TIDE_ELASTIC_MIN", "3", 1);
+  scenario_t rank0 = {.name = "kill rank 0 of 4", .kill_rank = 0, .kill_step = 25, .initial = 4, .join_step = -1,
+                      .shrink_step = -1, .hang_rank = -1, .bad_token_rank = -1};
+  failed |= run(&rank0, 4, 0, 3);
+  failed |= run(&rank0, 4, 1, 3);
+  setenv("TIDE_ELASTIC_MIN", "2", 1);
+  scenario_t host0 = {.name = "rank 0's host lost (ranks 0, 1 of 4)", .kill_rank = 0, .kill_mask = 1 << 1,
+                      .kill_step = 25, .initial = 4, .join_step = -1, .shrink_step = -1, .hang_rank = -1,
+                      .bad_token_rank = -1};
+  failed |= run(&host0, 4, 2, 2);
+  setenv("TIDE_ALGO", "ring", 1);
+  host0.name = "rank 0's host lost (ranks 0, 1 of 4), ring";
+  failed |= run(&host0, 4, 2, 2);
+  unsetenv("TIDE_ALGO");
+  /* Grow 2 -> 4 over 2 hosts; rank 1 dies while the grown epoch connects:
+   * the survivors form the next epoch without it (3 members). */
+  scenario_t connecting = {.name = "a member lost while the grown epoch connects", .kill_rank = -1,
+                           .connect_kill = 1, .initial = 2, .join_step = 5, .join_to = 3, .shrink_step = -1,
+                           .hang_rank = -1, .bad_token_rank = -1};
+  failed |= run(&connecting, 4, 2, 3);
+  failed |= run(&connecting, 4, 0, 3);
+  /* The same, rank 1 dying while the grown epoch takes the state over: the
+   * old member and the joiners (whose trainer meets it there) start another
+   * epoch without it. */
+  scenario_t handover = connecting;
+  handover.name = "a member lost during the hand-over to joiners";
+  handover.connect_kill = 0;
+  handover.handover_kill = 1;
+  failed |= run(&handover, 4, 2, 3);
+  int left = shm_leftovers();
+  if (left) fprintf(stderr, "%d shared-memory files of this test remain in /dev/shm\n", left);
+  return failed || left;
+}
+
 int main(int argc, char **argv) {
   if (argc == 9 && strcmp(argv[1], "--worker") == 0) return tiderun_worker(argv);
   setenv("TIDE_TIMEOUT_MS", "20000", 1);
   setenv("TIDE_ELASTIC_TIMEOUT_MS", "5000", 1);
+  if (argc == 2 && strcmp(argv[1], "faults") == 0) return faults();
   int failed = 0;
   /* A peer hello of another epoch's communicator is refused. */
   tide__peer_hello_t hello = {TIDE__PEER_HELLO_MAGIC, tide__fnv1a_str("x1"), 2, 0};

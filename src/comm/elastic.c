@@ -17,8 +17,18 @@
  *   target                the requested number of workers (tide_elastic_request)
  *   done                  training finished: waiting joiners give up
  * A member that died is seen through the store's "event/lost/<ns>:<rank>",
- * set when its watch connection drops; a joiner that died while waiting,
- * through "event/lost/elastic-join:<id>".
+ * set when its communicator's watch connection drops, and every process
+ * of the job through "event/lost/elastic-id:<id>": each keeps a watch
+ * named after its id (struct tide__membership's alive) from its first
+ * membership or its request to join until it exits, handed from epoch to
+ * epoch, so its death is seen in every phase: waiting to join, connecting
+ * a new epoch, or in one.
+ *
+ * An epoch whose communicator cannot connect (a member died after it was
+ * sealed, before the connections were made) is never entered: the members
+ * that are alive mark themselves arrived at the next epoch and its
+ * proposer seals it over the failed epoch's list without the dead, so a
+ * retry has its own epoch number and names (connections, segments).
  *
  * Threads: like the communicator, one thread at a time per communicator. */
 #include <stdio.h>
@@ -30,6 +40,8 @@
 
 #define ID_CAP 24
 #define POLL_MS 2
+/* Epochs that failed to connect, in a row, before a change gives up. */
+#define CONNECT_ATTEMPTS 4
 
 struct tide__membership {
   long epoch;
@@ -37,6 +49,7 @@ struct tide__membership {
   int count;
   char (*ids)[ID_CAP]; /* by rank */
   int joined; /* this process joined a running job into this epoch */
+  tide__store_watch_t *alive; /* "elastic-id:<id>", while this process lives (see the top) */
 };
 
 static void nap_ms(int ms) {
@@ -46,8 +59,28 @@ static void nap_ms(int ms) {
 
 void tide__membership_free(struct tide__membership *m) {
   if (m == NULL) return;
+  tide__store_watch_close(m->alive);
   tide__free(m->ids);
   tide__free(m);
+}
+
+static int alive_open(const char *host, int port, const char *token, const char *id, int64_t timeout_ms,
+                      tide__store_watch_t **out) {
+  char name[64];
+  snprintf(name, sizeof name, "elastic-id:%s", id);
+  return tide__store_watch_open(host, port, token, name, (int)timeout_ms, out);
+}
+
+/* The watch receives every event of the job; nobody reads them: drop what
+ * has come, so they never pile up. */
+static void alive_drain(tide__store_watch_t *watch) {
+  char *key;
+  void *value;
+  size_t len;
+  while (watch != NULL && tide__store_watch_next(watch, &key, &value, &len) > 0) {
+    tide__free(key);
+    tide__free(value);
+  }
 }
 
 static struct tide__membership *membership_alloc(long epoch, const char *id, int count) {
@@ -70,6 +103,12 @@ int tide__membership_start(tide_comm_t *comm) {
   struct tide__membership *m = membership_alloc(0, id, comm->size);
   if (m == NULL) return TIDE_ENOMEM;
   for (int r = 0; r < comm->size; r++) snprintf(m->ids[r], ID_CAP, "r%d", r);
+  int rc = alive_open(comm->store_host, comm->store_port, comm->token, id, comm->timeout_ms, &m->alive);
+  if (rc != 0) {
+    TIDE_ERROR("elastic: %s cannot open its watch on the job's store: %s", id, tide_strerror(rc));
+    tide__membership_free(m);
+    return rc;
+  }
   comm->membership = m;
   return 0;
 }
@@ -133,67 +172,23 @@ static int parse_members(const char *text, long epoch, const char *me, struct ti
   return 0;
 }
 
-/* Waits for the members of epoch (written by its proposer) and connects to
- * them: *out is the new communicator, or NULL when this process is not a
- * member. */
-static int enter_epoch(tide_store_t *store, const char *host, int port, const char *token, long epoch,
-                       const char *me, int joined, tide_comm_t **out) {
-  int64_t limit = tide__param_int(TIDE__PARAM_ELASTIC_TIMEOUT_MS);
-  char key[96], text[4096];
-  snprintf(key, sizeof key, "elastic/e%ld/members", epoch);
-  void *value;
-  size_t len;
-  /* The proposer waits up to the limit for members that neither arrive nor
-   * die; give it that and as much again. */
-  int rc = tide_store_get(store, key, (int)(2 * limit < 2147483647 ? 2 * limit : limit), &value, &len);
-  if (rc != 0) {
-    TIDE_ERROR("elastic: no membership for epoch %ld appeared (did the proposing member die?): %s", epoch,
-               tide_strerror(rc));
-    return rc;
-  }
-  size_t n = len < sizeof text - 1 ? len : sizeof text - 1;
-  memcpy(text, value, n);
-  text[n] = '\0';
-  tide__free(value);
-  if (text[0] == '!') {
-    TIDE_ERROR("elastic: epoch %ld cannot start: %s", epoch, text + 1);
-    return TIDE_EPEER;
-  }
-  struct tide__membership *m;
-  int my_rank;
-  TIDE_CHECK(parse_members(text, epoch, me, &m, &my_rank));
-  if (my_rank < 0) {
-    TIDE_INFO("elastic: %s is not a member of epoch %ld (%s): it leaves the job", me, epoch, text);
-    tide__membership_free(m);
-    *out = NULL;
-    return 0;
-  }
-  char ns[32];
-  snprintf(ns, sizeof ns, "x%ld", epoch);
-  tide_comm_t *comm;
-  tide__log_set_rank(my_rank);
-  rc = tide__comm_create(host, port, token, ns, my_rank, m->count, limit, &comm);
-  if (rc != 0) {
-    TIDE_ERROR("elastic: %s could not connect to the %d members of epoch %ld: %s", me, m->count, epoch,
-               tide_strerror(rc));
-    tide__membership_free(m);
-    return rc;
-  }
-  m->joined = joined;
-  comm->membership = m;
-  *out = comm;
-  return 0;
-}
-
 /* ---- the change ---------------------------------------------------------------- */
 
-/* The proposer of epoch `next`: waits until every member of comm's epoch
- * has arrived or is known dead (or the limit passed), then writes the
- * members: the arrived ones in rank order without `exclude`, cut to `size`,
- * then waiting joiners up to `size` (0: up to TIDE_ELASTIC_MAX). */
-static int propose(tide_comm_t *comm, long next, int size, int exclude) {
-  struct tide__membership *m = comm->membership;
-  tide_store_t *store = comm->store;
+/* 1 when the process of member `id` is known dead (its liveness watch
+ * dropped), 0 when not, or an error. */
+static int member_lost(tide_store_t *store, const char *id) {
+  char key[96], value[64];
+  snprintf(key, sizeof key, "event/lost/elastic-id:%s", id);
+  return peek(store, key, value, sizeof value);
+}
+
+/* The proposer of epoch `next`: waits until every member of epoch m (its
+ * communicator named ns; NULL when that epoch never connected) has arrived
+ * or is known dead (or the limit passed), then writes the members: the
+ * arrived ones in rank order without `exclude`, cut to `size`, then waiting
+ * joiners up to `size` (0: up to TIDE_ELASTIC_MAX). */
+static int propose(tide_store_t *store, const struct tide__membership *m, const char *ns, long next, int size,
+                   int exclude) {
   int64_t deadline = tide__deadline_after_ms(tide__param_int(TIDE__PARAM_ELASTIC_TIMEOUT_MS));
   int n = m->count, rc = 0;
   int *state = tide__calloc((size_t)n, sizeof *state); /* 0 unknown, 1 here, 2 gone */
@@ -204,8 +199,9 @@ static int propose(tide_comm_t *comm, long next, int size, int exclude) {
       if (state[r] != 0) continue;
       snprintf(key, sizeof key, "elastic/e%ld/here/%s", next, m->ids[r]);
       int here = peek(store, key, value, sizeof value);
-      snprintf(key, sizeof key, "event/lost/%s:%d", comm->ns, r);
-      int lost = here == 0 ? peek(store, key, value, sizeof value) : 0;
+      snprintf(key, sizeof key, "event/lost/%s:%d", ns != NULL ? ns : "-", r);
+      int lost = here == 0 && ns != NULL ? peek(store, key, value, sizeof value) : 0;
+      if (here == 0 && lost == 0) lost = member_lost(store, m->ids[r]);
       if (here < 0 || lost < 0) {
         rc = here < 0 ? here : lost;
         goto out;
@@ -265,9 +261,7 @@ static int propose(tide_comm_t *comm, long next, int size, int exclude) {
     memcpy(id, v, k);
     id[k] = '\0';
     tide__free(v);
-    snprintf(key, sizeof key, "event/lost/elastic-join:%s", id);
-    int lost = peek(store, key, value, sizeof value);
-    if (lost != 0) continue;
+    if (member_lost(store, id) != 0) continue;
     snprintf(admit_ids[nadmit++], ID_CAP, "%s", id);
     at += (size_t)snprintf(list + at, sizeof list - at, "%s%s", count ? " " : "", id);
     count++;
@@ -294,6 +288,88 @@ static int propose(tide_comm_t *comm, long next, int size, int exclude) {
 out:
   tide__free(state);
   return rc;
+}
+
+/* Marks `me` (a member of epoch m, whose communicator is named ns, or
+ * NULL) arrived at epoch next; the first to arrive proposes it. */
+static int arrive(tide_store_t *store, const struct tide__membership *m, const char *ns, const char *me, long next,
+                  int size, int exclude) {
+  char key[200];
+  snprintf(key, sizeof key, "elastic/e%ld/here/%s", next, me);
+  TIDE_CHECK(put(store, key, "1"));
+  snprintf(key, sizeof key, "elastic/e%ld/proposer", next);
+  int64_t order;
+  TIDE_CHECK(tide_store_add(store, key, 1, &order));
+  if (order == 1) TIDE_CHECK(propose(store, m, ns, next, size, exclude));
+  return 0;
+}
+
+/* Waits for the members of epoch (written by its proposer) and connects to
+ * them: *out is the new communicator, or NULL when this process is not a
+ * member. *alive (this process's liveness watch) passes to the new
+ * communicator's membership. When the members cannot connect (one died
+ * after the epoch was sealed), those alive go on to the next epoch over
+ * the same list, without the dead. */
+static int enter_epoch(tide_store_t *store, const char *host, int port, const char *token, long epoch,
+                       const char *me, int joined, tide__store_watch_t **alive, tide_comm_t **out) {
+  int64_t limit = tide__param_int(TIDE__PARAM_ELASTIC_TIMEOUT_MS);
+  char key[96], text[4096];
+  for (int attempt = 1;; attempt++, epoch++) {
+    snprintf(key, sizeof key, "elastic/e%ld/members", epoch);
+    void *value;
+    size_t len;
+    /* The proposer waits up to the limit for members that neither arrive nor
+     * die; give it that and as much again. */
+    int rc = tide_store_get(store, key, (int)(2 * limit < 2147483647 ? 2 * limit : limit), &value, &len);
+    if (rc != 0) {
+      TIDE_ERROR("elastic: no membership for epoch %ld appeared (did the proposing member die?): %s", epoch,
+                 tide_strerror(rc));
+      return rc;
+    }
+    size_t n = len < sizeof text - 1 ? len : sizeof text - 1;
+    memcpy(text, value, n);
+    text[n] = '\0';
+    tide__free(value);
+    if (text[0] == '!') {
+      TIDE_ERROR("elastic: epoch %ld cannot start: %s", epoch, text + 1);
+      return TIDE_EPEER;
+    }
+    struct tide__membership *m;
+    int my_rank;
+    TIDE_CHECK(parse_members(text, epoch, me, &m, &my_rank));
+    if (my_rank < 0) {
+      TIDE_INFO("elastic: %s is not a member of epoch %ld (%s): it leaves the job", me, epoch, text);
+      tide__membership_free(m);
+      *out = NULL;
+      return 0;
+    }
+    char ns[32];
+    snprintf(ns, sizeof ns, "x%ld", epoch);
+    tide_comm_t *comm;
+    tide__log_set_rank(my_rank);
+    rc = tide__comm_create(host, port, token, ns, my_rank, m->count, limit, &comm);
+    if (rc == 0) {
+      m->joined = joined;
+      m->alive = *alive;
+      *alive = NULL;
+      comm->membership = m;
+      *out = comm;
+      return 0;
+    }
+    if (attempt == CONNECT_ATTEMPTS) {
+      TIDE_ERROR("elastic: %s could not connect to the %d members of epoch %ld, the %d%s attempt in a row: %s", me,
+                 m->count, epoch, attempt, attempt == 2 ? "nd" : attempt == 3 ? "rd" : "th", tide_strerror(rc));
+      tide__membership_free(m);
+      return rc;
+    }
+    TIDE_WARN("elastic: %s could not connect to the %d members of epoch %ld (%s: a member died or is stuck); the "
+              "members that are alive go on to epoch %ld without the others",
+              me, m->count, epoch, tide_strerror(rc), epoch + 1);
+    alive_drain(*alive);
+    rc = arrive(store, m, NULL, me, epoch + 1, m->count, -1);
+    tide__membership_free(m);
+    if (rc != 0) return rc;
+  }
 }
 
 long tide_comm_epoch(const tide_comm_t *comm) {
@@ -332,13 +408,9 @@ int tide_comm_resize(tide_comm_t *comm, int size, int exclude, tide_comm_t **out
       return TIDE_ESTATE;
     }
   }
-  snprintf(key, sizeof key, "elastic/e%ld/here/%s", next, m->id);
-  TIDE_CHECK(put(comm->store, key, "1"));
-  snprintf(key, sizeof key, "elastic/e%ld/proposer", next);
-  int64_t order;
-  TIDE_CHECK(tide_store_add(comm->store, key, 1, &order));
-  if (order == 1) TIDE_CHECK(propose(comm, next, size, exclude));
-  return enter_epoch(comm->store, comm->store_host, comm->store_port, comm->token, next, m->id, 0, out);
+  alive_drain(m->alive);
+  TIDE_CHECK(arrive(comm->store, m, comm->ns, m->id, next, size, exclude));
+  return enter_epoch(comm->store, comm->store_host, comm->store_port, comm->token, next, m->id, 0, &m->alive, out);
 }
 
 /* ---- joining a running job --------------------------------------------------------- */
@@ -361,12 +433,11 @@ int tide__elastic_join(tide_comm_t **out) {
     return rc;
   }
   int64_t n, slot;
-  char id[ID_CAP], key[200], name[64], value[64];
+  char id[ID_CAP], key[200], value[64];
   TIDE_CHECK_GOTO(tide_store_add(store, "elastic/ids", 1, &n), rc, out);
   snprintf(id, sizeof id, "j%lld", (long long)n);
   /* Watched from before it asks, so its death while waiting is seen. */
-  snprintf(name, sizeof name, "elastic-join:%s", id);
-  TIDE_CHECK_GOTO(tide__store_watch_open(host, port, token, name, (int)timeout, &watch), rc, out);
+  TIDE_CHECK_GOTO(alive_open(host, port, token, id, timeout, &watch), rc, out);
   int64_t node = tide__param_int(TIDE__PARAM_NODE_RANK);
   if (node >= 0) { /* where it runs, for a scheduler, before it asks */
     snprintf(key, sizeof key, "elastic/node/%s", id);
@@ -408,8 +479,13 @@ int tide__elastic_join(tide_comm_t **out) {
     }
   }
   tide_comm_t *comm = NULL;
-  rc = enter_epoch(store, host, port, token, epoch, id, 1, &comm);
-  if (rc == 0 && comm == NULL) rc = TIDE_EPROTO; /* admitted but not listed: cannot happen */
+  rc = enter_epoch(store, host, port, token, epoch, id, 1, &watch, &comm);
+  if (rc == 0 && comm == NULL) {
+    /* Admitted, but a retry after an epoch that could not connect went on
+     * without it (it failed later than the others). */
+    TIDE_ERROR("elastic: %s was admitted to epoch %ld, but the job went on without it", id, epoch);
+    rc = TIDE_EPEER;
+  }
   if (rc == 0) *out = comm;
 out:
   tide__store_watch_close(watch);

@@ -1069,10 +1069,14 @@ static int mark_leaves(daemon_t *d, job_t *j, int node, int count) {
     size_t len;
     snprintf(key, sizeof key, "elastic/node/%s", list[i]);
     if (tide_store_get(j->store, key, 0, &value, &len) != 0) continue;
-    int on = atoi((const char *)value) == node && len > 0;
-    char first = len > 0 ? ((const char *)value)[0] : 0;
+    /* The value is not NUL-terminated (atoi read past it: ASan). */
+    int on = len > 0 && len < 10 ? 0 : -1;
+    for (size_t k = 0; on >= 0 && k < len; k++) {
+      char digit = ((const char *)value)[k];
+      on = digit >= '0' && digit <= '9' ? on * 10 + (digit - '0') : -1;
+    }
     tide_free(value);
-    if (!on || first < '0' || first > '9') continue;
+    if (on != node) continue;
     snprintf(key, sizeof key, "elastic/leave/%s", list[i]);
     if ((rc = tide_store_set(j->store, key, "1", 1)) != 0) return rc;
     count--;

@@ -22,6 +22,7 @@ enum { STRAGGLER_OFF, STRAGGLER_REPORT, STRAGGLER_REMOVE };
 
 struct tide__elastic_trainer {
   int detached;   /* this rank left the job */
+  int stateless;  /* joined, and no hand-over has reached it yet: it has no state to offer */
   int finished;   /* told the job training is over */
   int requested;  /* a policy's world_size (0: none) */
   int straggler;  /* rank flagged, -1 none */
@@ -92,7 +93,7 @@ static int rebind(tide_trainer_t *tr) {
  * a worker that just joined has none) sends its state and parameters to
  * every member; the others restore them. Collective over the new comm. */
 static int hand_over(tide_trainer_t *tr, long planned) {
-  int joined = tide_comm_joined(tr->comm);
+  int joined = tr->elastic->stateless;
   double step = joined ? -1.0 : (double)tr->step;
   TIDE_CHECK(tide_allreduce(tr->comm, &step, &step, 1, TIDE_F64, TIDE_MAX));
   double source = !joined && (double)tr->step == step ? (double)tr->rank : (double)INT_MAX;
@@ -124,6 +125,7 @@ static int hand_over(tide_trainer_t *tr, long planned) {
   e->pto_state = NULL;
   if (rc != 0) return tide__trainer_fail(tr, rc, "handing the training state over to the new members failed: %s",
                                          tide_comm_last_error(tr->comm));
+  e->stateless = 0;
   /* The residual is rank-specific error feedback: the source's is not ours.
    * Every member restarts error feedback from zero (docs/elastic.md). */
   tide__free(tr->pending_residual);
@@ -159,8 +161,16 @@ static int reshard(tide_trainer_t *tr) {
   return tide__pto_optim_create(tr, tr->tensors, tr->ntensors);
 }
 
+static int recoverable(int rc) { return rc == TIDE_EPEER || rc == TIDE_ETIMEDOUT || rc == TIDE_EABORTED; }
+
+/* Membership changes in a row that a member's failure may interrupt (each
+ * one leaves the dead out) before the trainer gives up. */
+#define CHANGE_ATTEMPTS 8
+
 /* Starts the next membership epoch: size and exclude as tide_comm_resize;
- * failed: after a peer failure (tide_trainer_recover), not a planned change. */
+ * failed: after a peer failure (tide_trainer_recover), not a planned change.
+ * A member that dies while the new members take the state over (a host
+ * lost during a change) starts another epoch over the survivors. */
 static int resize(tide_trainer_t *tr, int size, int exclude, int failed) {
   struct tide__elastic_trainer *e = tr->elastic;
   int64_t t0 = tide__now_ns();
@@ -175,19 +185,31 @@ static int resize(tide_trainer_t *tr, int size, int exclude, int failed) {
   tide__exchange_close_all(tr);
   if (tr->config.pto) TIDE_CHECK(gather_pto_state(tr));
   long planned = (long)tr->ranks * tr->batch * tr->accum;
-  tide_comm_t *next = NULL;
-  int rc = tide_comm_resize(tr->comm, size, exclude, &next);
-  if (rc != 0) return tide__trainer_fail(tr, rc, "the job could not go on with a new membership: %s", tide_strerror(rc));
-  tide_comm_destroy(tr->comm);
-  tr->comm = next;
-  if (next == NULL) {
-    e->detached = 1;
-    return 0;
+  for (int attempt = 1;; attempt++) {
+    tide_comm_t *next = NULL;
+    int rc = tide_comm_resize(tr->comm, size, exclude, &next);
+    if (rc != 0)
+      return tide__trainer_fail(tr, rc, "the job could not go on with a new membership: %s", tide_strerror(rc));
+    tide_comm_destroy(tr->comm);
+    tr->comm = next;
+    if (next == NULL) {
+      e->detached = 1;
+      return 0;
+    }
+    TIDE_CHECK(rebind(tr));
+    if (tr->config.pto) TIDE_CHECK(reshard(tr));
+    rc = tide__trainer_agree(tr);
+    if (rc == 0) rc = hand_over(tr, planned);
+    if (rc == 0) break;
+    if (!recoverable(rc) || tr->config.pto || attempt == CHANGE_ATTEMPTS) return rc;
+    int target = 0, waiting = 0;
+    if (tide_comm_elastic_status(tr->comm, &target, &waiting) != 0) target = 0;
+    TIDE_WARN("elastic: a member failed while epoch %ld took the training state over (%s: %s); the survivors "
+              "start another",
+              tide_comm_epoch(tr->comm), tide_err_name(rc), tide_comm_last_error(tr->comm));
+    size = target;
+    exclude = -1;
   }
-  TIDE_CHECK(rebind(tr));
-  if (tr->config.pto) TIDE_CHECK(reshard(tr));
-  TIDE_CHECK(tide__trainer_agree(tr));
-  TIDE_CHECK(hand_over(tr, planned));
   e->changes++;
   e->last_change_s = (double)(tide__now_ns() - t0) * 1e-9;
   TIDE_INFO("elastic: membership epoch %ld in place after %.1f ms", tide_comm_epoch(tr->comm), e->last_change_s * 1e3);
@@ -270,13 +292,20 @@ int tide_trainer_elastic(tide_trainer_t *tr) {
   tr->elastic = tide__calloc(1, sizeof *tr->elastic);
   if (tr->elastic == NULL) return TIDE_ENOMEM;
   tr->elastic->mode = mode;
+  tr->elastic->stateless = tide_comm_joined(tr->comm);
   int rc = reset_ranks(tr);
-  if (rc == 0 && tide_comm_joined(tr->comm)) rc = hand_over(tr, 0);
-  if (rc != 0) {
+  if (rc == 0 && tr->elastic->stateless) rc = tide__trainer_agree(tr); /* tide_trainer_create left it to here */
+  if (rc == 0 && tr->elastic->stateless) rc = hand_over(tr, 0);
+  if (rc != 0 && !recoverable(rc)) {
     tide__free(tr->elastic->ewma);
     tide__free(tr->elastic);
     tr->elastic = NULL;
+    return rc;
   }
+  /* A member died during the hand-over: this worker recovers with the
+   * survivors, as they do from their training loop. The trainer owns the
+   * communicator from here, whether that succeeds or not. */
+  if (rc != 0) rc = tide_trainer_recover(tr, rc);
   return rc;
 }
 
@@ -305,7 +334,7 @@ int tide_trainer_resize(tide_trainer_t *tr, int size, int exclude) {
 int tide_trainer_recover(tide_trainer_t *tr, int rc) {
   if (tr == NULL) return tide__null_arg("tide_trainer_recover", "tr");
   if (rc == 0) return 0;
-  if (tr->elastic == NULL || (rc != TIDE_EPEER && rc != TIDE_ETIMEDOUT && rc != TIDE_EABORTED)) return rc;
+  if (tr->elastic == NULL || !recoverable(rc)) return rc;
   if (tr->elastic->detached) return 0;
   int target = 0, waiting = 0;
   if (tide_comm_elastic_status(tr->comm, &target, &waiting) != 0) target = 0;

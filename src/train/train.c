@@ -173,7 +173,9 @@ int tide_trainer_create(tide_comm_t *comm, const tide_trainer_config_t *config, 
                                   .lr_factor = 1, .comm_share = NAN, .mean_step_s = NAN, .ranks = tr->ranks, .nodes = tr->nodes,
                                   .batch = tr->batch, .accum = tr->accum, .planned_batch = tide__trainer_planned_batch(tr),
                                   .exchange = tr->exchange_kind, .solo_step_s = NAN};
-  if ((rc = tide__trainer_agree(tr)) != 0) goto fail;
+  /* A worker that joined an elastic job agrees in tide_trainer_elastic,
+   * with the hand-over, where a member's death is recovered from. */
+  if (!tide_comm_joined(comm) && (rc = tide__trainer_agree(tr)) != 0) goto fail;
   if ((rc = tide__multiplex_open(tr)) != 0) goto fail;
   *out = tr;
   return 0;
