@@ -994,7 +994,7 @@ typedef struct {
   double sparse_warmup_epochs;  /* DGC's density warm-up: in data epoch e < this, density
                                    density^((e+1)/(N+1)) (default 0) */
   double gns_decay;             /* the monitor's moving averages keep decay^(M/M0) of their
-                                   value per step of global batch M (in (0, 1), default 0.97,
+                                   value per step of global batch M (in (0, 1), default 0.95,
                                    chosen by measurement: docs/adaptation.md) */
   int tensor_stats;             /* 1: noise scale per tensor too (tide_trainer_tensor_stats) */
   int pto;                      /* 1: the parallel tensor operation (docs/algorithms.md, "PTO"):

@@ -71,7 +71,7 @@ static void usage(FILE *out) {
           "  --adapt LIST             adaptation policies, comma-separated, each NAME or\n"
           "                           NAME:key=value:...: adascale, gns, pollux, exchange, autoscale\n"
           "                           (docs/adaptation.md); e.g. --adapt gns,adascale\n"
-          "  --gns-decay X            the noise-scale averages' factor per base-batch step (default 0.97)\n"
+          "  --gns-decay X            the noise-scale averages' factor per base-batch step (default 0.95)\n"
           "  --eval-every N           also evaluate the test set every N steps, not only at epoch ends\n"
           "                           (default 0: epoch ends only); each evaluation is a line in\n"
           "                           metrics.jsonl, its time_s counted from the start of training\n"
@@ -144,7 +144,7 @@ static int parse_fraction(const char *opt, const char *text, double *out) {
 static int parse_options(int argc, char **argv, options_t *o) {
   *o = (options_t){.model = "mlp", .optim = "momentum", .schedule = "cosine", .grad = "dense", .runs = "runs",
                    .selector = "sampled", .epochs = 5, .batch = 64, .sparse_warmup_epochs = 1, .lr = 0.05,
-                   .momentum = -1.0, .weight_decay = 5e-4, .gns_decay = 0.97, .density = 1.0, .seed = 1};
+                   .momentum = -1.0, .weight_decay = 5e-4, .gns_decay = 0.95, .density = 1.0, .seed = 1};
   static const struct option longs[] = {
       {"model", 1, 0, 'm'},    {"epochs", 1, 0, 'e'},   {"batch", 1, 0, 'b'},        {"optim", 1, 0, 'o'},
       {"lr", 1, 0, 'l'},       {"momentum", 1, 0, 'M'}, {"weight-decay", 1, 0, 'w'}, {"schedule", 1, 0, 's'},

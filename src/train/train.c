@@ -37,7 +37,7 @@ void tide_trainer_config_default(tide_trainer_config_t *out) {
   out->exchange = TIDE_EXCHANGE_DENSE;
   out->density = 0.01;
   out->selector = TIDE_TOPK_SAMPLED;
-  out->gns_decay = 0.97;
+  out->gns_decay = 0.95;
 }
 
 static int config_check(const tide_trainer_config_t *c) {
