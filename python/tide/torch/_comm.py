@@ -28,6 +28,9 @@ _DTYPES = {torch.float32: _lib.F32, torch.float64: _lib.F64, torch.int32: _lib.I
            torch.float16: _lib.F16, torch.bfloat16: _lib.BF16}
 
 _comm = None  # ctypes.c_void_p of the tide_comm_t, once init() ran
+_on_shutdown = []  # called first by shutdown() (named requests still pending run)
+_on_reset = []  # called by init() and shutdown() (the process sets and named requests go)
+_active = None  # a process set's sub-communicator while its collectives run (using())
 _in_flight = weakref.WeakSet()  # Handles whose request the library still holds; shutdown() waits for them
 
 # A communicator's calls are made from one thread at a time, in the same
@@ -72,6 +75,8 @@ def init():
     comm = ctypes.c_void_p()
     _lib.check(lib.tide_comm_init(ctypes.byref(comm)), "tide.torch.init")
     _comm = comm
+    for reset in _on_reset:
+        reset()
     atexit.register(shutdown)
 
 
@@ -82,8 +87,12 @@ def shutdown():
     global _comm
     if _comm is not None:
         with one_thread("shutdown"):
+            for drain in _on_shutdown:
+                drain()
             for h in list(_in_flight):
                 h._finish_request()
+            for reset in _on_reset:
+                reset()
             comm, _comm = _comm, None
             lib.tide_comm_destroy(comm)
 
@@ -95,7 +104,19 @@ def is_initialized():
 def _c(call="tide.torch"):
     if _comm is None:
         raise _lib.error(-errno.EINVAL, "tide.torch.init() has not been called", call)
-    return _comm
+    return _active if _active is not None else _comm
+
+
+@contextlib.contextmanager
+def using(comm):
+    """Runs the collectives (and rank()/size()) of the block on comm, a
+    process set's sub-communicator, instead of the job's."""
+    global _active
+    outer, _active = _active, comm
+    try:
+        yield
+    finally:
+        _active = outer
 
 
 def comm_handle():
@@ -138,7 +159,7 @@ def compute_threads():
 
 
 def _fail(rc, call):
-    return _lib.comm_error(_comm, rc, call)
+    return _lib.comm_error(_active if _active is not None else _comm, rc, call)
 
 
 def _check_tensor(t, call, dtypes=None):
@@ -156,7 +177,7 @@ def _check_tensor(t, call, dtypes=None):
     if t.dtype not in allowed:
         raise _invalid(call, "dtype %s is not supported; use one of %s" %
                        (t.dtype, ", ".join(str(d) for d in allowed)))
-    return _DTYPES[t.dtype]
+    return _DTYPES.get(t.dtype)
 
 
 def _check_op(op, call):
