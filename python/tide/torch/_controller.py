@@ -361,6 +361,8 @@ def _round(ps, call):
                                                          members[joined[0]]), call)
             if req is not None:
                 if error is not None:
+                    if other is None:  # refused for the joined ranks, which made no such call and counted none
+                        _uncount(st, nm)
                     req.finish(error=error)
                 else:
                     try:
@@ -369,6 +371,15 @@ def _round(ps, call):
                         req.finish(error=e)
             elif me in joined and error is None:
                 _JOINED[descs[first][0]](descs[first])
+
+
+def _uncount(st, name):
+    """An unnamed call the joined ranks never made gives its number back
+    (when it is the last of its kind), so that the ranks' next unnamed calls
+    of that kind keep matching."""
+    kind, sep, number = name.rpartition(".noname.")
+    if sep and number.isdigit() and st.counters.get(kind) == int(number) + 1:
+        st.counters[kind] = int(number)
 
 
 def _stalled(ps, views, joined, members, call):
