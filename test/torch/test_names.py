@@ -31,6 +31,10 @@ def check_order(tt, torch, r, n):
     for nm in reversed(order):
         want = float(n * 10 * names.index(nm) + n * (n - 1) // 2)
         assert torch.equal(tt.synchronize(handles[nm]), torch.full((3,), want)), nm
+    # 30 requests in one round: the list overflows the 1 KiB frame (the second exchange)
+    ts = [torch.full((2,), float(r + k)) for k in range(30)]
+    got = tt.grouped_allreduce(ts, name="a-group-with-a-name-long-enough-to-overflow-the-frame", op=tt.Sum)
+    assert all(torch.equal(g, torch.full((2,), float(n * (n - 1) // 2 + n * k))) for k, g in enumerate(got))
     # one async allgather and broadcast in between, unnamed, matched by kind and order
     h1 = tt.allgather_async(torch.tensor([r]))
     h2 = tt.broadcast_async(torch.tensor([r * 5]), root_rank=n - 1)

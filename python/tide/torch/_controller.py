@@ -198,29 +198,47 @@ def resolve(process_set, call):
     return ps
 
 
+_FRAME_WORDS = 256  # a round's request list fits one 1 KiB frame per rank in the common case
+
+
 def _exchange(comm, payload, call):
-    """Every rank's bytes (a list in rank order): two tide collectives on comm."""
+    """Every rank's bytes (a list in rank order). One allgather of a 1 KiB
+    frame per rank (the length, then the bytes when they fit); a second
+    (allgatherv) only when some rank's bytes do not fit, which every rank
+    sees in the frames."""
     n = lib.tide_comm_size(comm)
     if n == 1:
         return [payload]
-    lengths = torch.zeros(n, dtype=torch.int64)
-    mine = torch.tensor([len(payload)], dtype=torch.int64)
-    rc = lib.tide_allgather(comm, _comm._ptr(mine), _comm._ptr(lengths), 1, _lib.I64)
+    cap = (_FRAME_WORDS - 1) * 4
+    frame = torch.zeros(_FRAME_WORDS, dtype=torch.int32)
+    frame[0] = len(payload)
+    if len(payload) <= cap:
+        ctypes.memmove(frame.data_ptr() + 4, payload, len(payload))
+    frames = torch.zeros(n * _FRAME_WORDS, dtype=torch.int32)
+    rc = lib.tide_allgather(comm, _comm._ptr(frame), _comm._ptr(frames), _FRAME_WORDS, _lib.I32)
     if rc < 0:
         raise _lib.comm_error(comm, rc, call)
-    words = [(int(x) + 3) // 4 for x in lengths.tolist()]
-    send = torch.zeros(max(words[lib.tide_comm_rank(comm)], 1), dtype=torch.int32)
-    ctypes.memmove(send.data_ptr(), payload, len(payload))
+    lengths = frames[0::_FRAME_WORDS].tolist()
+    base = frames.data_ptr()
+    result = [ctypes.string_at(base + (r * _FRAME_WORDS + 1) * 4, lengths[r]) if lengths[r] <= cap else None
+              for r in range(n)]
+    if all(b is not None for b in result):
+        return result
+    words = [(x + 3) // 4 if x > cap else 0 for x in lengths]
+    me = lib.tide_comm_rank(comm)
+    send = torch.zeros(max(words[me], 1), dtype=torch.int32)
+    if words[me]:
+        ctypes.memmove(send.data_ptr(), payload, len(payload))
     out = torch.zeros(max(sum(words), 1), dtype=torch.int32)
     counts = (ctypes.c_size_t * n)(*words)
-    rc = lib.tide_allgatherv(comm, _comm._ptr(send), words[lib.tide_comm_rank(comm)], _comm._ptr(out), counts,
-                             _lib.I32)
+    rc = lib.tide_allgatherv(comm, _comm._ptr(send), words[me], _comm._ptr(out), counts, _lib.I32)
     if rc < 0:
         raise _lib.comm_error(comm, rc, call)
-    result, at = [], 0
-    for nbytes, w in zip(lengths.tolist(), words):
-        result.append(ctypes.string_at(out.data_ptr() + at * 4, int(nbytes)))
-        at += w
+    at = 0
+    for r in range(n):
+        if words[r]:
+            result[r] = ctypes.string_at(out.data_ptr() + at * 4, lengths[r])
+            at += words[r]
     return result
 
 
