@@ -6,7 +6,7 @@ uses fail on every rank with MismatchError naming both (20 times over), then
 correct results; join (zeros from the joined rank, the last joiner returned
 everywhere); process sets (collectives and barrier on a subset, the other
 rank not held up); Product and the dtypes libtide lacks (uint8, int8,
-int16, bool)."""
+int16, bool); SyncBatchNorm against BatchNorm1d on the global batch."""
 import os
 import sys
 
@@ -134,6 +134,33 @@ def check_dtypes(tt, torch, r, n):
     assert flags.dtype == torch.bool and flags.tolist() == [p % 2 == 0 for p in range(n)]
 
 
+def check_sync_batch_norm(tt, torch, r, n):
+    """SyncBatchNorm on ranks holding 2 + r samples against BatchNorm1d on
+    all of them in one process: outputs, running statistics, and the
+    gradients of the sum of the ranks' losses."""
+    def data(p):
+        g = torch.Generator().manual_seed(7 + p)
+        return torch.randn(2 + p, 4, 3, generator=g, dtype=torch.float64) * (p + 1) + p
+
+    def weights(p):
+        return torch.randn(2 + p, 4, 3, generator=torch.Generator().manual_seed(70 + p), dtype=torch.float64)
+    sbn = tt.SyncBatchNorm(4).double()
+    bn = torch.nn.BatchNorm1d(4).double()
+    for _ in range(2):  # twice: the running statistics move on
+        x = data(r).requires_grad_()
+        y = sbn(x)
+        (y * weights(r)).sum().backward()
+        xs = [data(p).requires_grad_() for p in range(n)]
+        ref = bn(torch.cat(xs))
+        lo = sum(2 + p for p in range(r))
+        assert torch.allclose(y, ref[lo:lo + 2 + r]), "SyncBatchNorm output"
+        sum((ref[sum(2 + q for q in range(p)):][:2 + p] * weights(p)).sum() for p in range(n)).backward()
+        assert torch.allclose(x.grad, xs[r].grad), ("SyncBatchNorm input gradient", x.grad, xs[r].grad)
+    assert torch.allclose(sbn.running_mean, bn.running_mean) and torch.allclose(sbn.running_var, bn.running_var)
+    assert torch.allclose(tt.allreduce(sbn.weight.grad, op=tt.Sum), bn.weight.grad)
+    assert torch.allclose(tt.allreduce(sbn.bias.grad, op=tt.Sum), bn.bias.grad)
+
+
 def worker(case):
     import torch
     import tide.torch as tt
@@ -145,6 +172,7 @@ def worker(case):
     check_join(tt, torch, r, n)
     check_process_sets(tt, torch, r, n)
     check_dtypes(tt, torch, r, n)
+    check_sync_batch_norm(tt, torch, r, n)
     check_order(tt, torch, r, n)  # still usable after all of the above
     tt.shutdown()
     print("rank %d passed" % r, flush=True)
