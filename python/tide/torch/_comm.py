@@ -415,26 +415,42 @@ def broadcast_parameters(params, root_rank=0):
         h.wait()
 
 
+def pack_object(obj):
+    """obj's torch.save bytes in an int32 tensor (zero-padded to whole
+    words), and their count."""
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    data = buf.getvalue()
+    words = torch.zeros((len(data) + 3) // 4, dtype=torch.int32)
+    ctypes.memmove(words.data_ptr(), data, len(data))
+    return words, len(data)
+
+
+def unpack_object(words, nbytes, at=0):
+    """The object whose nbytes bytes start at word `at` of words."""
+    return torch.load(io.BytesIO(ctypes.string_at(words.data_ptr() + at * 4, nbytes)))
+
+
+def broadcast_object_with(obj, is_root, broadcast_in_place):
+    """root's obj on every rank: its length, then its bytes, each through
+    broadcast_in_place(tensor, part) ("sz", "t")."""
+    if is_root:
+        words, nbytes = pack_object(obj)
+        broadcast_in_place(torch.tensor([nbytes], dtype=torch.int64), "sz")
+        broadcast_in_place(words, "t")
+        return obj
+    length = torch.zeros(1, dtype=torch.int64)
+    broadcast_in_place(length, "sz")
+    nbytes = int(length.item())
+    words = torch.zeros((nbytes + 3) // 4, dtype=torch.int32)
+    broadcast_in_place(words, "t")
+    return unpack_object(words, nbytes)
+
+
 def broadcast_object(obj, root_rank=0, name=None):
     """root_rank's obj (anything torch.save takes), on every rank."""
     call = "broadcast_object(%s)" % name if name else "broadcast_object"
-    if rank() == root_rank:
-        buf = io.BytesIO()
-        torch.save(obj, buf)
-        data = buf.getvalue()
-        length = torch.tensor([len(data)], dtype=torch.int64)
-    else:
-        length = torch.zeros(1, dtype=torch.int64)
-    broadcast_(length, root_rank, call)
-    nbytes = int(length.item())
-    words = torch.zeros((nbytes + 3) // 4, dtype=torch.int32)
-    if rank() == root_rank:
-        ctypes.memmove(words.data_ptr(), data, nbytes)
-    broadcast_(words, root_rank, call)
-    if rank() == root_rank:
-        return obj
-    raw = ctypes.string_at(words.data_ptr(), nbytes)
-    return torch.load(io.BytesIO(raw))
+    return broadcast_object_with(obj, rank() == root_rank, lambda t, part: broadcast_(t, root_rank, call))
 
 
 def broadcast_optimizer_state(optimizer, root_rank=0, model=None):

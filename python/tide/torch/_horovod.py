@@ -15,7 +15,6 @@ grad_output g_r):
   alltoall(x, splits)       -> alltoall(g, the splits received)
 """
 import ctypes
-import io
 
 import torch
 
@@ -397,44 +396,24 @@ def broadcast(tensor, root_rank, name=None, process_set=global_process_set):
 
 def broadcast_object(obj, root_rank=0, name=None, process_set=global_process_set):
     """root_rank's obj (anything torch.save takes), on every rank of the set."""
-    call = _call("broadcast_object", name)
-    ps = _controller.resolve(process_set, call)
+    ps = _controller.resolve(process_set, _call("broadcast_object", name))
     name = name or "broadcast_object.%s" % type(obj).__name__
-    if _comm.rank() == root_rank:
-        buf = io.BytesIO()
-        torch.save(obj, buf)
-        data = buf.getvalue()
-        length = torch.tensor([len(data)], dtype=torch.int64)
-    else:
-        length = torch.zeros(1, dtype=torch.int64)
-    broadcast_(length, root_rank, name + ".sz", ps)
-    nbytes = int(length.item())
-    words = torch.zeros((nbytes + 3) // 4, dtype=torch.int32)
-    if _comm.rank() == root_rank:
-        ctypes.memmove(words.data_ptr(), data, nbytes)
-        broadcast_(words, root_rank, name + ".t", ps)
-        return obj
-    broadcast_(words, root_rank, name + ".t", ps)
-    return torch.load(io.BytesIO(ctypes.string_at(words.data_ptr(), nbytes)))
+    return _comm.broadcast_object_with(obj, _comm.rank() == root_rank,
+                                       lambda t, part: broadcast_(t, root_rank, "%s.%s" % (name, part), ps))
 
 
 def allgather_object(obj, name=None, process_set=global_process_set):
     """Every rank's obj (anything torch.save takes), as a list in rank order."""
-    call = _call("allgather_object", name)
-    ps = _controller.resolve(process_set, call)
+    ps = _controller.resolve(process_set, _call("allgather_object", name))
     name = name or "allgather_object.%s" % type(obj).__name__
-    buf = io.BytesIO()
-    torch.save(obj, buf)
-    data = buf.getvalue()
-    words = torch.zeros((len(data) + 3) // 4, dtype=torch.int32)
-    ctypes.memmove(words.data_ptr(), data, len(data))
-    h_len = allgather_async(torch.tensor([len(data)], dtype=torch.int64), name + ".sz", ps)
+    words, nbytes = _comm.pack_object(obj)
+    h_len = allgather_async(torch.tensor([nbytes], dtype=torch.int64), name + ".sz", ps)
     h_words = allgather_async(words, name + ".t", ps)
     lengths, gathered = synchronize(h_len).tolist(), synchronize(h_words)
     out, at = [], 0
-    for nbytes in lengths:
-        out.append(torch.load(io.BytesIO(ctypes.string_at(gathered.data_ptr() + at * 4, nbytes))))
-        at += (nbytes + 3) // 4
+    for n in lengths:
+        out.append(_comm.unpack_object(gathered, n, at))
+        at += (n + 3) // 4
     return out
 
 
