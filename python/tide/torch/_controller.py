@@ -32,7 +32,6 @@ Process sets are tide sub-communicators (tide_comm_split): each has its
 own pending requests and rounds, so a set's ranks wait only for each other.
 """
 import ctypes
-import errno
 import pickle
 
 import torch
@@ -244,8 +243,8 @@ def _exchange(comm, payload, call):
 
 class Request:
     """One pending named collective. run() issues its ordered tide
-    collectives (in the set's communicator) and returns the output;
-    joined(desc), where given, is what a joined rank runs in its place."""
+    collectives (in the set's communicator) and returns the output; a
+    joined rank runs _JOINED[kind](desc) in its place."""
 
     def __init__(self, ps, name, desc, run, call):
         self.ps, self.name, self.desc, self.run, self.call = ps, name, desc, run, call

@@ -21,7 +21,7 @@ import torch
 from .. import _lib
 from .._lib import lib
 from . import _comm, _controller
-from ._comm import Average, Sum, Min, Max, Adasum, _invalid, synchronize
+from ._comm import Average, Sum, Adasum, _invalid, synchronize
 from ._controller import ProcessSet, global_process_set, add_process_set, remove_process_set  # noqa: F401
 from ._optimizer import Compression
 
