@@ -32,8 +32,16 @@ def check_order(tt, torch, r, n):
         want = float(n * 10 * names.index(nm) + n * (n - 1) // 2)
         assert torch.equal(tt.synchronize(handles[nm]), torch.full((3,), want)), nm
     # 30 requests in one round: the list overflows the 1 KiB frame (the second exchange)
+    # and they are fused: one flat allreduce of the 30 (tensor fusion)
+    from tide.torch import _horovod
+    reduce, sizes = _horovod._reduce, []
+    _horovod._reduce = lambda w, op, call: (sizes.append(w.numel()), reduce(w, op, call))[1]
     ts = [torch.full((2,), float(r + k)) for k in range(30)]
-    got = tt.grouped_allreduce(ts, name="a-group-with-a-name-long-enough-to-overflow-the-frame", op=tt.Sum)
+    try:
+        got = tt.grouped_allreduce(ts, name="a-group-with-a-name-long-enough-to-overflow-the-frame", op=tt.Sum)
+    finally:
+        _horovod._reduce = reduce
+    assert sizes == [60], sizes
     assert all(torch.equal(g, torch.full((2,), float(n * (n - 1) // 2 + n * k))) for k, g in enumerate(got))
     # one async allgather and broadcast in between, unnamed, matched by kind and order
     h1 = tt.allgather_async(torch.tensor([r]))

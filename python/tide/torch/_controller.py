@@ -251,10 +251,29 @@ class Request:
         self.done = False
         self.output = None
         self.error = None
+        self.fuse = None  # (prepare, finish, reduce) where fusible(desc)
 
     def finish(self, output=None, error=None):
         self.output, self.error, self.done = output, error, True
-        self.run = None  # drops the tensors it held
+        self.run = self.fuse = None  # drops the tensors they held
+
+
+_FUSION_BYTES = 64 << 20
+_ELEMENT_BYTES = {"torch.float64": 8, "torch.int64": 8, "torch.float32": 4, "torch.int32": 4}
+
+
+def fusible(desc):
+    """Whether an allreduce may share one buffer with its neighbours in a
+    round (tensor fusion): on the CPU, an elementwise op. A function of the
+    description only, so every rank decides alike."""
+    return desc[0] == "allreduce" and desc[3] in ("Sum", "Average", "Min", "Max") and desc[4] == "cpu"
+
+
+def _nbytes(desc):
+    n = 1
+    for d in desc[2]:
+        n *= d
+    return n * _ELEMENT_BYTES.get(desc[1], 2)
 
 
 class Handle:
@@ -362,6 +381,8 @@ def _round(ps, call):
         _stalled(ps, views, joined, members, call)
         return
     with _comm.using(comm):
+        if not joined:
+            ready = _run_fused(st, ready, seen, call)
         for nm in ready:
             descs = seen[nm]
             first = min(descs)
@@ -388,6 +409,44 @@ def _round(ps, call):
                         req.finish(error=e)
             elif me in joined and error is None:
                 _JOINED[descs[first][0]](descs[first])
+
+
+def _run_fused(st, ready, seen, call):
+    """Tensor fusion: runs of consecutive ready allreduces that agree on
+    every rank and share dtype, op and device (CPU) go as one flat
+    allreduce of at most 64 MiB. Returns the names left to run alone."""
+    def key(nm):
+        descs = list(seen[nm].values())
+        d = descs[0]
+        if not fusible(d) or any(x != d for x in descs):
+            return None
+        return (d[1], d[3])
+    left, i = [], 0
+    while i < len(ready):
+        k, j = key(ready[i]), i + 1
+        total = _nbytes(seen[ready[i]][0]) if k is not None else 0
+        while k is not None and j < len(ready) and key(ready[j]) == k and total + _nbytes(seen[ready[j]][0]) \
+                <= _FUSION_BYTES:
+            total += _nbytes(seen[ready[j]][0])
+            j += 1
+        if j - i < 2:
+            left.append(ready[i])
+            i += 1
+            continue
+        reqs = [st.pending.pop(nm) for nm in ready[i:j]]
+        try:
+            parts = [r.fuse[0]() for r in reqs]
+            out = reqs[0].fuse[2](torch.cat([w.reshape(-1) for w, _ in parts]))
+            at = 0
+            for r, (w, state) in zip(reqs, parts):
+                r.finish(output=r.fuse[1](out[at:at + w.numel()].view(w.shape), state))
+                at += w.numel()
+        except _lib.TideError as e:
+            for r in reqs:
+                if not r.done:
+                    r.finish(error=e)
+        i = j
+    return left
 
 
 def _uncount(st, name):

@@ -163,17 +163,27 @@ def _allreduce_submit(tensor, output, average, name, op, prescale_factor, postsc
     wire_dtype = torch.int32 if wire_dtype in _NARROW else wire_dtype
     desc = (str(wire_dtype), tuple(tensor.shape), _OP_NAMES[op], tensor.device.type)
 
-    def run():
+    def prepare():
         send, ctx = compression.compress(_scale(tensor, pre))
-        result = _reduce(_wire(send), op, call)
-        if result.dtype != send.dtype:
-            result = result.to(send.dtype)
+        return _wire(send), (send.dtype, ctx)
+
+    def finish(result, state):
+        dtype, ctx = state
+        if result.dtype != dtype:
+            result = result.to(dtype)
         result = _scale(compression.decompress(result, ctx), post)
         if output is not None:
             output.copy_(result)
             return output
         return result
-    return _submit(ps, "allreduce", name, desc, run, call)
+
+    def run():
+        w, state = prepare()
+        return finish(_reduce(w, op, call), state)
+    h = _submit(ps, "allreduce", name, desc, run, call)
+    if _controller.fusible(h._req.desc):  # decided from the description alone: the same on every rank
+        h._req.fuse = (prepare, finish, lambda flat: _reduce(flat, op, call))
+    return h
 
 
 def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
