@@ -103,9 +103,8 @@ def worker():
     assert obj["rank"] == n - 1 and torch.equal(obj["t"], torch.ones(2) * (n - 1))
 
     # what tide cannot take is a clear TIDE_EINVAL, and the communicator stays usable
-    bad = [(torch.arange(10.)[::2], "not contiguous"), (torch.zeros(3, dtype=torch.bool), "dtype"),
-           (torch.zeros(3, dtype=torch.uint8), "dtype"), (torch.zeros(3, device="meta"), "CPU and CUDA tensors"),
-           (torch.zeros(3, dtype=torch.complex64), "dtype")]
+    bad = [(torch.arange(10.)[::2], "not contiguous"), (torch.zeros(3, device="meta"), "CPU and CUDA tensors"),
+           (torch.zeros(3, dtype=torch.complex64), "dtype")]  # bool and uint8 travel as int32 (test_names.py)
     for t, words in bad:
         try:
             tt.allreduce(t)

@@ -54,7 +54,7 @@ def main():
     harness.skip_without_torch()
     script = os.path.abspath(__file__)
     _, out = harness.launch(script, 3, "mismatch")
-    expect(out, 3, "MismatchError", "TIDE_EMISMATCH", "count=1")
+    expect(out, 3, "MismatchError", "TIDE_EMISMATCH", "(12,)")
     _, out = harness.launch(script, 3, "killed", check=False)
     expect(out, 2, "PeerError", "TIDE_EPEER")
     _, out = harness.launch(script, 3, "killed-backward", check=False)

@@ -14,17 +14,20 @@ Launch with `tiderun -np 4 python3 train.py` (or mpirun, srun). docs/torch.md.
 """
 from .._lib import (TideError, InvalidArgumentError, PeerError, MismatchError, TideTimeoutError,  # noqa: F401
                     AbortedError)
-from ._comm import (init, shutdown, is_initialized, rank, size, local_rank, local_size, cross_rank,  # noqa: F401
+from ._comm import (shutdown, is_initialized, rank, size, local_rank, local_size, cross_rank,  # noqa: F401
                     cross_size, compute_threads, comm_handle, Sum, Average, Min, Max, Adasum, Handle,
-                    allreduce, allreduce_, allreduce_async, allreduce_async_, synchronize, poll, allgather,
-                    broadcast, broadcast_, broadcast_async_, barrier, broadcast_parameters, broadcast_object,
-                    broadcast_optimizer_state)
+                    synchronize, poll, broadcast_parameters, broadcast_optimizer_state)
 from ._optimizer import Compression, DistributedOptimizer  # noqa: F401
-# horovod.torch's signatures (they replace _comm's simpler forms of the same names)
-from ._horovod import (allreduce, allreduce_, allreduce_async, allreduce_async_, grouped_allreduce,  # noqa: F401
-                       grouped_allreduce_, grouped_allreduce_async, grouped_allreduce_async_, allgather,
-                       broadcast, broadcast_async, reducescatter, alltoall, allgather_object, mpi_built, mpi_enabled, gloo_built,
-                       gloo_enabled, nccl_built, ddl_built, ccl_built, cuda_built, rocm_built,
-                       mpi_threads_supported)
+# horovod.torch's collectives, matched by name (python/tide/torch/_controller.py)
+from ._horovod import (init, Product, allreduce, allreduce_, allreduce_async, allreduce_async_,  # noqa: F401
+                       grouped_allreduce, grouped_allreduce_, grouped_allreduce_async, grouped_allreduce_async_,
+                       allgather, allgather_async, grouped_allgather, grouped_allgather_async, broadcast,
+                       broadcast_, broadcast_async, broadcast_async_, broadcast_object, allgather_object,
+                       alltoall, alltoall_async, reducescatter, reducescatter_async, grouped_reducescatter,
+                       grouped_reducescatter_async, sparse_allreduce_async, barrier, join, ProcessSet,
+                       global_process_set, add_process_set, remove_process_set, HorovodInternalError,
+                       mpi_built, mpi_enabled, gloo_built, gloo_enabled, nccl_built, ddl_built, ccl_built,
+                       cuda_built, rocm_built, mpi_threads_supported)
+from ._sync_batch_norm import SyncBatchNorm  # noqa: F401
 from ._select import topk, gpu_available  # noqa: F401
 from ._trainer import Trainer, StepStats, Batch, gns_estimate, adascale_gain  # noqa: F401

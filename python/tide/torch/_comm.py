@@ -28,6 +28,9 @@ _DTYPES = {torch.float32: _lib.F32, torch.float64: _lib.F64, torch.int32: _lib.I
            torch.float16: _lib.F16, torch.bfloat16: _lib.BF16}
 
 _comm = None  # ctypes.c_void_p of the tide_comm_t, once init() ran
+_on_shutdown = []  # called first by shutdown() (named requests still pending run)
+_on_reset = []  # called by init() and shutdown() (the process sets and named requests go)
+_active = None  # a process set's sub-communicator while its collectives run (using())
 _in_flight = weakref.WeakSet()  # Handles whose request the library still holds; shutdown() waits for them
 
 # A communicator's calls are made from one thread at a time, in the same
@@ -72,6 +75,8 @@ def init():
     comm = ctypes.c_void_p()
     _lib.check(lib.tide_comm_init(ctypes.byref(comm)), "tide.torch.init")
     _comm = comm
+    for reset in _on_reset:
+        reset()
     atexit.register(shutdown)
 
 
@@ -82,8 +87,12 @@ def shutdown():
     global _comm
     if _comm is not None:
         with one_thread("shutdown"):
+            for drain in _on_shutdown:
+                drain()
             for h in list(_in_flight):
                 h._finish_request()
+            for reset in _on_reset:
+                reset()
             comm, _comm = _comm, None
             lib.tide_comm_destroy(comm)
 
@@ -95,7 +104,19 @@ def is_initialized():
 def _c(call="tide.torch"):
     if _comm is None:
         raise _lib.error(-errno.EINVAL, "tide.torch.init() has not been called", call)
-    return _comm
+    return _active if _active is not None else _comm
+
+
+@contextlib.contextmanager
+def using(comm):
+    """Runs the collectives (and rank()/size()) of the block on comm, a
+    process set's sub-communicator, instead of the job's."""
+    global _active
+    outer, _active = _active, comm
+    try:
+        yield
+    finally:
+        _active = outer
 
 
 def comm_handle():
@@ -138,7 +159,7 @@ def compute_threads():
 
 
 def _fail(rc, call):
-    return _lib.comm_error(_comm, rc, call)
+    return _lib.comm_error(_active if _active is not None else _comm, rc, call)
 
 
 def _check_tensor(t, call, dtypes=None):
@@ -156,7 +177,7 @@ def _check_tensor(t, call, dtypes=None):
     if t.dtype not in allowed:
         raise _invalid(call, "dtype %s is not supported; use one of %s" %
                        (t.dtype, ", ".join(str(d) for d in allowed)))
-    return _DTYPES[t.dtype]
+    return _DTYPES.get(t.dtype)
 
 
 def _check_op(op, call):
@@ -394,26 +415,42 @@ def broadcast_parameters(params, root_rank=0):
         h.wait()
 
 
+def pack_object(obj):
+    """obj's torch.save bytes in an int32 tensor (zero-padded to whole
+    words), and their count."""
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    data = buf.getvalue()
+    words = torch.zeros((len(data) + 3) // 4, dtype=torch.int32)
+    ctypes.memmove(words.data_ptr(), data, len(data))
+    return words, len(data)
+
+
+def unpack_object(words, nbytes, at=0):
+    """The object whose nbytes bytes start at word `at` of words."""
+    return torch.load(io.BytesIO(ctypes.string_at(words.data_ptr() + at * 4, nbytes)))
+
+
+def broadcast_object_with(obj, is_root, broadcast_in_place):
+    """root's obj on every rank: its length, then its bytes, each through
+    broadcast_in_place(tensor, part) ("sz", "t")."""
+    if is_root:
+        words, nbytes = pack_object(obj)
+        broadcast_in_place(torch.tensor([nbytes], dtype=torch.int64), "sz")
+        broadcast_in_place(words, "t")
+        return obj
+    length = torch.zeros(1, dtype=torch.int64)
+    broadcast_in_place(length, "sz")
+    nbytes = int(length.item())
+    words = torch.zeros((nbytes + 3) // 4, dtype=torch.int32)
+    broadcast_in_place(words, "t")
+    return unpack_object(words, nbytes)
+
+
 def broadcast_object(obj, root_rank=0, name=None):
     """root_rank's obj (anything torch.save takes), on every rank."""
     call = "broadcast_object(%s)" % name if name else "broadcast_object"
-    if rank() == root_rank:
-        buf = io.BytesIO()
-        torch.save(obj, buf)
-        data = buf.getvalue()
-        length = torch.tensor([len(data)], dtype=torch.int64)
-    else:
-        length = torch.zeros(1, dtype=torch.int64)
-    broadcast_(length, root_rank, call)
-    nbytes = int(length.item())
-    words = torch.zeros((nbytes + 3) // 4, dtype=torch.int32)
-    if rank() == root_rank:
-        ctypes.memmove(words.data_ptr(), data, nbytes)
-    broadcast_(words, root_rank, call)
-    if rank() == root_rank:
-        return obj
-    raw = ctypes.string_at(words.data_ptr(), nbytes)
-    return torch.load(io.BytesIO(raw))
+    return broadcast_object_with(obj, rank() == root_rank, lambda t, part: broadcast_(t, root_rank, call))
 
 
 def broadcast_optimizer_state(optimizer, root_rank=0, model=None):

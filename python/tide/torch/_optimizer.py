@@ -9,12 +9,13 @@ order (the order backward produces gradients), at most bucket_bytes each.
 import contextlib
 import ctypes
 import time
+import warnings
 
 import torch
 
 from .. import _lib
 from .._lib import lib
-from . import _comm, _cuda
+from . import _comm, _controller, _cuda
 from ._comm import Average, Sum, Adasum
 
 
@@ -118,10 +119,22 @@ class _DistributedMixin:
     self) named the subclass there and recursed)."""
 
     def __init__(self, params, named_parameters, compression, op, backward_passes_per_step, bucket_bytes,
-                 measure_overlap, gradient_predivide_factor=1.0):
+                 measure_overlap, gradient_predivide_factor=1.0, groups=None, sparse_as_dense=False,
+                 process_set=None):
         super().__init__(params)
         call = "DistributedOptimizer"
         _comm._c(call)
+        ps = _controller.global_process_set if process_set is None else process_set
+        if not isinstance(ps, _controller.ProcessSet) or ps.process_set_id is None:
+            raise _comm._invalid(call, "process_set must be a registered tide.torch.ProcessSet, got %r"
+                                 % (process_set,))
+        # Horovod's process_set: the gradients are combined over its ranks only;
+        # a rank outside it updates with its own gradients.
+        self._process_set = ps
+        self._local_only = not ps.included()
+        self._set_comm = None if ps.ranks is None or self._local_only else ps._comm_handle(call)
+        self._sparse_as_dense = bool(sparse_as_dense)
+        self._sparse = set()  # ids of the parameters whose gradients came sparse (nn.Embedding(sparse=True))
         _comm._check_op(op, call)
         if op in (_comm.Min, _comm.Max):
             raise _comm._invalid(call, "op must be Average, Sum or Adasum for gradients")
@@ -164,6 +177,7 @@ class _DistributedMixin:
             names.setdefault(id(p), "param.%d" % i)
             _comm._check_tensor(p, "DistributedOptimizer(%s)" % names[id(p)])
         self._names = names
+        self._parameter_names = {p: names[id(p)] for p in params}  # Horovod's attribute: parameter -> name
 
         # Buckets in backward order: last parameters first.
         self._buckets = []
@@ -175,6 +189,8 @@ class _DistributedMixin:
                 raise _comm._invalid(call, "%r needs every parameter on one device, got %s" %
                                      (compression, sorted(str(d) for d in {p.device for p in params})))
             groups = [list(reversed(params))]
+        elif groups is not None:
+            groups = self._user_groups(groups, params, names, call)
         else:
             groups, cur, cur_bytes = [], [], 0
             for p in reversed(params):
@@ -205,6 +221,42 @@ class _DistributedMixin:
             acc = p.expand_as(p).grad_fn.next_functions[0][0]
             acc.register_hook(self._make_hook(p))
             self._accumulators.append(acc)
+            p.register_hook(self._make_sparse_hook(p))
+
+    @staticmethod
+    def _user_groups(groups, params, names, call):
+        """Horovod's groups: an int k (the parameters in k buckets of about
+        equal count) or lists of parameters (one bucket each; the rest one
+        bucket per parameter). A bucket holds one dtype on one device."""
+        rev = list(reversed(params))
+        if isinstance(groups, int) and not isinstance(groups, bool):
+            if groups < 1:
+                raise _comm._invalid(call, "groups (num_groups) must be >= 1, got %d" % groups)
+            k = min(groups, len(rev))
+            out = [rev[len(rev) * i // k:len(rev) * (i + 1) // k] for i in range(k)]
+        elif isinstance(groups, (list, tuple)):
+            known = {id(p) for p in params}
+            out, seen = [], set()
+            for g in groups:
+                g = [p for p in g]
+                if not g or any(id(p) not in known or id(p) in seen for p in g):
+                    raise _comm._invalid(call, "groups must be lists of the optimizer's parameters, each at most "
+                                         "once, none empty")
+                seen.update(id(p) for p in g)
+                out.append(g)
+            out += [[p] for p in rev if id(p) not in seen]
+        else:
+            raise _comm._invalid(call, "groups must be an int or a list of lists of parameters, got %r" % (groups,))
+        for g in out:
+            if len({(p.dtype, p.device) for p in g}) > 1:
+                raise _comm._invalid(call, "a group mixes dtypes or devices: %s" % [names[id(p)] for p in g])
+        return [g for g in out if g]
+
+    def _make_sparse_hook(self, p):
+        def hook(grad):
+            if grad.is_sparse:  # accumulated into the dense bucket view; given back sparse after the exchange
+                self._sparse.add(id(p))
+        return hook
 
     def _make_hook(self, p):
         def hook(*unused):
@@ -236,7 +288,9 @@ class _DistributedMixin:
             p.grad = v
 
     def _launch(self, b):
-        with _comm.one_thread("DistributedOptimizer allreduce"):
+        if self._local_only:
+            return
+        with _comm.one_thread("DistributedOptimizer allreduce"), _comm.using(self._set_comm):
             self._launch_locked(b)
 
     def _launch_locked(self, b):
@@ -359,8 +413,9 @@ class _DistributedMixin:
                         self._adopt(p, b, i)
                 if self._compression.dense:
                     self._launch(b)
-                else:
-                    self._exchange_sparse(b)
+                elif not self._local_only:
+                    with _comm.using(self._set_comm):
+                        self._exchange_sparse(b)
         for b in self._buckets:
             if b.handle is not None:
                 h, b.handle = b.handle, None
@@ -369,7 +424,7 @@ class _DistributedMixin:
                     b.flat.copy_(b.half)
                     b.half = None
                 if self._predivide != 1.0:
-                    b.flat.mul_(self._predivide / _comm.size())
+                    b.flat.mul_(self._predivide / self._process_set.size())
         dt = time.perf_counter() - t0
         key = "probe" if self._probe else ""
         if key:
@@ -380,6 +435,9 @@ class _DistributedMixin:
             self._stats["wait_s"] += dt
         for b in self._buckets:
             b.ready = 0
+            for i, p in enumerate(b.params):
+                if id(p) in self._sparse:  # sparse in, sparse out (the optimizer may need it: SparseAdam)
+                    p.grad = b.views[i].to_sparse()
         for k in self._delay:
             self._delay[k] = self._passes
         self._synchronized = True
@@ -396,6 +454,10 @@ class _DistributedMixin:
 
     def step(self, closure=None):
         if not getattr(self, "_skip_sync", False):
+            if self._synchronized:
+                warnings.warn("optimizer.step() called without optimizer.skip_synchronize() context after "
+                              "optimizer.synchronize(): step() does not exchange again, but wrap it in "
+                              "`with optimizer.skip_synchronize():` to say so (as Horovod asks)")
             self.synchronize()
         elif any(b.handle is not None for b in self._buckets):
             raise _comm._invalid("step", "step() inside skip_synchronize() while allreduces are in flight: call "
@@ -444,7 +506,8 @@ class _DistributedMixin:
 
 def DistributedOptimizer(optimizer, named_parameters=None, compression=Compression.none, op=Average,
                          backward_passes_per_step=1, bucket_bytes=256 * 1024, measure_overlap=False,
-                         gradient_predivide_factor=1.0):
+                         gradient_predivide_factor=1.0, num_groups=0, groups=None, sparse_as_dense=False,
+                         process_set=None):
     """Wraps a torch optimizer so that step() applies the gradient averaged
     (op=Average), summed (Sum) or Adasum-combined (Adasum) over all ranks.
     The exchange of a bucket of gradients starts as soon as backward has
@@ -455,14 +518,21 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     (wrap before training, then broadcast_optimizer_state).
     gradient_predivide_factor=f (Horovod's; op=Average only) divides the
     gradients by f before the sum and multiplies the sum by f / size, so the
-    result is the average either way; Compression.fp16 sends float16."""
+    result is the average either way; Compression.fp16 sends float16.
+    Horovod's groups (an int, or lists of parameters; num_groups=k is
+    groups=k) set the buckets instead of bucket_bytes; gradients that come
+    sparse (nn.Embedding(sparse=True)) are exchanged dense and handed back
+    sparse (sparse_as_dense either way: the same sum); process_set combines
+    them over its ranks only (a rank outside it keeps its own)."""
     if isinstance(optimizer, _DistributedMixin):
         raise _comm._invalid("DistributedOptimizer", "the optimizer is already a DistributedOptimizer; wrap the "
                              "torch optimizer once")
     cls = type(optimizer.__class__.__name__, (_DistributedMixin, optimizer.__class__),
                {"__doc__": optimizer.__class__.__doc__})
+    if num_groups and groups is None:
+        groups = num_groups
     return cls(optimizer.param_groups, named_parameters, compression, op, backward_passes_per_step, bucket_bytes,
-               measure_overlap, gradient_predivide_factor)
+               measure_overlap, gradient_predivide_factor, groups, sparse_as_dense, process_set)
 
 
 __all__ = ["Compression", "DistributedOptimizer", "Average", "Sum", "Adasum"]
