@@ -1396,6 +1396,19 @@ typedef struct {
                          the eigenvectors). 0 (default): whole layers only. Same bits
                          either way; it pays where cores outnumber the ranks' work
                          (docs/adaptation.md, "K-FAC's step, stage by stage") */
+  float sample;       /* (0, 1]: each factor from this fraction of the rows handed to
+                         tide_trainer_kfac_add (a micro-batch's samples, a conv's
+                         samples x positions), spread evenly over them and shifted
+                         each factor step, weighted so that the factor's scale stays
+                         the full one's. 1 (default): every row */
+  int max_dim;        /* a layer whose A or G is wider than this is not preconditioned:
+                         it keeps its plain (averaged) gradient and costs no factor
+                         work (its tide_trainer_kfac_add calls return 0 at once).
+                         Preconditioning costs 2 dim_G dim_A (dim_G + dim_A)
+                         multiply-adds a step and its decomposition dim^3, against
+                         the layer's 3 x rows x dim_G dim_A of forward and backward,
+                         so the widest factors pay least (docs/adaptation.md).
+                         0: no layer is skipped. Default 2048 */
 } tide_kfac_config_t;
 
 /* One dense or conv layer: its weight tensor [out, in] or [out, c, kh, kw]
@@ -1416,8 +1429,9 @@ void tide_kfac_config_default(tide_kfac_config_t *out);
  * value out of range. */
 int tide_kfac_config_check(const tide_kfac_config_t *config);
 /* Sets the fields named in text, "key=value" pairs separated by ',' or ':'
- * with the keys factor_every, inverse_every, damping, factor_decay, kl_clip
- * and distribute (e.g. "damping=0.003,inverse_every=50"); the others keep
+ * with the keys factor_every, inverse_every, damping, factor_decay, kl_clip,
+ * distribute, spread, sample and max_dim (e.g.
+ * "damping=0.003,inverse_every=50,sample=0.25"); the others keep
  * their value. Then checks the whole config. TIDE_EINVAL names an unknown
  * key or a bad value (*inout unchanged). */
 int tide_kfac_config_parse(const char *text, tide_kfac_config_t *inout);

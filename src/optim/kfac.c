@@ -6,6 +6,7 @@
 
 #include <cblas.h>
 #include <lapacke.h>
+#include <math.h>
 #include <string.h>
 
 #include "core/core.h"
@@ -32,6 +33,36 @@ void tide__kfac_syrk(float *upper, int dim, int bias, const float *x, size_t row
     last[(size_t)c * dim + (size_t)cols] += weight * (float)sum;
   }
   upper[(size_t)cols * dim + (size_t)cols] += weight * (float)rows;
+}
+
+size_t tide__kfac_sample_count(size_t rows, float fraction, size_t *stride) {
+  double want = ceil((double)fraction * (double)rows);
+  size_t n = want < 1 ? 1 : want > (double)rows ? rows : (size_t)want;
+  if (rows == 0) n = 0;
+  if (stride != NULL) *stride = n > 0 ? rows / n : 1;
+  return n;
+}
+
+size_t tide__kfac_sample(const float *x, size_t rows, size_t cols, size_t ld, int transposed, float fraction,
+                         size_t shift, float *out) {
+  size_t stride, n = tide__kfac_sample_count(rows, fraction, &stride);
+  shift %= stride;
+  /* Row j is floor(j * rows / n) + shift: q = rows / n a step, plus one
+   * whenever the remainders add up to n (exact, no division per row). */
+  size_t q = n ? rows / n : 0, rem = n ? rows % n : 0;
+  for (size_t c = 0; c < (transposed ? cols : 1); c++) {
+    size_t base = 0, acc = 0;
+    for (size_t j = 0; j < n; j++) {
+      size_t r = base + shift;
+      if (transposed)
+        out[c * n + j] = x[c * ld + r];
+      else
+        memcpy(out + j * cols, x + r * ld, cols * sizeof *out);
+      base += q;
+      if ((acc += rem) >= n) base++, acc -= n;
+    }
+  }
+  return n;
 }
 
 void tide__kfac_pack(const float *upper, int dim, float scale, float *packed) {

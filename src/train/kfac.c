@@ -35,7 +35,12 @@ typedef struct {
 struct tide__kfac {
   tide_kfac_config_t config;
   size_t nlayers;
-  layer_t *layers;
+  layer_t *layers;   /* the preconditioned layers (those within config.max_dim) */
+  size_t ncaller;    /* the caller's layers: descs[ncaller], and their index in */
+  tide_kfac_layer_t *descs;
+  long *index;       /* layers, or -1 for one skipped by max_dim */
+  float *rows;       /* config.sample < 1: the sampled rows of one tide_trainer_kfac_add */
+  size_t rows_cap;
   int rank, ranks;
   float *pack;       /* factor allreduce: every packed factor, then 2 * nlayers counts */
   size_t pack_len;
@@ -70,7 +75,7 @@ static size_t layer_floats(const layer_t *l) { return (size_t)l->dim_g * l->dim_
 void tide_kfac_config_default(tide_kfac_config_t *out) {
   if (out == NULL) return;
   *out = (tide_kfac_config_t){.factor_every = 10, .inverse_every = 100, .damping = 0.001f, .factor_decay = 0.95f,
-                              .kl_clip = 0.001f, .distribute = 1};
+                              .kl_clip = 0.001f, .distribute = 1, .sample = 1.0f, .max_dim = 2048};
 }
 
 /* The first field of c out of range, and why; NULL when all are fine. */
@@ -84,6 +89,8 @@ static const char *config_problem(const tide_kfac_config_t *c, const char **why)
     return *why = "must be finite and >= 0 (0 turns clipping off)", "kl_clip";
   if (c->distribute != 0 && c->distribute != 1) return *why = "must be 0 or 1", "distribute";
   if (c->spread != 0 && c->spread != 1) return *why = "must be 0 or 1", "spread";
+  if (!(c->sample > 0 && c->sample <= 1)) return *why = "must be in (0, 1] (1: every row)", "sample";
+  if (c->max_dim < 0) return *why = "must be >= 0 (0: no layer is skipped)", "max_dim";
   return NULL;
 }
 
@@ -111,7 +118,7 @@ int tide_kfac_config_parse(const char *text, tide_kfac_config_t *inout) {
     key[eq] = 0;
     double v = strtod(p + eq + 1, &end);
     int is_int = strcmp(key, "factor_every") == 0 || strcmp(key, "inverse_every") == 0 || strcmp(key, "distribute") == 0 ||
-                 strcmp(key, "spread") == 0;
+                 strcmp(key, "spread") == 0 || strcmp(key, "max_dim") == 0;
     if (end != p + n || end == p + eq + 1 || !isfinite(v) || (is_int && (v != floor(v) || fabs(v) > 1e9))) {
       TIDE_ERROR("K-FAC options: kfac.%s: \"%.*s\" is not a%s number", key, (int)(n - eq - 1), p + eq + 1,
                  is_int ? "n integer" : "");
@@ -125,6 +132,10 @@ int tide_kfac_config_parse(const char *text, tide_kfac_config_t *inout) {
       c.distribute = (int)v;
     else if (strcmp(key, "spread") == 0)
       c.spread = (int)v;
+    else if (strcmp(key, "max_dim") == 0)
+      c.max_dim = (int)v;
+    else if (strcmp(key, "sample") == 0)
+      c.sample = (float)v;
     else if (strcmp(key, "damping") == 0)
       c.damping = (float)v;
     else if (strcmp(key, "factor_decay") == 0)
@@ -133,7 +144,7 @@ int tide_kfac_config_parse(const char *text, tide_kfac_config_t *inout) {
       c.kl_clip = (float)v;
     else {
       TIDE_ERROR("K-FAC options: unknown key \"%s\" (use factor_every, inverse_every, damping, factor_decay, "
-                 "kl_clip, distribute, spread)", key);
+                 "kl_clip, distribute, spread, sample, max_dim)", key);
       return TIDE_EINVAL;
     }
     p += n;
@@ -180,6 +191,9 @@ void tide__kfac_destroy(tide__kfac_t *k) {
     tide__free(l->pw);
   }
   tide__free(k->layers);
+  tide__free(k->descs);
+  tide__free(k->index);
+  tide__free(k->rows);
   tide__free(k->at);
   tide__free(k->pack);
   tide__free(k->m);
@@ -316,20 +330,31 @@ int tide_trainer_kfac(tide_trainer_t *tr, const tide_kfac_config_t *config, cons
   int rc = 0;
   char *used = tide__calloc(tr->ntensors, 1);
   tide__kfac_t *k = tide__calloc(1, sizeof *k);
-  if (k != NULL) k->layers = tide__calloc(nlayers, sizeof *k->layers);
-  if (used == NULL || k == NULL || k->layers == NULL) {
+  if (k != NULL) {
+    k->layers = tide__calloc(nlayers, sizeof *k->layers);
+    k->descs = tide__malloc(nlayers * sizeof *k->descs);
+    k->index = tide__malloc(nlayers * sizeof *k->index);
+  }
+  if (used == NULL || k == NULL || k->layers == NULL || k->descs == NULL || k->index == NULL) {
     tide__free(used);
     tide__kfac_destroy(k);
     return TIDE_ENOMEM;
   }
   k->config = *config;
-  k->nlayers = nlayers;
+  k->ncaller = nlayers;
+  memcpy(k->descs, layers, nlayers * sizeof *layers);
   k->rank = tr->rank;
   k->ranks = tr->ranks;
   size_t biggest = 0, packed = 0, total = 0;
   for (size_t i = 0; i < nlayers && rc == 0; i++) {
     if ((rc = check_layer(tr, i, &layers[i], used)) != 0) break;
-    layer_t *l = &k->layers[i];
+    int max = config->max_dim;
+    if (max > 0 && (layers[i].in_dim + (layers[i].bias >= 0) > max || layers[i].out_dim > max)) {
+      k->index[i] = -1; /* preconditioning it would not pay (config.max_dim) */
+      continue;
+    }
+    k->index[i] = (long)k->nlayers;
+    layer_t *l = &k->layers[k->nlayers++];
     l->desc = layers[i];
     l->w_off = tr->tensors[layers[i].weight].offset;
     l->b_off = layers[i].bias >= 0 ? tr->tensors[layers[i].bias].offset : 0;
@@ -340,6 +365,9 @@ int tide_trainer_kfac(tide_trainer_t *tr, const tide_kfac_config_t *config, cons
     total += layer_floats(l) + 1;
   }
   tide__free(used);
+  if (rc == 0 && k->nlayers == 0)
+    rc = tide__trainer_fail(tr, TIDE_EINVAL, "tide_trainer_kfac: config.max_dim %d leaves none of the %zu layers to "
+                            "precondition: raise it, or 0 to keep every layer", config->max_dim, nlayers);
   if (rc == 0) rc = assign(k);
   if (rc == 0) spread_layers(k);
   /* Every rank must run the same layers and options: compare a digest. */
@@ -352,9 +380,9 @@ int tide_trainer_kfac(tide_trainer_t *tr, const tide_kfac_config_t *config, cons
     else if (lo_hi[0] != -lo_hi[1])
       rc = tide__trainer_fail(tr, TIDE_EINVAL, "tide_trainer_kfac: ranks passed different configs or layers");
   }
-  k->pack_len = packed + 2 * nlayers;
+  k->pack_len = packed + 2 * k->nlayers;
   size_t own = 0;
-  for (size_t i = 0; i < nlayers && rc == 0; i++) {
+  for (size_t i = 0; i < k->nlayers && rc == 0; i++) {
     layer_t *l = &k->layers[i];
     size_t na = (size_t)l->dim_a * l->dim_a, ng = (size_t)l->dim_g * l->dim_g;
     l->a = tide__calloc(na, sizeof *l->a);
@@ -384,8 +412,8 @@ int tide_trainer_kfac(tide_trainer_t *tr, const tide_kfac_config_t *config, cons
     k->send = tide__malloc((own ? own : 1) * sizeof *k->send);
     k->recv = tide__malloc(total * sizeof *k->recv);
     k->counts = tide__calloc((size_t)k->ranks, sizeof *k->counts);
-    k->dots = tide__calloc(nlayers, sizeof *k->dots);
-    k->at = tide__calloc(nlayers, sizeof *k->at);
+    k->dots = tide__calloc(k->nlayers, sizeof *k->dots);
+    k->at = tide__calloc(k->nlayers, sizeof *k->at);
     if (k->at == NULL) rc = TIDE_ENOMEM;
     if (k->pack == NULL || k->m == NULL || k->p == NULL || k->work == NULL || k->send == NULL || k->recv == NULL ||
         k->counts == NULL || k->dots == NULL)
@@ -398,11 +426,17 @@ int tide_trainer_kfac(tide_trainer_t *tr, const tide_kfac_config_t *config, cons
   for (int r = 0; r < k->ranks; r++) k->counts[r] = rank_floats(k, r);
   tr->kfac = k;
   if (tr->rank == 0)
-    for (size_t i = 0; i < nlayers; i++)
-      TIDE_INFO("K-FAC: layer %zu (%s): A %d x %d, G %d x %d, rank %d%s", i, tr->tensors[layers[i].weight].name,
-                k->layers[i].dim_a, k->layers[i].dim_a, k->layers[i].dim_g, k->layers[i].dim_g,
-                config->distribute ? k->layers[i].owner : -1,
-                k->layers[i].spread ? " (its preconditioning's rows spread over all ranks)" : "");
+    for (size_t i = 0; i < nlayers; i++) {
+      const layer_t *l = k->index[i] >= 0 ? &k->layers[k->index[i]] : NULL;
+      if (l == NULL)
+        TIDE_INFO("K-FAC: layer %zu (%s): A %d x %d, G %d x %d: not preconditioned (wider than max_dim %d)", i,
+                  tr->tensors[layers[i].weight].name, layers[i].in_dim + (layers[i].bias >= 0),
+                  layers[i].in_dim + (layers[i].bias >= 0), layers[i].out_dim, layers[i].out_dim, config->max_dim);
+      else
+        TIDE_INFO("K-FAC: layer %zu (%s): A %d x %d, G %d x %d, rank %d%s", i, tr->tensors[layers[i].weight].name,
+                  l->dim_a, l->dim_a, l->dim_g, l->dim_g, config->distribute ? l->owner : -1,
+                  l->spread ? " (its preconditioning's rows spread over all ranks)" : "");
+    }
   return 0;
 }
 
@@ -427,7 +461,7 @@ int tide_trainer_kfac_add(tide_trainer_t *tr, size_t layer, tide_kfac_factor_t f
                                         : "only between tide_trainer_next and tide_trainer_step of a step that "
                                           "updates factors (tide_trainer_kfac_wanted)");
   const char *why = NULL;
-  if (layer >= k->nlayers)
+  if (layer >= k->ncaller)
     why = "layer is out of range";
   else if (factor != TIDE_KFAC_A && factor != TIDE_KFAC_G)
     why = "factor must be TIDE_KFAC_A or TIDE_KFAC_G";
@@ -437,17 +471,36 @@ int tide_trainer_kfac_add(tide_trainer_t *tr, size_t layer, tide_kfac_factor_t f
     why = "weight must be finite and >= 0";
   else if (rows > INT32_MAX)
     why = "rows must be below 2^31";
+  size_t cols = 0;
   if (why == NULL) {
-    const layer_t *l = &k->layers[layer];
-    size_t cols = factor == TIDE_KFAC_A ? (size_t)l->desc.in_dim : (size_t)l->dim_g;
+    cols = factor == TIDE_KFAC_A ? (size_t)k->descs[layer].in_dim : (size_t)k->descs[layer].out_dim;
     if (transposed ? ld < rows : ld < cols) why = "ld is below the row length (rows when transposed, else the dimension)";
   }
   if (why != NULL)
     return tide__trainer_fail(tr, TIDE_EINVAL, "tide_trainer_kfac_add(layer %zu, factor %d): %s", layer, (int)factor,
                               why);
+  if (k->index[layer] < 0) return 0; /* not preconditioned (config.max_dim) */
   int64_t t0 = tide__now_ns();
-  layer_t *l = &k->layers[layer];
+  layer_t *l = &k->layers[k->index[layer]];
   int dim = factor == TIDE_KFAC_A ? l->dim_a : l->dim_g;
+  if (k->config.sample < 1 && rows > 1) {
+    /* A subsample of the rows, shifted each factor step (the same on
+     * every rank and in a resumed run: it follows the step). */
+    size_t n = tide__kfac_sample_count(rows, k->config.sample, NULL);
+    if (n * cols > k->rows_cap) {
+      float *grown = tide__realloc(k->rows, n * cols * sizeof *grown);
+      if (grown == NULL)
+        return tide__trainer_fail(tr, TIDE_ENOMEM, "tide_trainer_kfac_add: out of memory for %zu sampled rows", n);
+      k->rows = grown;
+      k->rows_cap = n * cols;
+    }
+    size_t shift = (size_t)(tr->step / k->config.factor_every);
+    tide__kfac_sample(x, rows, cols, ld, transposed, k->config.sample, shift, k->rows);
+    weight *= (float)((double)rows / (double)n);
+    x = k->rows;
+    ld = transposed ? n : cols;
+    rows = n;
+  }
   tide__kfac_syrk(l->sum[factor], dim, factor == TIDE_KFAC_A && l->desc.bias >= 0, x, rows, ld, transposed, weight);
   l->added[factor] = 1;
   k->add_s += (double)(tide__now_ns() - t0) * 1e-9;
