@@ -672,6 +672,20 @@ static void test_tide_train(void) {
            "--kfac damping=-1 --name bad --runs %s 2>&1", tools, tools, dir);
   rc = harness_shell(cmd, out, sizeof out);
   CHECK(rc != 0 && strstr(out, "kfac.damping") != NULL);
+  snprintf(cmd, sizeof cmd, "%s/tiderun -np 1 %s/tide-train --model mlp --epochs 1 --subset 500 --optim kfac "
+           "--kfac sample=2 --name bad3 --runs %s 2>&1", tools, tools, dir);
+  rc = harness_shell(cmd, out, sizeof out);
+  CHECK(rc != 0 && strstr(out, "kfac.sample") != NULL);
+  /* Sampled factors and a layer left out, end to end: the replicas agree. */
+  snprintf(cmd, sizeof cmd,
+           "%s/tiderun -np 2 %s/tide-train --model mlp --epochs 1 --batch 32 --subset 1000 --optim kfac "
+           "--kfac factor_every=2,inverse_every=6,sample=0.5,max_dim=300 --threads 1 --name ks --runs %s 2>&1",
+           tools, tools, dir);
+  rc = harness_shell(cmd, out, sizeof out);
+  if (rc != 0 || strstr(out, "replicas identical: yes") == NULL) {
+    fprintf(stderr, "%s\n-> exit %d\n%s\n", cmd, rc, out);
+    exit(1);
+  }
   snprintf(cmd, sizeof cmd, "%s/tiderun -np 1 %s/tide-train --model mlp --epochs 1 --subset 500 "
            "--kfac damping=0.01 --name bad2 --runs %s 2>&1", tools, tools, dir);
   rc = harness_shell(cmd, out, sizeof out);
