@@ -1409,6 +1409,11 @@ typedef struct {
                          the layer's 3 x rows x dim_G dim_A of forward and backward,
                          so the widest factors pay least (docs/adaptation.md).
                          0: no layer is skipped. Default 2048 */
+  int diag_dim;       /* a layer whose A is wider than this uses A's diagonal (its
+                         inputs' mean squares) instead of the whole A: no d_A^2
+                         statistics, allreduce or decomposition, and its
+                         preconditioning costs 2 dim_G^2 dim_A instead of
+                         2 dim_G dim_A (dim_G + dim_A). 0 (default): every A whole */
 } tide_kfac_config_t;
 
 /* One dense or conv layer: its weight tensor [out, in] or [out, c, kh, kw]
@@ -1430,7 +1435,7 @@ void tide_kfac_config_default(tide_kfac_config_t *out);
 int tide_kfac_config_check(const tide_kfac_config_t *config);
 /* Sets the fields named in text, "key=value" pairs separated by ',' or ':'
  * with the keys factor_every, inverse_every, damping, factor_decay, kl_clip,
- * distribute, spread, sample and max_dim (e.g.
+ * distribute, spread, sample, max_dim and diag_dim (e.g.
  * "damping=0.003,inverse_every=50,sample=0.25"); the others keep
  * their value. Then checks the whole config. TIDE_EINVAL names an unknown
  * key or a bad value (*inout unchanged). */

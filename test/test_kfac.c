@@ -42,6 +42,7 @@ typedef struct {
   float sample;    /* > 0: config.sample */
   int max_dim;     /* config.max_dim; 0 keeps the default */
   int no_kfac;     /* 1: the same run without K-FAC */
+  int diag_dim;    /* config.diag_dim */
   const char *out; /* each rank writes its final parameters to out.rankR */
   float *params0;  /* if non-NULL, gets the initial parameters (rank 0) */
 } run_t;
@@ -77,6 +78,7 @@ static int run_training(tide_comm_t *comm, const run_t *r, nn_model_t **model_ou
   kc.inverse_every = r->inverse_every;
   if (r->sample > 0) kc.sample = r->sample;
   if (r->max_dim != 0) kc.max_dim = r->max_dim;
+  kc.diag_dim = r->diag_dim;
   tide_kfac_layer_t layers[8];
   CHECK(nn_kfac_layer_count(m) == 3);
   CHECK_OK(nn_kfac_layers(m, layers));
@@ -273,13 +275,14 @@ static void test_resume(void) {
   char whole[300], resumed[300];
   /* whole layers, then fc1's rows spread over the two ranks, then (2)
    * whole layers with the factors from half of the rows, shifted each
-   * step, and the 785-wide layer left out (max_dim) */
-  for (int spread = 0; spread < 3; spread++) {
+   * step, and the 785-wide layer left out (max_dim), then (3) that layer
+   * with the diagonal of its A (diag_dim) */
+  for (int spread = 0; spread < 4; spread++) {
   snprintf(whole, sizeof whole, "%s/whole%d", dir, spread);
   snprintf(resumed, sizeof resumed, "%s/resumed%d", dir, spread);
   run_t r = {.batch = 6, .steps = 8, .distribute = 1, .spread = spread == 1, .kl_clip = 0.001f, .factor_decay = 0.9f,
              .damping = 0.03f, .lr = 0.002f, .momentum = 0.9f, .factor_every = 1, .inverse_every = 3, .out = whole,
-             .sample = spread == 2 ? 0.5f : 0, .max_dim = spread == 2 ? 100 : 0};
+             .sample = spread == 2 ? 0.5f : 0, .max_dim = spread == 2 ? 100 : 0, .diag_dim = spread == 3 ? 100 : 0};
   harness_opts_t opts = {.np = 2, .timeout_s = 120};
   CHECK(harness_run(&opts, rank_main, &r) == 0);
   r.out = resumed;
@@ -348,6 +351,38 @@ static void test_sample_rows(void) {
           cases++;
         }
   fprintf(stderr, "sampled factors: %d cases equal the factor of the picked rows\n", cases);
+}
+
+/* A's diagonal form: the column sums of squares are the SYRK's diagonal,
+ * and the diagonal preconditioner is the whole one with Q_A = I. */
+static void test_diag(void) {
+  enum { ROWS = 23, COLS = 6, DG = 5 };
+  int dim = COLS + 1;
+  float x[ROWS * COLS], full[(COLS + 1) * (COLS + 1)] = {0}, diag[COLS + 1] = {0}, diag_t[COLS + 1] = {0};
+  float xt[COLS * ROWS];
+  unsigned seed = 5;
+  for (int i = 0; i < ROWS * COLS; i++) x[i] = (float)(harness_rand(&seed) % 2001) / 1000.0f - 1.0f;
+  for (int r = 0; r < ROWS; r++)
+    for (int c = 0; c < COLS; c++) xt[c * ROWS + r] = x[r * COLS + c];
+  tide__kfac_syrk(full, dim, 1, x, ROWS, COLS, 0, 0.7f);
+  tide__kfac_sumsq(diag, dim, 1, x, ROWS, COLS, 0, 0.7f);
+  tide__kfac_sumsq(diag_t, dim, 1, xt, ROWS, ROWS, 1, 0.7f);
+  for (int j = 0; j < dim; j++) {
+    CHECK(fabsf(diag[j] - full[j * dim + j]) <= 1e-5f * full[j * dim + j]);
+    CHECK(fabsf(diag_t[j] - full[j * dim + j]) <= 1e-5f * full[j * dim + j]);
+  }
+  /* G's decomposition from a random symmetric matrix; A = diag. */
+  float g[DG * DG], qg[DG * DG], dg[DG], qa[(COLS + 1) * (COLS + 1)] = {0}, m[DG * (COLS + 1)];
+  float p_whole[DG * (COLS + 1)], p_diag[DG * (COLS + 1)], work[DG * (COLS + 1)];
+  for (int i = 0; i < DG; i++)
+    for (int j = 0; j <= i; j++) g[i * DG + j] = g[j * DG + i] = (float)(harness_rand(&seed) % 2001) / 1000.0f + (i == j ? 5 : 0);
+  CHECK_OK(tide__kfac_eigen(g, DG, qg, dg));
+  for (int j = 0; j < dim; j++) qa[j * dim + j] = 1.0f;
+  for (int i = 0; i < DG * dim; i++) m[i] = (float)(harness_rand(&seed) % 2001) / 1000.0f - 1.0f;
+  tide__kfac_precondition(qg, dg, DG, qa, diag, dim, 0.01f, m, p_whole, work);
+  tide__kfac_precondition_diag(qg, dg, DG, diag, dim, 0.01f, m, p_diag, work);
+  CHECK(rel_diff(p_diag, p_whole, DG * (size_t)dim) < 1e-6);
+  fprintf(stderr, "diagonal A: sums of squares = the SYRK's diagonal; preconditioner = the whole one with Q_A = I\n");
 }
 
 /* Through the trainer: with config.sample 0.5, what tide_trainer_kfac_add
@@ -514,6 +549,7 @@ static int bad_options(int rank, int size, void *arg) {
   EXPECT_BAD("sample", sample = 1.5f);
   EXPECT_BAD("sample", sample = NAN);
   EXPECT_BAD("max_dim", max_dim = -1);
+  EXPECT_BAD("diag_dim", diag_dim = -2);
   /* The option string. */
   kc = d;
   CHECK_OK(tide_kfac_config_parse("damping=0.003,inverse_every=50:factor_every=5", &kc));
@@ -530,6 +566,9 @@ static int bad_options(int rank, int size, void *arg) {
   CHECK_RC(tide_kfac_config_parse("sample=0", &kc), TIDE_EINVAL);
   CHECK_RC(tide_kfac_config_parse("max_dim=1.5", &kc), TIDE_EINVAL);
   CHECK_RC(tide_kfac_config_parse("max_dim=-3", &kc), TIDE_EINVAL);
+  CHECK_RC(tide_kfac_config_parse("diag_dim=x", &kc), TIDE_EINVAL);
+  CHECK_OK(tide_kfac_config_parse("diag_dim=512", &kc));
+  CHECK(kc.diag_dim == 512);
   CHECK_OK(tide_kfac_config_parse("sample=0.25,max_dim=100", &kc));
   CHECK(kc.sample == 0.25f && kc.max_dim == 100 && kc.spread == 1);
   /* A max_dim that leaves no layer (conv A 10, dense A 785 and 17): refused, naming it. */
@@ -704,6 +743,7 @@ int main(int argc, char **argv) {
   harness_opts_t one = {.np = 1, .timeout_s = 60};
   CHECK(harness_run(&one, bad_options, NULL) == 0);
   test_sample_rows();
+  test_diag();
   CHECK(harness_run(&one, sample_trainer, NULL) == 0);
   test_distributed();
   test_resume();

@@ -18,6 +18,18 @@ enum { TIDE__KFAC_MAX_DIM = 8193 };
 void tide__kfac_syrk(float *upper, int dim, int bias, const float *x, size_t rows, size_t ld, int transposed,
                      float weight);
 
+/* The diagonal form of A for a wide layer (tide_kfac_config_t.diag_dim):
+ * diag (dim floats) += weight * the column sums of squares of Xb (X with a
+ * ones column when bias), laid out as in tide__kfac_syrk. */
+void tide__kfac_sumsq(float *diag, int dim, int bias, const float *x, size_t rows, size_t ld, int transposed,
+                      float weight);
+/* p = Q_G ((Q_G^T m) ./ (d_G da^T + damping)): the preconditioner with A
+ * replaced by its diagonal da (dim_a floats, >= 0); qg, dg as
+ * tide__kfac_eigen writes them, work holds dim_g * dim_a floats. Equals
+ * tide__kfac_precondition with Q_A = I and d_A = da. */
+void tide__kfac_precondition_diag(const float *qg, const float *dg, int dim_g, const float *da, int dim_a,
+                                  float damping, const float *m, float *p, float *work);
+
 /* Factor statistics from a subsample (tide_kfac_config_t.sample): of
  * `rows` rows, n = ceil(fraction * rows) (at least 1, at most rows), rows
  * floor(j * rows / n) + shift for j in [0, n), spread evenly over the

@@ -18,6 +18,7 @@ typedef struct {
   tide_kfac_layer_t desc;
   size_t w_off, b_off; /* into the flat gradient */
   int dim_a, dim_g;
+  int diag;            /* A is kept as its diagonal (config.diag_dim): a, sum[A] and d[A] hold dim_a floats, no q[A] */
   int owner;           /* the rank that decomposes and preconditions (distribute = 1) */
   float *a, *g;        /* running averages */
   float *sum[2];       /* this step's sums over micro-batches (upper triangles) */
@@ -72,6 +73,10 @@ static int mine(const tide__kfac_t *k, const layer_t *l) { return !k->config.dis
 
 static size_t layer_floats(const layer_t *l) { return (size_t)l->dim_g * l->dim_a; }
 
+/* Floats of A as stored (its diagonal, or the whole matrix) and packed for the allreduce. */
+static size_t a_floats(const layer_t *l) { return l->diag ? (size_t)l->dim_a : (size_t)l->dim_a * l->dim_a; }
+static size_t a_packed(const layer_t *l) { return l->diag ? (size_t)l->dim_a : tide__kfac_packed(l->dim_a); }
+
 void tide_kfac_config_default(tide_kfac_config_t *out) {
   if (out == NULL) return;
   *out = (tide_kfac_config_t){.factor_every = 10, .inverse_every = 100, .damping = 0.001f, .factor_decay = 0.95f,
@@ -91,6 +96,7 @@ static const char *config_problem(const tide_kfac_config_t *c, const char **why)
   if (c->spread != 0 && c->spread != 1) return *why = "must be 0 or 1", "spread";
   if (!(c->sample > 0 && c->sample <= 1)) return *why = "must be in (0, 1] (1: every row)", "sample";
   if (c->max_dim < 0) return *why = "must be >= 0 (0: no layer is skipped)", "max_dim";
+  if (c->diag_dim < 0) return *why = "must be >= 0 (0: every A whole)", "diag_dim";
   return NULL;
 }
 
@@ -118,7 +124,8 @@ int tide_kfac_config_parse(const char *text, tide_kfac_config_t *inout) {
     key[eq] = 0;
     double v = strtod(p + eq + 1, &end);
     int is_int = strcmp(key, "factor_every") == 0 || strcmp(key, "inverse_every") == 0 || strcmp(key, "distribute") == 0 ||
-                 strcmp(key, "spread") == 0 || strcmp(key, "max_dim") == 0;
+                 strcmp(key, "spread") == 0 || strcmp(key, "max_dim") == 0 ||
+                 strcmp(key, "diag_dim") == 0;
     if (end != p + n || end == p + eq + 1 || !isfinite(v) || (is_int && (v != floor(v) || fabs(v) > 1e9))) {
       TIDE_ERROR("K-FAC options: kfac.%s: \"%.*s\" is not a%s number", key, (int)(n - eq - 1), p + eq + 1,
                  is_int ? "n integer" : "");
@@ -134,6 +141,8 @@ int tide_kfac_config_parse(const char *text, tide_kfac_config_t *inout) {
       c.spread = (int)v;
     else if (strcmp(key, "max_dim") == 0)
       c.max_dim = (int)v;
+    else if (strcmp(key, "diag_dim") == 0)
+      c.diag_dim = (int)v;
     else if (strcmp(key, "sample") == 0)
       c.sample = (float)v;
     else if (strcmp(key, "damping") == 0)
@@ -144,7 +153,7 @@ int tide_kfac_config_parse(const char *text, tide_kfac_config_t *inout) {
       c.kl_clip = (float)v;
     else {
       TIDE_ERROR("K-FAC options: unknown key \"%s\" (use factor_every, inverse_every, damping, factor_decay, "
-                 "kl_clip, distribute, spread, sample, max_dim)", key);
+                 "kl_clip, distribute, spread, sample, max_dim, diag_dim)", key);
       return TIDE_EINVAL;
     }
     p += n;
@@ -252,7 +261,7 @@ static void spread_layers(tide__kfac_t *k) {
   for (size_t i = 0; i < k->nlayers; i++) {
     layer_t *l = &k->layers[i];
     double cost = (double)l->dim_g * l->dim_a * ((double)l->dim_g + l->dim_a);
-    if (cost * k->ranks <= total || l->dim_g < k->ranks) continue;
+    if (cost * k->ranks <= total || l->dim_g < k->ranks || l->diag) continue;
     size_t off, len;
     tide_block((size_t)l->dim_g, k->ranks, k->rank, &off, &len);
     l->spread = 1;
@@ -293,7 +302,7 @@ static int assign(tide__kfac_t *k) {
     double best_cost = -1;
     for (size_t i = 0; i < k->nlayers; i++) {
       const layer_t *l = &k->layers[i];
-      double cost = pow(l->dim_a, 3) + pow(l->dim_g, 3);
+      double cost = (l->diag ? l->dim_a : pow(l->dim_a, 3)) + pow(l->dim_g, 3);
       if (!done[i] && cost > best_cost) best = i, best_cost = cost;
     }
     int r = 0;
@@ -360,8 +369,9 @@ int tide_trainer_kfac(tide_trainer_t *tr, const tide_kfac_config_t *config, cons
     l->b_off = layers[i].bias >= 0 ? tr->tensors[layers[i].bias].offset : 0;
     l->dim_a = layers[i].in_dim + (layers[i].bias >= 0);
     l->dim_g = layers[i].out_dim;
+    l->diag = config->diag_dim > 0 && l->dim_a > config->diag_dim;
     if (layer_floats(l) > biggest) biggest = layer_floats(l);
-    packed += tide__kfac_packed(l->dim_a) + tide__kfac_packed(l->dim_g);
+    packed += a_packed(l) + tide__kfac_packed(l->dim_g);
     total += layer_floats(l) + 1;
   }
   tide__free(used);
@@ -384,24 +394,24 @@ int tide_trainer_kfac(tide_trainer_t *tr, const tide_kfac_config_t *config, cons
   size_t own = 0;
   for (size_t i = 0; i < k->nlayers && rc == 0; i++) {
     layer_t *l = &k->layers[i];
-    size_t na = (size_t)l->dim_a * l->dim_a, ng = (size_t)l->dim_g * l->dim_g;
+    size_t na = a_floats(l), ng = (size_t)l->dim_g * l->dim_g;
     l->a = tide__calloc(na, sizeof *l->a);
     l->g = tide__calloc(ng, sizeof *l->g);
     l->sum[TIDE_KFAC_A] = tide__calloc(na, sizeof(float));
     l->sum[TIDE_KFAC_G] = tide__calloc(ng, sizeof(float));
     if (mine(k, l) || l->spread) {
       own += layer_floats(l) + 1;
-      l->q[TIDE_KFAC_A] = tide__malloc(na * sizeof(float));
+      l->q[TIDE_KFAC_A] = l->diag ? NULL : tide__malloc(na * sizeof(float));
       l->q[TIDE_KFAC_G] = tide__malloc(ng * sizeof(float));
       l->d[TIDE_KFAC_A] = tide__malloc((size_t)l->dim_a * sizeof(float));
       l->d[TIDE_KFAC_G] = tide__malloc((size_t)l->dim_g * sizeof(float));
-      if (l->q[0] == NULL || l->q[1] == NULL || l->d[0] == NULL || l->d[1] == NULL) rc = TIDE_ENOMEM;
+      if ((l->q[0] == NULL && !l->diag) || l->q[1] == NULL || l->d[0] == NULL || l->d[1] == NULL) rc = TIDE_ENOMEM;
     }
     if (l->spread && (l->pw = tide__malloc(layer_floats(l) * sizeof *l->pw)) == NULL) rc = TIDE_ENOMEM;
     if (l->a == NULL || l->g == NULL || l->sum[0] == NULL || l->sum[1] == NULL) rc = TIDE_ENOMEM;
     if (rc != 0) break;
     /* The running averages start from I (kfac-pytorch). */
-    for (int j = 0; j < l->dim_a; j++) l->a[(size_t)j * l->dim_a + j] = 1.0f;
+    for (int j = 0; j < l->dim_a; j++) l->a[l->diag ? (size_t)j : (size_t)j * l->dim_a + j] = 1.0f;
     for (int j = 0; j < l->dim_g; j++) l->g[(size_t)j * l->dim_g + j] = 1.0f;
   }
   if (rc == 0) {
@@ -433,8 +443,9 @@ int tide_trainer_kfac(tide_trainer_t *tr, const tide_kfac_config_t *config, cons
                   tr->tensors[layers[i].weight].name, layers[i].in_dim + (layers[i].bias >= 0),
                   layers[i].in_dim + (layers[i].bias >= 0), layers[i].out_dim, layers[i].out_dim, config->max_dim);
       else
-        TIDE_INFO("K-FAC: layer %zu (%s): A %d x %d, G %d x %d, rank %d%s", i, tr->tensors[layers[i].weight].name,
-                  l->dim_a, l->dim_a, l->dim_g, l->dim_g, config->distribute ? l->owner : -1,
+        TIDE_INFO("K-FAC: layer %zu (%s): A %d x %d%s, G %d x %d, rank %d%s", i, tr->tensors[layers[i].weight].name,
+                  l->dim_a, l->dim_a, l->diag ? " (its diagonal: wider than diag_dim)" : "", l->dim_g, l->dim_g,
+                  config->distribute ? l->owner : -1,
                   l->spread ? " (its preconditioning's rows spread over all ranks)" : "");
     }
   return 0;
@@ -501,7 +512,10 @@ int tide_trainer_kfac_add(tide_trainer_t *tr, size_t layer, tide_kfac_factor_t f
     ld = transposed ? n : cols;
     rows = n;
   }
-  tide__kfac_syrk(l->sum[factor], dim, factor == TIDE_KFAC_A && l->desc.bias >= 0, x, rows, ld, transposed, weight);
+  if (factor == TIDE_KFAC_A && l->diag)
+    tide__kfac_sumsq(l->sum[factor], dim, l->desc.bias >= 0, x, rows, ld, transposed, weight);
+  else
+    tide__kfac_syrk(l->sum[factor], dim, factor == TIDE_KFAC_A && l->desc.bias >= 0, x, rows, ld, transposed, weight);
   l->added[factor] = 1;
   k->add_s += (double)(tide__now_ns() - t0) * 1e-9;
   return 0;
@@ -523,10 +537,13 @@ static int update_factors(tide_trainer_t *tr, tide__kfac_t *k) {
   for (size_t i = 0; i < k->nlayers; i++) {
     layer_t *l = &k->layers[i];
     for (int f = 0; f < 2; f++) {
-      int dim = f == TIDE_KFAC_A ? l->dim_a : l->dim_g;
-      int n = l->micros[f];
-      tide__kfac_pack(l->sum[f], dim, n > 0 ? 1.0f / (float)n : 0.0f, p);
-      p += tide__kfac_packed(dim);
+      int dim = f == TIDE_KFAC_A ? l->dim_a : l->dim_g, n = l->micros[f];
+      float scale = n > 0 ? 1.0f / (float)n : 0.0f;
+      if (f == TIDE_KFAC_A && l->diag)
+        for (int j = 0; j < dim; j++) p[j] = l->sum[f][j] * scale;
+      else
+        tide__kfac_pack(l->sum[f], dim, scale, p);
+      p += f == TIDE_KFAC_A ? a_packed(l) : tide__kfac_packed(dim);
       counts[2 * i + f] = n > 0 ? 1.0f : 0.0f;
     }
   }
@@ -540,10 +557,16 @@ static int update_factors(tide_trainer_t *tr, tide__kfac_t *k) {
     for (int f = 0; f < 2; f++) {
       int dim = f == TIDE_KFAC_A ? l->dim_a : l->dim_g;
       float ranks = counts[2 * i + f];
+      int diag = f == TIDE_KFAC_A && l->diag;
       /* No rank added this factor: the average keeps its value. */
-      if (ranks > 0) tide__kfac_blend(f == TIDE_KFAC_A ? l->a : l->g, dim, p, 1.0f / ranks, k->config.factor_decay);
-      p += tide__kfac_packed(dim);
-      memset(l->sum[f], 0, (size_t)dim * dim * sizeof(float));
+      if (ranks > 0 && diag) {
+        float keep = k->config.factor_decay, take = (1.0f - keep) / ranks;
+        for (int j = 0; j < dim; j++) l->a[j] = keep * l->a[j] + take * p[j];
+      } else if (ranks > 0) {
+        tide__kfac_blend(f == TIDE_KFAC_A ? l->a : l->g, dim, p, 1.0f / ranks, k->config.factor_decay);
+      }
+      p += diag ? a_packed(l) : tide__kfac_packed(dim);
+      memset(l->sum[f], 0, (diag ? a_floats(l) : (size_t)dim * dim) * sizeof(float));
       l->micros[f] = 0;
     }
   }
@@ -575,8 +598,12 @@ static void scatter(const layer_t *l, const float *p, float scale, float *grad) 
  * sum(P .* M). */
 static double precondition(tide__kfac_t *k, const layer_t *l, const float *grad, float *out) {
   gather(l, grad, k->m);
-  tide__kfac_precondition(l->q[TIDE_KFAC_G], l->d[TIDE_KFAC_G], l->dim_g, l->q[TIDE_KFAC_A], l->d[TIDE_KFAC_A],
-                          l->dim_a, k->config.damping, k->m, out, k->work);
+  if (l->diag)
+    tide__kfac_precondition_diag(l->q[TIDE_KFAC_G], l->d[TIDE_KFAC_G], l->dim_g, l->d[TIDE_KFAC_A], l->dim_a,
+                                 k->config.damping, k->m, out, k->work);
+  else
+    tide__kfac_precondition(l->q[TIDE_KFAC_G], l->d[TIDE_KFAC_G], l->dim_g, l->q[TIDE_KFAC_A], l->d[TIDE_KFAC_A],
+                            l->dim_a, k->config.damping, k->m, out, k->work);
   double dot = 0;
   for (size_t j = 0, n = layer_floats(l); j < n; j++) dot += (double)out[j] * k->m[j];
   return dot;
@@ -596,8 +623,10 @@ int tide__kfac_stage(tide_trainer_t *tr, tide__kfac_t *k, const tide__mean_t *me
     layer_t *l = &k->layers[i];
     /* decomposed is the same on every rank for a spread layer */
     int due = refresh || !l->decomposed;
+    if (mine(k, l) && due && l->diag) /* A's eigenvalues are its diagonal */
+      for (int j = 0; j < l->dim_a; j++) l->d[TIDE_KFAC_A][j] = l->a[j] > 0 ? l->a[j] : 0.0f;
     if (mine(k, l) && due) {
-      if ((rc = tide__kfac_eigen(l->a, l->dim_a, l->q[TIDE_KFAC_A], l->d[TIDE_KFAC_A])) != 0 ||
+      if ((!l->diag && (rc = tide__kfac_eigen(l->a, l->dim_a, l->q[TIDE_KFAC_A], l->d[TIDE_KFAC_A])) != 0) ||
           (rc = tide__kfac_eigen(l->g, l->dim_g, l->q[TIDE_KFAC_G], l->d[TIDE_KFAC_G])) != 0)
         return tide__trainer_fail(tr, rc, "K-FAC: eigendecomposition of layer %zu's factors failed at step %ld", i,
                                   tr->step);
@@ -707,11 +736,11 @@ int tide__kfac_stage(tide_trainer_t *tr, tide__kfac_t *k, const tide__mean_t *me
  * The decompositions live on their owners; get gathers them, so the state
  * does not depend on the rank count and restores on any. */
 static size_t eigen_floats(const layer_t *l) {
-  return 1 + (size_t)l->dim_a * ((size_t)l->dim_a + 1) + (size_t)l->dim_g * ((size_t)l->dim_g + 1);
+  return 1 + (l->diag ? 0 : (size_t)l->dim_a * l->dim_a) + (size_t)l->dim_a + (size_t)l->dim_g * ((size_t)l->dim_g + 1);
 }
 
 static size_t factor_floats(const layer_t *l) {
-  return (size_t)l->dim_a * l->dim_a + (size_t)l->dim_g * l->dim_g;
+  return a_floats(l) + (size_t)l->dim_g * l->dim_g;
 }
 
 size_t tide__kfac_state_floats(const tide__kfac_t *k) {
@@ -732,7 +761,7 @@ static void eigen_pack(const layer_t *l, float *out) {
     memset(out, 0, (eigen_floats(l) - 1) * sizeof *out);
     return;
   }
-  out = put(out, l->q[TIDE_KFAC_A], na * na);
+  if (!l->diag) out = put(out, l->q[TIDE_KFAC_A], na * na);
   out = put(out, l->d[TIDE_KFAC_A], na);
   out = put(out, l->q[TIDE_KFAC_G], ng * ng);
   put(out, l->d[TIDE_KFAC_G], ng);
@@ -771,7 +800,7 @@ int tide__kfac_state_get(const tide_trainer_t *tr, void *out) {
     float *p = state;
     for (size_t i = 0; rc == 0 && i < k->nlayers; i++) {
       const layer_t *l = &k->layers[i];
-      p = put(p, l->a, (size_t)l->dim_a * l->dim_a);
+      p = put(p, l->a, a_floats(l));
       p = put(p, l->g, (size_t)l->dim_g * l->dim_g);
       at[i] = (size_t)(p - state);
       if (!gather) eigen_pack(l, p);
@@ -822,7 +851,7 @@ void tide__kfac_state_set(tide__kfac_t *k, const void *in, size_t floats) {
   for (size_t i = 0; i < k->nlayers; i++) {
     layer_t *l = &k->layers[i];
     size_t na = (size_t)l->dim_a, ng = (size_t)l->dim_g;
-    p = take(l->a, p, na * na);
+    p = take(l->a, p, a_floats(l));
     p = take(l->g, p, ng * ng);
     float flag;
     memcpy(&flag, p, sizeof flag);
@@ -832,7 +861,7 @@ void tide__kfac_state_set(tide__kfac_t *k, const void *in, size_t floats) {
     }
     l->decomposed = flag == 1.0f;
     p += sizeof flag;
-    p = take(l->q[TIDE_KFAC_A], p, na * na);
+    if (!l->diag) p = take(l->q[TIDE_KFAC_A], p, na * na);
     p = take(l->d[TIDE_KFAC_A], p, na);
     p = take(l->q[TIDE_KFAC_G], p, ng * ng);
     p = take(l->d[TIDE_KFAC_G], p, ng);
