@@ -1407,8 +1407,10 @@ typedef struct {
                          Preconditioning costs 2 dim_G dim_A (dim_G + dim_A)
                          multiply-adds a step and its decomposition dim^3, against
                          the layer's 3 x rows x dim_G dim_A of forward and backward,
-                         so the widest factors pay least (docs/adaptation.md).
-                         0: no layer is skipped. Default 2048 */
+                         so the widest factors pay least; but on the CNN leaving out
+                         its widest layer (fc1, A 3137) undid K-FAC's gain in epochs
+                         (docs/adaptation.md, "Cheaper factors"), so by default no
+                         layer is left out. 0 (default): no layer is skipped */
   int diag_dim;       /* a layer whose A is wider than this uses A's diagonal (its
                          inputs' mean squares) instead of the whole A: no d_A^2
                          statistics, allreduce or decomposition, and its
