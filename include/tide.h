@@ -1400,7 +1400,8 @@ typedef struct {
                          tide_trainer_kfac_add (a micro-batch's samples, a conv's
                          samples x positions), spread evenly over them and shifted
                          each factor step, weighted so that the factor's scale stays
-                         the full one's. 1 (default): every row */
+                         the full one's. Default 0.25 (docs/adaptation.md, "Cheaper
+                         factors"); 1: every row, as before it was an option */
   int max_dim;        /* a layer whose A or G is wider than this is not preconditioned:
                          it keeps its plain (averaged) gradient and costs no factor
                          work (its tide_trainer_kfac_add calls return 0 at once).

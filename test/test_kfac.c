@@ -76,7 +76,7 @@ static int run_training(tide_comm_t *comm, const run_t *r, nn_model_t **model_ou
   kc.damping = r->damping;
   kc.factor_every = r->factor_every;
   kc.inverse_every = r->inverse_every;
-  if (r->sample > 0) kc.sample = r->sample;
+  kc.sample = r->sample > 0 ? r->sample : 1.0f; /* the options off: main's checksums */
   if (r->max_dim != 0) kc.max_dim = r->max_dim;
   kc.diag_dim = r->diag_dim;
   tide_kfac_layer_t layers[8];
@@ -569,8 +569,8 @@ static int bad_options(int rank, int size, void *arg) {
   CHECK_RC(tide_kfac_config_parse("diag_dim=x", &kc), TIDE_EINVAL);
   CHECK_OK(tide_kfac_config_parse("diag_dim=512", &kc));
   CHECK(kc.diag_dim == 512);
-  CHECK_OK(tide_kfac_config_parse("sample=0.25,max_dim=100", &kc));
-  CHECK(kc.sample == 0.25f && kc.max_dim == 100 && kc.spread == 1);
+  CHECK_OK(tide_kfac_config_parse("sample=0.5,max_dim=100", &kc));
+  CHECK(kc.sample == 0.5f && kc.max_dim == 100 && kc.spread == 1);
   /* A max_dim that leaves no layer (conv A 10, dense A 785 and 17): refused, naming it. */
   kc = d;
   kc.max_dim = 5;

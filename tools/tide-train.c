@@ -52,7 +52,7 @@ static void usage(FILE *out) {
           "                           on K-FAC-preconditioned gradients (default momentum)\n"
           "  --kfac OPTS              K-FAC options, key=value,...: factor_every (10), inverse_every (100),\n"
           "                           damping (0.001), factor_decay (0.95), kl_clip (0.001), distribute (1),\n"
-          "                           spread (0), sample (1: factor rows kept), max_dim (0; N: wider layers\n"
+          "                           spread (0), sample (0.25 of the factor rows), max_dim (0; N: wider layers\n"
           "                           are not preconditioned), diag_dim (0; N: a wider A is\n"
           "                           replaced by its diagonal)\n"
           "  --lr X                   base learning rate, for the base batch (default 0.05)\n"

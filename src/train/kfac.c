@@ -80,7 +80,7 @@ static size_t a_packed(const layer_t *l) { return l->diag ? (size_t)l->dim_a : t
 void tide_kfac_config_default(tide_kfac_config_t *out) {
   if (out == NULL) return;
   *out = (tide_kfac_config_t){.factor_every = 10, .inverse_every = 100, .damping = 0.001f, .factor_decay = 0.95f,
-                              .kl_clip = 0.001f, .distribute = 1, .sample = 1.0f, .max_dim = 0};
+                              .kl_clip = 0.001f, .distribute = 1, .sample = 0.25f, .max_dim = 0};
 }
 
 /* The first field of c out of range, and why; NULL when all are fine. */
