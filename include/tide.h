@@ -1399,6 +1399,27 @@ typedef struct {
                          the eigenvectors). 0 (default): whole layers only. Same bits
                          either way; it pays where cores outnumber the ranks' work
                          (docs/adaptation.md, "K-FAC's step, stage by stage") */
+  float sample;       /* (0, 1]: each factor from this fraction of the rows handed to
+                         tide_trainer_kfac_add (a micro-batch's samples, a conv's
+                         samples x positions), spread evenly over them and shifted
+                         each factor step, weighted so that the factor's scale stays
+                         the full one's. Default 0.25 (docs/adaptation.md, "Cheaper
+                         factors"); 1: every row, as before it was an option */
+  int max_dim;        /* a layer whose A or G is wider than this is not preconditioned:
+                         it keeps its plain (averaged) gradient and costs no factor
+                         work (its tide_trainer_kfac_add calls return 0 at once).
+                         Preconditioning costs 2 dim_G dim_A (dim_G + dim_A)
+                         multiply-adds a step and its decomposition dim^3, against
+                         the layer's 3 x rows x dim_G dim_A of forward and backward,
+                         so the widest factors pay least; but on the CNN leaving out
+                         its widest layer (fc1, A 3137) undid K-FAC's gain in epochs
+                         (docs/adaptation.md, "Cheaper factors"), so by default no
+                         layer is left out. 0 (default): no layer is skipped */
+  int diag_dim;       /* a layer whose A is wider than this uses A's diagonal (its
+                         inputs' mean squares) instead of the whole A: no d_A^2
+                         statistics, allreduce or decomposition, and its
+                         preconditioning costs 2 dim_G^2 dim_A instead of
+                         2 dim_G dim_A (dim_G + dim_A). 0 (default): every A whole */
 } tide_kfac_config_t;
 
 /* One dense or conv layer: its weight tensor [out, in] or [out, c, kh, kw]
@@ -1419,8 +1440,9 @@ void tide_kfac_config_default(tide_kfac_config_t *out);
  * value out of range. */
 int tide_kfac_config_check(const tide_kfac_config_t *config);
 /* Sets the fields named in text, "key=value" pairs separated by ',' or ':'
- * with the keys factor_every, inverse_every, damping, factor_decay, kl_clip
- * and distribute (e.g. "damping=0.003,inverse_every=50"); the others keep
+ * with the keys factor_every, inverse_every, damping, factor_decay, kl_clip,
+ * distribute, spread, sample, max_dim and diag_dim (e.g.
+ * "damping=0.003,inverse_every=50,sample=0.25"); the others keep
  * their value. Then checks the whole config. TIDE_EINVAL names an unknown
  * key or a bad value (*inout unchanged). */
 int tide_kfac_config_parse(const char *text, tide_kfac_config_t *inout);

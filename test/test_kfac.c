@@ -4,6 +4,9 @@
  *   - the distributed result (KAISA: each layer on one rank, preconditioned
  *     gradients all-gathered) equals every rank doing every layer, and both
  *     equal a single rank taking the whole global batch;
+ *   - cheaper factors: a factor from sampled rows (config.sample) equals the
+ *     full factor of those rows, a layer wider than config.max_dim keeps
+ *     its plain gradient, and both resume bit for bit;
  *   - `test_kfac reference`: one step's preconditioned gradient against an
  *     independent PyTorch computation (test/kfac_torch_ref.py; 77 without
  *     python3 and torch). */
@@ -15,6 +18,7 @@
 #include "core/core.h"
 #include "harness.h"
 #include "nn/nn.h"
+#include "optim/kfac.h"
 
 static const char *const ARCH = "conv:4:3:1,relu,pool,flatten,dense:16,relu,dense:10";
 enum { DATASET = 96 };
@@ -35,11 +39,15 @@ typedef struct {
   int batch, steps, distribute, spread;
   float kl_clip, factor_decay, damping, lr, momentum;
   int factor_every, inverse_every;
+  float sample;    /* > 0: config.sample */
+  int max_dim;     /* config.max_dim; 0 keeps the default */
+  int no_kfac;     /* 1: the same run without K-FAC */
+  int diag_dim;    /* config.diag_dim */
   const char *out; /* each rank writes its final parameters to out.rankR */
   float *params0;  /* if non-NULL, gets the initial parameters (rank 0) */
 } run_t;
 
-static int train_steps(nn_model_t *m, tide_trainer_t *tr, int batch, int steps);
+static int train_steps(nn_model_t *m, tide_trainer_t *tr, int batch, int steps, int kfac);
 
 static int run_training(tide_comm_t *comm, const run_t *r, nn_model_t **model_out, tide_trainer_t **tr_out) {
   nn_model_t *m;
@@ -68,18 +76,21 @@ static int run_training(tide_comm_t *comm, const run_t *r, nn_model_t **model_ou
   kc.damping = r->damping;
   kc.factor_every = r->factor_every;
   kc.inverse_every = r->inverse_every;
+  kc.sample = r->sample > 0 ? r->sample : 1.0f; /* the options off: main's checksums */
+  if (r->max_dim != 0) kc.max_dim = r->max_dim;
+  kc.diag_dim = r->diag_dim;
   tide_kfac_layer_t layers[8];
   CHECK(nn_kfac_layer_count(m) == 3);
   CHECK_OK(nn_kfac_layers(m, layers));
   CHECK(layers[0].in_dim == 9 && layers[0].out_dim == 4 && layers[1].in_dim == 784 && layers[2].in_dim == 16);
-  CHECK_OK(tide_trainer_kfac(tr, &kc, layers, 3));
+  if (!r->no_kfac) CHECK_OK(tide_trainer_kfac(tr, &kc, layers, 3));
   if (r->params0 != NULL) memcpy(r->params0, nn_params(m), nparams * sizeof(float));
   *model_out = m;
   *tr_out = tr;
-  return train_steps(m, tr, r->batch, r->steps);
+  return train_steps(m, tr, r->batch, r->steps, !r->no_kfac);
 }
 
-static int train_steps(nn_model_t *m, tide_trainer_t *tr, int batch, int steps) {
+static int train_steps(nn_model_t *m, tide_trainer_t *tr, int batch, int steps, int kfac) {
   float *images = malloc(sizeof(float) * DATASET * NN_IMAGE_SIZE), *x = malloc(sizeof(float) * batch * NN_IMAGE_SIZE);
   int32_t *labels = malloc(sizeof(int32_t) * DATASET), y[64];
   CHECK(images != NULL && x != NULL);
@@ -102,7 +113,7 @@ static int train_steps(nn_model_t *m, tide_trainer_t *tr, int batch, int steps) 
     if (b.count > 0) CHECK_OK(nn_forward_backward(m, x, y, (int)b.count, &loss));
     CHECK_OK(tide_trainer_step(tr, loss, &s));
     if (s.stepped) {
-      CHECK(s.kfac_s > 0);
+      CHECK(kfac ? s.kfac_s > 0 : s.kfac_s == 0);
       CHECK(s.kfac_s <= s.step_s);
       kfac_total += s.kfac_s;
       step++;
@@ -164,7 +175,7 @@ static int resume_main(int rank, int size, void *arg) {
   memcpy(nn_params(m2), nn_params(m), nn_param_count(m) * sizeof(float));
   tide_trainer_destroy(tr);
   nn_model_destroy(m);
-  train_steps(m2, tr2, r->batch, r->steps - half.steps);
+  train_steps(m2, tr2, r->batch, r->steps - half.steps, !r->no_kfac);
   write_params(r->out, rank, m2);
   (void)size;
   free(state);
@@ -262,12 +273,16 @@ static void test_resume(void) {
   float *a = malloc(CAP * sizeof(float)), *b = malloc(CAP * sizeof(float));
   CHECK(a != NULL && b != NULL);
   char whole[300], resumed[300];
-  /* whole layers, then fc1's rows spread over the two ranks */
-  for (int spread = 0; spread < 2; spread++) {
+  /* whole layers, then fc1's rows spread over the two ranks, then (2)
+   * whole layers with the factors from half of the rows, shifted each
+   * step, and the 785-wide layer left out (max_dim), then (3) that layer
+   * with the diagonal of its A (diag_dim) */
+  for (int spread = 0; spread < 4; spread++) {
   snprintf(whole, sizeof whole, "%s/whole%d", dir, spread);
   snprintf(resumed, sizeof resumed, "%s/resumed%d", dir, spread);
-  run_t r = {.batch = 6, .steps = 8, .distribute = 1, .spread = spread, .kl_clip = 0.001f, .factor_decay = 0.9f,
-             .damping = 0.03f, .lr = 0.002f, .momentum = 0.9f, .factor_every = 1, .inverse_every = 3, .out = whole};
+  run_t r = {.batch = 6, .steps = 8, .distribute = 1, .spread = spread == 1, .kl_clip = 0.001f, .factor_decay = 0.9f,
+             .damping = 0.03f, .lr = 0.002f, .momentum = 0.9f, .factor_every = 1, .inverse_every = 3, .out = whole,
+             .sample = spread == 2 ? 0.5f : 0, .max_dim = spread == 2 ? 100 : 0, .diag_dim = spread == 3 ? 100 : 0};
   harness_opts_t opts = {.np = 2, .timeout_s = 120};
   CHECK(harness_run(&opts, rank_main, &r) == 0);
   r.out = resumed;
@@ -288,6 +303,208 @@ static void test_resume(void) {
   CHECK(system(cmd) == 0);
   free(a);
   free(b);
+}
+
+/* The rows config.sample takes, written out independently: n = ceil(f *
+ * rows), row j = floor(j * rows / n) + shift mod floor(rows / n). */
+static size_t picked_rows(size_t rows, float f, size_t shift, size_t *out) {
+  size_t n = (size_t)ceil((double)f * (double)rows);
+  if (n < 1) n = 1;
+  for (size_t j = 0; j < n; j++) out[j] = j * rows / n + shift % (rows / n);
+  return n;
+}
+
+/* A factor from sampled rows (tide__kfac_sample, then the SYRK with the
+ * weight times rows / n) is the same bits as the SYRK of a matrix holding
+ * just those rows, in both layouts, with and without the bias column. */
+static void test_sample_rows(void) {
+  enum { ROWS = 37, COLS = 5, LD = 7 };
+  float x[ROWS * LD], xt[COLS * (ROWS + 3)], sampled[ROWS * COLS], picked[ROWS * COLS];
+  unsigned seed = 99;
+  for (size_t i = 0; i < sizeof x / sizeof x[0]; i++) x[i] = (float)(harness_rand(&seed) % 2001) / 1000.0f - 1.0f;
+  for (int r = 0; r < ROWS; r++)
+    for (int c = 0; c < COLS; c++) xt[c * (ROWS + 3) + r] = x[r * LD + c];
+  const float fractions[] = {0.25f, 0.5f, 0.3f, 1.0f / ROWS, 0.9f, 1.0f};
+  int cases = 0;
+  for (size_t fi = 0; fi < sizeof fractions / sizeof fractions[0]; fi++)
+    for (size_t shift = 0; shift < 6; shift++)
+      for (int transposed = 0; transposed < 2; transposed++)
+        for (int bias = 0; bias < 2; bias++) {
+          float f = fractions[fi], weight = 0.3f;
+          size_t idx[ROWS], n = picked_rows(ROWS, f, shift, idx), stride;
+          CHECK(tide__kfac_sample_count(ROWS, f, &stride) == n && stride == ROWS / n);
+          const float *src = transposed ? xt : x;
+          size_t ld = transposed ? ROWS + 3 : LD;
+          CHECK(tide__kfac_sample(src, ROWS, COLS, ld, transposed, f, shift, sampled) == n);
+          for (size_t j = 0; j < n; j++) {
+            CHECK(idx[j] < ROWS && (j == 0 || idx[j] > idx[j - 1]));
+            for (int c = 0; c < COLS; c++) picked[j * COLS + c] = x[idx[j] * LD + c];
+          }
+          int dim = COLS + bias;
+          float want[(COLS + 1) * (COLS + 1)] = {0}, got[(COLS + 1) * (COLS + 1)] = {0};
+          float w = weight * (float)((double)ROWS / (double)n);
+          tide__kfac_syrk(want, dim, bias, picked, n, COLS, 0, w);
+          tide__kfac_syrk(got, dim, bias, sampled, n, transposed ? n : COLS, transposed, w);
+          for (int i = 0; i < dim; i++)
+            for (int j = i; j < dim; j++) CHECK(fabsf(got[i * dim + j] - want[i * dim + j]) <= 1e-6f * (1 + fabsf(want[i * dim + j])));
+          if (!transposed) CHECK(memcmp(got, want, sizeof got) == 0);
+          cases++;
+        }
+  fprintf(stderr, "sampled factors: %d cases equal the factor of the picked rows\n", cases);
+}
+
+/* A's diagonal form: the column sums of squares are the SYRK's diagonal,
+ * and the diagonal preconditioner is the whole one with Q_A = I. */
+static void test_diag(void) {
+  enum { ROWS = 23, COLS = 6, DG = 5 };
+  int dim = COLS + 1;
+  float x[ROWS * COLS], full[(COLS + 1) * (COLS + 1)] = {0}, diag[COLS + 1] = {0}, diag_t[COLS + 1] = {0};
+  float xt[COLS * ROWS];
+  unsigned seed = 5;
+  for (int i = 0; i < ROWS * COLS; i++) x[i] = (float)(harness_rand(&seed) % 2001) / 1000.0f - 1.0f;
+  for (int r = 0; r < ROWS; r++)
+    for (int c = 0; c < COLS; c++) xt[c * ROWS + r] = x[r * COLS + c];
+  tide__kfac_syrk(full, dim, 1, x, ROWS, COLS, 0, 0.7f);
+  tide__kfac_sumsq(diag, dim, 1, x, ROWS, COLS, 0, 0.7f);
+  tide__kfac_sumsq(diag_t, dim, 1, xt, ROWS, ROWS, 1, 0.7f);
+  for (int j = 0; j < dim; j++) {
+    CHECK(fabsf(diag[j] - full[j * dim + j]) <= 1e-5f * full[j * dim + j]);
+    CHECK(fabsf(diag_t[j] - full[j * dim + j]) <= 1e-5f * full[j * dim + j]);
+  }
+  /* G's decomposition from a random symmetric matrix; A = diag. */
+  float g[DG * DG], qg[DG * DG], dg[DG], qa[(COLS + 1) * (COLS + 1)] = {0}, m[DG * (COLS + 1)];
+  float p_whole[DG * (COLS + 1)], p_diag[DG * (COLS + 1)], work[DG * (COLS + 1)];
+  for (int i = 0; i < DG; i++)
+    for (int j = 0; j <= i; j++) g[i * DG + j] = g[j * DG + i] = (float)(harness_rand(&seed) % 2001) / 1000.0f + (i == j ? 5 : 0);
+  CHECK_OK(tide__kfac_eigen(g, DG, qg, dg));
+  for (int j = 0; j < dim; j++) qa[j * dim + j] = 1.0f;
+  for (int i = 0; i < DG * dim; i++) m[i] = (float)(harness_rand(&seed) % 2001) / 1000.0f - 1.0f;
+  tide__kfac_precondition(qg, dg, DG, qa, diag, dim, 0.01f, m, p_whole, work);
+  tide__kfac_precondition_diag(qg, dg, DG, diag, dim, 0.01f, m, p_diag, work);
+  CHECK(rel_diff(p_diag, p_whole, DG * (size_t)dim) < 1e-6);
+  fprintf(stderr, "diagonal A: sums of squares = the SYRK's diagonal; preconditioner = the whole one with Q_A = I\n");
+}
+
+/* Through the trainer: with config.sample 0.5, what tide_trainer_kfac_add
+ * makes of 10 rows is what a trainer taking every row makes of the 5 rows
+ * the rule picks, given twice the weight; at step 0 (shift 0) and step 1
+ * (shift 1). factor_decay 0, so the state holds each step's factor. */
+static int sample_trainer(int rank, int size, void *arg) {
+  (void)rank, (void)size, (void)arg;
+  tide_comm_t *comm;
+  CHECK_OK(tide_comm_init(&comm));
+  nn_model_t *m[2];
+  tide_trainer_t *tr[2];
+  tide_kfac_layer_t layers[3];
+  float x[10 * 16];
+  unsigned seed = 7;
+  for (size_t i = 0; i < sizeof x / sizeof x[0]; i++) x[i] = (float)(harness_rand(&seed) % 2001) / 1000.0f - 1.0f;
+  for (int t = 0; t < 2; t++) {
+    CHECK_OK(nn_model_create(ARCH, 8, 7, &m[t]));
+    size_t ntensors;
+    const tide_tensor_t *tensors = nn_tensors(m[t], &ntensors);
+    tide_trainer_config_t c;
+    tide_trainer_config_default(&c);
+    c.dataset_size = DATASET;
+    c.batch = 8;
+    CHECK_OK(tide_trainer_create(comm, &c, nn_params(m[t]), nn_grads(m[t]), nn_param_count(m[t]), tensors, ntensors,
+                                 &tr[t]));
+    CHECK_OK(nn_kfac_layers(m[t], layers));
+    tide_kfac_config_t kc;
+    tide_kfac_config_default(&kc);
+    kc.factor_every = kc.inverse_every = 1;
+    kc.factor_decay = 0;
+    kc.sample = t == 0 ? 0.5f : 1.0f;
+    CHECK_OK(tide_trainer_kfac(tr[t], &kc, layers, 3));
+  }
+  for (int step = 0; step < 2; step++) {
+    size_t idx[10], n = picked_rows(10, 0.5f, (size_t)step, idx);
+    float rows[10 * 16];
+    for (size_t j = 0; j < n; j++) memcpy(rows + j * 16, x + idx[j] * 16, 16 * sizeof *rows);
+    for (int t = 0; t < 2; t++) {
+      tide_batch_t b;
+      tide_step_stats_t st;
+      CHECK_OK(tide_trainer_next(tr[t], &b));
+      memset(nn_grads(m[t]), 0, nn_param_count(m[t]) * sizeof(float));
+      /* layer 2 is dense 16 -> 10 (A 17 with the bias, G 10) */
+      if (t == 0) {
+        CHECK_OK(tide_trainer_kfac_add(tr[t], 2, TIDE_KFAC_A, x, 10, 16, 0, 0.1f));
+        CHECK_OK(tide_trainer_kfac_add(tr[t], 2, TIDE_KFAC_G, x, 10, 16, 0, 2.0f));
+      } else {
+        CHECK_OK(tide_trainer_kfac_add(tr[t], 2, TIDE_KFAC_A, rows, n, 16, 0, 0.1f * 2));
+        CHECK_OK(tide_trainer_kfac_add(tr[t], 2, TIDE_KFAC_G, rows, n, 16, 0, 2.0f * 2));
+      }
+      CHECK_OK(tide_trainer_step(tr[t], 0.0f, &st));
+      CHECK(st.stepped);
+    }
+    size_t len = tide_trainer_state_size(tr[0]);
+    CHECK(len == tide_trainer_state_size(tr[1]));
+    char *sa = malloc(len), *sb = malloc(len);
+    CHECK(sa != NULL && sb != NULL);
+    CHECK_OK(tide_trainer_state_get(tr[0], sa, len));
+    CHECK_OK(tide_trainer_state_get(tr[1], sb, len));
+    /* The state ends with K-FAC's part: per layer A, G, a flag, Q_A, d_A, Q_G, d_G
+     * (the header before it has step times, which differ). */
+    size_t kfac = 0;
+    for (int i = 0; i < 3; i++) {
+      size_t a = (size_t)layers[i].in_dim + 1, g = (size_t)layers[i].out_dim;
+      kfac += (a * a + g * g + 1 + a * (a + 1) + g * (g + 1)) * sizeof(float);
+    }
+    CHECK(kfac < len);
+    CHECK(memcmp(sa + len - kfac, sb + len - kfac, kfac) == 0);
+    free(sa);
+    free(sb);
+  }
+  for (int t = 0; t < 2; t++) {
+    tide_trainer_destroy(tr[t]);
+    nn_model_destroy(m[t]);
+  }
+  tide_comm_destroy(comm);
+  fprintf(stderr, "sample 0.5 through the trainer: the factors (state) of the picked rows, steps 0 and 1\n");
+  return 0;
+}
+
+/* A layer wider than max_dim keeps its plain gradient: one step of SGD with
+ * max_dim 100 (the 785-wide dense layer left out) moves that layer exactly
+ * as a run without K-FAC does and the other layers not; on 1 and 2 ranks
+ * (the layer owners then leave it out alike). */
+static void test_skip(void) {
+  char dir[] = "/tmp/tide-kfac-XXXXXX";
+  CHECK(mkdtemp(dir) != NULL);
+  enum { CAP = 1 << 20 };
+  float *plain = malloc(CAP * sizeof(float)), *got = malloc(CAP * sizeof(float));
+  CHECK(plain != NULL && got != NULL);
+  nn_model_t *m;
+  CHECK_OK(nn_model_create(ARCH, 8, 7, &m));
+  size_t ntensors;
+  const tide_tensor_t *t = nn_tensors(m, &ntensors);
+  CHECK(ntensors == 6);
+  for (int np = 1; np <= 2; np++)
+    for (int kfac = 0; kfac < 2; kfac++) {
+      char out[256], path[300];
+      snprintf(out, sizeof out, "%s/skip-np%d-k%d", dir, np, kfac);
+      run_t r = {.batch = 8 / np, .steps = 1, .distribute = 1, .kl_clip = 0, .factor_decay = 0, .damping = 0.01f,
+                 .lr = 0.1f, .momentum = 0, .factor_every = 1, .inverse_every = 1, .out = out, .max_dim = 100,
+                 .no_kfac = !kfac};
+      harness_opts_t opts = {.np = np, .timeout_s = 120};
+      CHECK(harness_run(&opts, rank_main, &r) == 0);
+      snprintf(path, sizeof path, "%s.rank0", out);
+      size_t n = read_params(path, kfac ? got : plain, CAP);
+      CHECK(n == nn_param_count(m));
+      if (!kfac) continue;
+      /* tensors 2 and 3: the dense 784 -> 16 layer, left out; 0, 1 and 4, 5 preconditioned */
+      for (size_t i = 0; i < ntensors; i++) {
+        int same = memcmp(got + t[i].offset, plain + t[i].offset, t[i].count * sizeof(float)) == 0;
+        CHECK(same == (i == 2 || i == 3));
+      }
+      fprintf(stderr, "max_dim 100, np %d: the 785-wide layer moved as without K-FAC, the others not\n", np);
+    }
+  nn_model_destroy(m);
+  char cmd[400];
+  snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+  CHECK(system(cmd) == 0);
+  free(plain);
+  free(got);
 }
 
 /* Bad options name the field; bad layers name the layer. One rank. */
@@ -328,6 +545,11 @@ static int bad_options(int rank, int size, void *arg) {
   EXPECT_BAD("kl_clip", kl_clip = -1);
   EXPECT_BAD("distribute", distribute = 2);
   EXPECT_BAD("spread", spread = -1);
+  EXPECT_BAD("sample", sample = 0);
+  EXPECT_BAD("sample", sample = 1.5f);
+  EXPECT_BAD("sample", sample = NAN);
+  EXPECT_BAD("max_dim", max_dim = -1);
+  EXPECT_BAD("diag_dim", diag_dim = -2);
   /* The option string. */
   kc = d;
   CHECK_OK(tide_kfac_config_parse("damping=0.003,inverse_every=50:factor_every=5", &kc));
@@ -340,6 +562,20 @@ static int bad_options(int rank, int size, void *arg) {
   CHECK_OK(tide_kfac_config_parse("spread=1", &kc));
   CHECK(kc.spread == 1);
   CHECK(kc.damping == 0.003f && kc.inverse_every == 50);
+  CHECK_RC(tide_kfac_config_parse("sample=2", &kc), TIDE_EINVAL);
+  CHECK_RC(tide_kfac_config_parse("sample=0", &kc), TIDE_EINVAL);
+  CHECK_RC(tide_kfac_config_parse("max_dim=1.5", &kc), TIDE_EINVAL);
+  CHECK_RC(tide_kfac_config_parse("max_dim=-3", &kc), TIDE_EINVAL);
+  CHECK_RC(tide_kfac_config_parse("diag_dim=x", &kc), TIDE_EINVAL);
+  CHECK_OK(tide_kfac_config_parse("diag_dim=512", &kc));
+  CHECK(kc.diag_dim == 512);
+  CHECK_OK(tide_kfac_config_parse("sample=0.5,max_dim=100", &kc));
+  CHECK(kc.sample == 0.5f && kc.max_dim == 100 && kc.spread == 1);
+  /* A max_dim that leaves no layer (conv A 10, dense A 785 and 17): refused, naming it. */
+  kc = d;
+  kc.max_dim = 5;
+  CHECK_RC(tide_trainer_kfac(tr, &kc, layers, 3), TIDE_EINVAL);
+  CHECK(strstr(tide_trainer_last_error(tr), "max_dim") != NULL);
   /* Layers that do not fit the tensors. */
   tide_kfac_layer_t spoilt[3];
   memcpy(spoilt, layers, sizeof spoilt);
@@ -475,6 +711,20 @@ static void test_tide_train(void) {
            "--kfac damping=-1 --name bad --runs %s 2>&1", tools, tools, dir);
   rc = harness_shell(cmd, out, sizeof out);
   CHECK(rc != 0 && strstr(out, "kfac.damping") != NULL);
+  snprintf(cmd, sizeof cmd, "%s/tiderun -np 1 %s/tide-train --model mlp --epochs 1 --subset 500 --optim kfac "
+           "--kfac sample=2 --name bad3 --runs %s 2>&1", tools, tools, dir);
+  rc = harness_shell(cmd, out, sizeof out);
+  CHECK(rc != 0 && strstr(out, "kfac.sample") != NULL);
+  /* Sampled factors and a layer left out, end to end: the replicas agree. */
+  snprintf(cmd, sizeof cmd,
+           "%s/tiderun -np 2 %s/tide-train --model mlp --epochs 1 --batch 32 --subset 1000 --optim kfac "
+           "--kfac factor_every=2,inverse_every=6,sample=0.5,max_dim=300 --threads 1 --name ks --runs %s 2>&1",
+           tools, tools, dir);
+  rc = harness_shell(cmd, out, sizeof out);
+  if (rc != 0 || strstr(out, "replicas identical: yes") == NULL) {
+    fprintf(stderr, "%s\n-> exit %d\n%s\n", cmd, rc, out);
+    exit(1);
+  }
   snprintf(cmd, sizeof cmd, "%s/tiderun -np 1 %s/tide-train --model mlp --epochs 1 --subset 500 "
            "--kfac damping=0.01 --name bad2 --runs %s 2>&1", tools, tools, dir);
   rc = harness_shell(cmd, out, sizeof out);
@@ -492,8 +742,12 @@ int main(int argc, char **argv) {
   }
   harness_opts_t one = {.np = 1, .timeout_s = 60};
   CHECK(harness_run(&one, bad_options, NULL) == 0);
+  test_sample_rows();
+  test_diag();
+  CHECK(harness_run(&one, sample_trainer, NULL) == 0);
   test_distributed();
   test_resume();
+  test_skip();
   test_tide_train();
   fprintf(stderr, "test_kfac: ok\n");
   return 0;

@@ -6,6 +6,7 @@
 
 #include <cblas.h>
 #include <lapacke.h>
+#include <math.h>
 #include <string.h>
 
 #include "core/core.h"
@@ -32,6 +33,67 @@ void tide__kfac_syrk(float *upper, int dim, int bias, const float *x, size_t row
     last[(size_t)c * dim + (size_t)cols] += weight * (float)sum;
   }
   upper[(size_t)cols * dim + (size_t)cols] += weight * (float)rows;
+}
+
+void tide__kfac_sumsq(float *diag, int dim, int bias, const float *x, size_t rows, size_t ld, int transposed,
+                      float weight) {
+  int cols = bias ? dim - 1 : dim;
+  if (rows == 0) return;
+  if (transposed) {
+    for (int c = 0; c < cols; c++) {
+      const float *xc = x + (size_t)c * ld;
+      double sum = 0;
+      for (size_t r = 0; r < rows; r++) sum += (double)xc[r] * xc[r];
+      diag[c] += weight * (float)sum;
+    }
+  } else {
+    for (size_t r = 0; r < rows; r++) {
+      const float *row = x + r * ld;
+      for (int c = 0; c < cols; c++) diag[c] += weight * row[c] * row[c];
+    }
+  }
+  if (bias) diag[cols] += weight * (float)rows;
+}
+
+void tide__kfac_precondition_diag(const float *qg, const float *dg, int dim_g, const float *da, int dim_a,
+                                  float damping, const float *m, float *p, float *work) {
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, dim_g, dim_a, dim_g, 1.0f, qg, dim_g, m, dim_a, 0.0f, work,
+              dim_a);
+  for (int i = 0; i < dim_g; i++) {
+    float *row = work + (size_t)i * dim_a, gi = dg[i];
+    for (int j = 0; j < dim_a; j++) row[j] /= gi * da[j] + damping;
+  }
+  tide__kfac_precondition_finish(qg, dim_g, dim_a, work, p);
+}
+
+size_t tide__kfac_sample_count(size_t rows, float fraction, size_t *stride) {
+  double want = ceil((double)fraction * (double)rows);
+  size_t n = want < 1 ? 1 : want > (double)rows ? rows : (size_t)want;
+  if (rows == 0) n = 0;
+  if (stride != NULL) *stride = n > 0 ? rows / n : 1;
+  return n;
+}
+
+size_t tide__kfac_sample(const float *x, size_t rows, size_t cols, size_t ld, int transposed, float fraction,
+                         size_t shift, float *out) {
+  size_t stride, n = tide__kfac_sample_count(rows, fraction, &stride);
+  shift %= stride;
+  /* Row j is floor(j * rows / n) + shift: q = rows / n a step, plus one
+   * whenever the remainders add up to n (exact, no division per row). */
+  size_t q = n ? rows / n : 0, rem = n ? rows % n : 0;
+  for (size_t c = 0; c < (transposed ? cols : 1); c++) {
+    size_t base = 0, acc = 0;
+    for (size_t j = 0; j < n; j++) {
+      size_t r = base + shift;
+      if (transposed)
+        out[c * n + j] = x[c * ld + r];
+      else
+        memcpy(out + j * cols, x + r * ld, cols * sizeof *out);
+      base += q;
+      if ((acc += rem) >= n) base++, acc -= n;
+    }
+  }
+  return n;
 }
 
 void tide__kfac_pack(const float *upper, int dim, float scale, float *packed) {

@@ -18,6 +18,35 @@ enum { TIDE__KFAC_MAX_DIM = 8193 };
 void tide__kfac_syrk(float *upper, int dim, int bias, const float *x, size_t rows, size_t ld, int transposed,
                      float weight);
 
+/* The diagonal form of A for a wide layer (tide_kfac_config_t.diag_dim):
+ * diag (dim floats) += weight * the column sums of squares of Xb (X with a
+ * ones column when bias), laid out as in tide__kfac_syrk. */
+void tide__kfac_sumsq(float *diag, int dim, int bias, const float *x, size_t rows, size_t ld, int transposed,
+                      float weight);
+/* p = Q_G ((Q_G^T m) ./ (d_G da^T + damping)): the preconditioner with A
+ * replaced by its diagonal da (dim_a floats, >= 0); qg, dg as
+ * tide__kfac_eigen writes them, work holds dim_g * dim_a floats. Equals
+ * tide__kfac_precondition with Q_A = I and d_A = da. */
+void tide__kfac_precondition_diag(const float *qg, const float *dg, int dim_g, const float *da, int dim_a,
+                                  float damping, const float *m, float *p, float *work);
+
+/* Factor statistics from a subsample (tide_kfac_config_t.sample): of
+ * `rows` rows, n = ceil(fraction * rows) (at least 1, at most rows), rows
+ * floor(j * rows / n) + shift for j in [0, n), spread evenly over the
+ * micro-batch (and, where rows are a conv's batch x positions, over its
+ * positions). tide__kfac_sample_count gives n and the stride
+ * floor(rows / n): shift is taken modulo it, so a caller that moves shift
+ * on each factor step takes other rows each time (all of them when n
+ * divides rows). tide__kfac_sample copies those
+ * rows of X (cols columns, laid out as in tide__kfac_syrk) into out in
+ * the same layout with ld = cols (rows) or n (transposed), and returns n;
+ * out holds n * cols floats. The subsampled factor is
+ * tide__kfac_syrk(out, n rows) with weight * rows / n, so that its
+ * expectation is the full factor's. */
+size_t tide__kfac_sample_count(size_t rows, float fraction, size_t *stride);
+size_t tide__kfac_sample(const float *x, size_t rows, size_t cols, size_t ld, int transposed, float fraction,
+                         size_t shift, float *out);
+
 /* The upper triangle of `upper` times scale, row by row, into packed
  * (dim*(dim+1)/2 floats). */
 void tide__kfac_pack(const float *upper, int dim, float scale, float *packed);

@@ -18,6 +18,7 @@ typedef struct {
   tide_kfac_layer_t desc;
   size_t w_off, b_off; /* into the flat gradient */
   int dim_a, dim_g;
+  int diag;            /* A is kept as its diagonal (config.diag_dim): a, sum[A] and d[A] hold dim_a floats, no q[A] */
   int owner;           /* the rank that decomposes and preconditions (distribute = 1) */
   float *a, *g;        /* running averages */
   float *sum[2];       /* this step's sums over micro-batches (upper triangles) */
@@ -35,7 +36,12 @@ typedef struct {
 struct tide__kfac {
   tide_kfac_config_t config;
   size_t nlayers;
-  layer_t *layers;
+  layer_t *layers;   /* the preconditioned layers (those within config.max_dim) */
+  size_t ncaller;    /* the caller's layers: descs[ncaller], and their index in */
+  tide_kfac_layer_t *descs;
+  long *index;       /* layers, or -1 for one skipped by max_dim */
+  float *rows;       /* config.sample < 1: the sampled rows of one tide_trainer_kfac_add */
+  size_t rows_cap;
   int rank, ranks;
   float *pack;       /* factor allreduce: every packed factor, then 2 * nlayers counts */
   size_t pack_len;
@@ -67,10 +73,14 @@ static int mine(const tide__kfac_t *k, const layer_t *l) { return !k->config.dis
 
 static size_t layer_floats(const layer_t *l) { return (size_t)l->dim_g * l->dim_a; }
 
+/* Floats of A as stored (its diagonal, or the whole matrix) and packed for the allreduce. */
+static size_t a_floats(const layer_t *l) { return l->diag ? (size_t)l->dim_a : (size_t)l->dim_a * l->dim_a; }
+static size_t a_packed(const layer_t *l) { return l->diag ? (size_t)l->dim_a : tide__kfac_packed(l->dim_a); }
+
 void tide_kfac_config_default(tide_kfac_config_t *out) {
   if (out == NULL) return;
   *out = (tide_kfac_config_t){.factor_every = 10, .inverse_every = 100, .damping = 0.001f, .factor_decay = 0.95f,
-                              .kl_clip = 0.001f, .distribute = 1};
+                              .kl_clip = 0.001f, .distribute = 1, .sample = 0.25f, .max_dim = 0};
 }
 
 /* The first field of c out of range, and why; NULL when all are fine. */
@@ -84,6 +94,9 @@ static const char *config_problem(const tide_kfac_config_t *c, const char **why)
     return *why = "must be finite and >= 0 (0 turns clipping off)", "kl_clip";
   if (c->distribute != 0 && c->distribute != 1) return *why = "must be 0 or 1", "distribute";
   if (c->spread != 0 && c->spread != 1) return *why = "must be 0 or 1", "spread";
+  if (!(c->sample > 0 && c->sample <= 1)) return *why = "must be in (0, 1] (1: every row)", "sample";
+  if (c->max_dim < 0) return *why = "must be >= 0 (0: no layer is skipped)", "max_dim";
+  if (c->diag_dim < 0) return *why = "must be >= 0 (0: every A whole)", "diag_dim";
   return NULL;
 }
 
@@ -111,7 +124,8 @@ int tide_kfac_config_parse(const char *text, tide_kfac_config_t *inout) {
     key[eq] = 0;
     double v = strtod(p + eq + 1, &end);
     int is_int = strcmp(key, "factor_every") == 0 || strcmp(key, "inverse_every") == 0 || strcmp(key, "distribute") == 0 ||
-                 strcmp(key, "spread") == 0;
+                 strcmp(key, "spread") == 0 || strcmp(key, "max_dim") == 0 ||
+                 strcmp(key, "diag_dim") == 0;
     if (end != p + n || end == p + eq + 1 || !isfinite(v) || (is_int && (v != floor(v) || fabs(v) > 1e9))) {
       TIDE_ERROR("K-FAC options: kfac.%s: \"%.*s\" is not a%s number", key, (int)(n - eq - 1), p + eq + 1,
                  is_int ? "n integer" : "");
@@ -125,6 +139,12 @@ int tide_kfac_config_parse(const char *text, tide_kfac_config_t *inout) {
       c.distribute = (int)v;
     else if (strcmp(key, "spread") == 0)
       c.spread = (int)v;
+    else if (strcmp(key, "max_dim") == 0)
+      c.max_dim = (int)v;
+    else if (strcmp(key, "diag_dim") == 0)
+      c.diag_dim = (int)v;
+    else if (strcmp(key, "sample") == 0)
+      c.sample = (float)v;
     else if (strcmp(key, "damping") == 0)
       c.damping = (float)v;
     else if (strcmp(key, "factor_decay") == 0)
@@ -133,7 +153,7 @@ int tide_kfac_config_parse(const char *text, tide_kfac_config_t *inout) {
       c.kl_clip = (float)v;
     else {
       TIDE_ERROR("K-FAC options: unknown key \"%s\" (use factor_every, inverse_every, damping, factor_decay, "
-                 "kl_clip, distribute, spread)", key);
+                 "kl_clip, distribute, spread, sample, max_dim, diag_dim)", key);
       return TIDE_EINVAL;
     }
     p += n;
@@ -180,6 +200,9 @@ void tide__kfac_destroy(tide__kfac_t *k) {
     tide__free(l->pw);
   }
   tide__free(k->layers);
+  tide__free(k->descs);
+  tide__free(k->index);
+  tide__free(k->rows);
   tide__free(k->at);
   tide__free(k->pack);
   tide__free(k->m);
@@ -238,7 +261,7 @@ static void spread_layers(tide__kfac_t *k) {
   for (size_t i = 0; i < k->nlayers; i++) {
     layer_t *l = &k->layers[i];
     double cost = (double)l->dim_g * l->dim_a * ((double)l->dim_g + l->dim_a);
-    if (cost * k->ranks <= total || l->dim_g < k->ranks) continue;
+    if (cost * k->ranks <= total || l->dim_g < k->ranks || l->diag) continue;
     size_t off, len;
     tide_block((size_t)l->dim_g, k->ranks, k->rank, &off, &len);
     l->spread = 1;
@@ -279,7 +302,7 @@ static int assign(tide__kfac_t *k) {
     double best_cost = -1;
     for (size_t i = 0; i < k->nlayers; i++) {
       const layer_t *l = &k->layers[i];
-      double cost = pow(l->dim_a, 3) + pow(l->dim_g, 3);
+      double cost = (l->diag ? l->dim_a : pow(l->dim_a, 3)) + pow(l->dim_g, 3);
       if (!done[i] && cost > best_cost) best = i, best_cost = cost;
     }
     int r = 0;
@@ -316,30 +339,45 @@ int tide_trainer_kfac(tide_trainer_t *tr, const tide_kfac_config_t *config, cons
   int rc = 0;
   char *used = tide__calloc(tr->ntensors, 1);
   tide__kfac_t *k = tide__calloc(1, sizeof *k);
-  if (k != NULL) k->layers = tide__calloc(nlayers, sizeof *k->layers);
-  if (used == NULL || k == NULL || k->layers == NULL) {
+  if (k != NULL) {
+    k->layers = tide__calloc(nlayers, sizeof *k->layers);
+    k->descs = tide__malloc(nlayers * sizeof *k->descs);
+    k->index = tide__malloc(nlayers * sizeof *k->index);
+  }
+  if (used == NULL || k == NULL || k->layers == NULL || k->descs == NULL || k->index == NULL) {
     tide__free(used);
     tide__kfac_destroy(k);
     return TIDE_ENOMEM;
   }
   k->config = *config;
-  k->nlayers = nlayers;
+  k->ncaller = nlayers;
+  memcpy(k->descs, layers, nlayers * sizeof *layers);
   k->rank = tr->rank;
   k->ranks = tr->ranks;
   size_t biggest = 0, packed = 0, total = 0;
   for (size_t i = 0; i < nlayers && rc == 0; i++) {
     if ((rc = check_layer(tr, i, &layers[i], used)) != 0) break;
-    layer_t *l = &k->layers[i];
+    int max = config->max_dim;
+    if (max > 0 && (layers[i].in_dim + (layers[i].bias >= 0) > max || layers[i].out_dim > max)) {
+      k->index[i] = -1; /* preconditioning it would not pay (config.max_dim) */
+      continue;
+    }
+    k->index[i] = (long)k->nlayers;
+    layer_t *l = &k->layers[k->nlayers++];
     l->desc = layers[i];
     l->w_off = tr->tensors[layers[i].weight].offset;
     l->b_off = layers[i].bias >= 0 ? tr->tensors[layers[i].bias].offset : 0;
     l->dim_a = layers[i].in_dim + (layers[i].bias >= 0);
     l->dim_g = layers[i].out_dim;
+    l->diag = config->diag_dim > 0 && l->dim_a > config->diag_dim;
     if (layer_floats(l) > biggest) biggest = layer_floats(l);
-    packed += tide__kfac_packed(l->dim_a) + tide__kfac_packed(l->dim_g);
+    packed += a_packed(l) + tide__kfac_packed(l->dim_g);
     total += layer_floats(l) + 1;
   }
   tide__free(used);
+  if (rc == 0 && k->nlayers == 0)
+    rc = tide__trainer_fail(tr, TIDE_EINVAL, "tide_trainer_kfac: config.max_dim %d leaves none of the %zu layers to "
+                            "precondition: raise it, or 0 to keep every layer", config->max_dim, nlayers);
   if (rc == 0) rc = assign(k);
   if (rc == 0) spread_layers(k);
   /* Every rank must run the same layers and options: compare a digest. */
@@ -352,28 +390,28 @@ int tide_trainer_kfac(tide_trainer_t *tr, const tide_kfac_config_t *config, cons
     else if (lo_hi[0] != -lo_hi[1])
       rc = tide__trainer_fail(tr, TIDE_EINVAL, "tide_trainer_kfac: ranks passed different configs or layers");
   }
-  k->pack_len = packed + 2 * nlayers;
+  k->pack_len = packed + 2 * k->nlayers;
   size_t own = 0;
-  for (size_t i = 0; i < nlayers && rc == 0; i++) {
+  for (size_t i = 0; i < k->nlayers && rc == 0; i++) {
     layer_t *l = &k->layers[i];
-    size_t na = (size_t)l->dim_a * l->dim_a, ng = (size_t)l->dim_g * l->dim_g;
+    size_t na = a_floats(l), ng = (size_t)l->dim_g * l->dim_g;
     l->a = tide__calloc(na, sizeof *l->a);
     l->g = tide__calloc(ng, sizeof *l->g);
     l->sum[TIDE_KFAC_A] = tide__calloc(na, sizeof(float));
     l->sum[TIDE_KFAC_G] = tide__calloc(ng, sizeof(float));
     if (mine(k, l) || l->spread) {
       own += layer_floats(l) + 1;
-      l->q[TIDE_KFAC_A] = tide__malloc(na * sizeof(float));
+      l->q[TIDE_KFAC_A] = l->diag ? NULL : tide__malloc(na * sizeof(float));
       l->q[TIDE_KFAC_G] = tide__malloc(ng * sizeof(float));
       l->d[TIDE_KFAC_A] = tide__malloc((size_t)l->dim_a * sizeof(float));
       l->d[TIDE_KFAC_G] = tide__malloc((size_t)l->dim_g * sizeof(float));
-      if (l->q[0] == NULL || l->q[1] == NULL || l->d[0] == NULL || l->d[1] == NULL) rc = TIDE_ENOMEM;
+      if ((l->q[0] == NULL && !l->diag) || l->q[1] == NULL || l->d[0] == NULL || l->d[1] == NULL) rc = TIDE_ENOMEM;
     }
     if (l->spread && (l->pw = tide__malloc(layer_floats(l) * sizeof *l->pw)) == NULL) rc = TIDE_ENOMEM;
     if (l->a == NULL || l->g == NULL || l->sum[0] == NULL || l->sum[1] == NULL) rc = TIDE_ENOMEM;
     if (rc != 0) break;
     /* The running averages start from I (kfac-pytorch). */
-    for (int j = 0; j < l->dim_a; j++) l->a[(size_t)j * l->dim_a + j] = 1.0f;
+    for (int j = 0; j < l->dim_a; j++) l->a[l->diag ? (size_t)j : (size_t)j * l->dim_a + j] = 1.0f;
     for (int j = 0; j < l->dim_g; j++) l->g[(size_t)j * l->dim_g + j] = 1.0f;
   }
   if (rc == 0) {
@@ -384,8 +422,8 @@ int tide_trainer_kfac(tide_trainer_t *tr, const tide_kfac_config_t *config, cons
     k->send = tide__malloc((own ? own : 1) * sizeof *k->send);
     k->recv = tide__malloc(total * sizeof *k->recv);
     k->counts = tide__calloc((size_t)k->ranks, sizeof *k->counts);
-    k->dots = tide__calloc(nlayers, sizeof *k->dots);
-    k->at = tide__calloc(nlayers, sizeof *k->at);
+    k->dots = tide__calloc(k->nlayers, sizeof *k->dots);
+    k->at = tide__calloc(k->nlayers, sizeof *k->at);
     if (k->at == NULL) rc = TIDE_ENOMEM;
     if (k->pack == NULL || k->m == NULL || k->p == NULL || k->work == NULL || k->send == NULL || k->recv == NULL ||
         k->counts == NULL || k->dots == NULL)
@@ -398,11 +436,18 @@ int tide_trainer_kfac(tide_trainer_t *tr, const tide_kfac_config_t *config, cons
   for (int r = 0; r < k->ranks; r++) k->counts[r] = rank_floats(k, r);
   tr->kfac = k;
   if (tr->rank == 0)
-    for (size_t i = 0; i < nlayers; i++)
-      TIDE_INFO("K-FAC: layer %zu (%s): A %d x %d, G %d x %d, rank %d%s", i, tr->tensors[layers[i].weight].name,
-                k->layers[i].dim_a, k->layers[i].dim_a, k->layers[i].dim_g, k->layers[i].dim_g,
-                config->distribute ? k->layers[i].owner : -1,
-                k->layers[i].spread ? " (its preconditioning's rows spread over all ranks)" : "");
+    for (size_t i = 0; i < nlayers; i++) {
+      const layer_t *l = k->index[i] >= 0 ? &k->layers[k->index[i]] : NULL;
+      if (l == NULL)
+        TIDE_INFO("K-FAC: layer %zu (%s): A %d x %d, G %d x %d: not preconditioned (wider than max_dim %d)", i,
+                  tr->tensors[layers[i].weight].name, layers[i].in_dim + (layers[i].bias >= 0),
+                  layers[i].in_dim + (layers[i].bias >= 0), layers[i].out_dim, layers[i].out_dim, config->max_dim);
+      else
+        TIDE_INFO("K-FAC: layer %zu (%s): A %d x %d%s, G %d x %d, rank %d%s", i, tr->tensors[layers[i].weight].name,
+                  l->dim_a, l->dim_a, l->diag ? " (its diagonal: wider than diag_dim)" : "", l->dim_g, l->dim_g,
+                  config->distribute ? l->owner : -1,
+                  l->spread ? " (its preconditioning's rows spread over all ranks)" : "");
+    }
   return 0;
 }
 
@@ -427,7 +472,7 @@ int tide_trainer_kfac_add(tide_trainer_t *tr, size_t layer, tide_kfac_factor_t f
                                         : "only between tide_trainer_next and tide_trainer_step of a step that "
                                           "updates factors (tide_trainer_kfac_wanted)");
   const char *why = NULL;
-  if (layer >= k->nlayers)
+  if (layer >= k->ncaller)
     why = "layer is out of range";
   else if (factor != TIDE_KFAC_A && factor != TIDE_KFAC_G)
     why = "factor must be TIDE_KFAC_A or TIDE_KFAC_G";
@@ -437,18 +482,40 @@ int tide_trainer_kfac_add(tide_trainer_t *tr, size_t layer, tide_kfac_factor_t f
     why = "weight must be finite and >= 0";
   else if (rows > INT32_MAX)
     why = "rows must be below 2^31";
+  size_t cols = 0;
   if (why == NULL) {
-    const layer_t *l = &k->layers[layer];
-    size_t cols = factor == TIDE_KFAC_A ? (size_t)l->desc.in_dim : (size_t)l->dim_g;
+    cols = factor == TIDE_KFAC_A ? (size_t)k->descs[layer].in_dim : (size_t)k->descs[layer].out_dim;
     if (transposed ? ld < rows : ld < cols) why = "ld is below the row length (rows when transposed, else the dimension)";
   }
   if (why != NULL)
     return tide__trainer_fail(tr, TIDE_EINVAL, "tide_trainer_kfac_add(layer %zu, factor %d): %s", layer, (int)factor,
                               why);
+  if (k->index[layer] < 0) return 0; /* not preconditioned (config.max_dim) */
   int64_t t0 = tide__now_ns();
-  layer_t *l = &k->layers[layer];
+  layer_t *l = &k->layers[k->index[layer]];
   int dim = factor == TIDE_KFAC_A ? l->dim_a : l->dim_g;
-  tide__kfac_syrk(l->sum[factor], dim, factor == TIDE_KFAC_A && l->desc.bias >= 0, x, rows, ld, transposed, weight);
+  if (k->config.sample < 1 && rows > 1) {
+    /* A subsample of the rows, shifted each factor step (the same on
+     * every rank and in a resumed run: it follows the step). */
+    size_t n = tide__kfac_sample_count(rows, k->config.sample, NULL);
+    if (n * cols > k->rows_cap) {
+      float *grown = tide__realloc(k->rows, n * cols * sizeof *grown);
+      if (grown == NULL)
+        return tide__trainer_fail(tr, TIDE_ENOMEM, "tide_trainer_kfac_add: out of memory for %zu sampled rows", n);
+      k->rows = grown;
+      k->rows_cap = n * cols;
+    }
+    size_t shift = (size_t)(tr->step / k->config.factor_every);
+    tide__kfac_sample(x, rows, cols, ld, transposed, k->config.sample, shift, k->rows);
+    weight *= (float)((double)rows / (double)n);
+    x = k->rows;
+    ld = transposed ? n : cols;
+    rows = n;
+  }
+  if (factor == TIDE_KFAC_A && l->diag)
+    tide__kfac_sumsq(l->sum[factor], dim, l->desc.bias >= 0, x, rows, ld, transposed, weight);
+  else
+    tide__kfac_syrk(l->sum[factor], dim, factor == TIDE_KFAC_A && l->desc.bias >= 0, x, rows, ld, transposed, weight);
   l->added[factor] = 1;
   k->add_s += (double)(tide__now_ns() - t0) * 1e-9;
   return 0;
@@ -470,10 +537,13 @@ static int update_factors(tide_trainer_t *tr, tide__kfac_t *k) {
   for (size_t i = 0; i < k->nlayers; i++) {
     layer_t *l = &k->layers[i];
     for (int f = 0; f < 2; f++) {
-      int dim = f == TIDE_KFAC_A ? l->dim_a : l->dim_g;
-      int n = l->micros[f];
-      tide__kfac_pack(l->sum[f], dim, n > 0 ? 1.0f / (float)n : 0.0f, p);
-      p += tide__kfac_packed(dim);
+      int dim = f == TIDE_KFAC_A ? l->dim_a : l->dim_g, n = l->micros[f];
+      float scale = n > 0 ? 1.0f / (float)n : 0.0f;
+      if (f == TIDE_KFAC_A && l->diag)
+        for (int j = 0; j < dim; j++) p[j] = l->sum[f][j] * scale;
+      else
+        tide__kfac_pack(l->sum[f], dim, scale, p);
+      p += f == TIDE_KFAC_A ? a_packed(l) : tide__kfac_packed(dim);
       counts[2 * i + f] = n > 0 ? 1.0f : 0.0f;
     }
   }
@@ -487,10 +557,16 @@ static int update_factors(tide_trainer_t *tr, tide__kfac_t *k) {
     for (int f = 0; f < 2; f++) {
       int dim = f == TIDE_KFAC_A ? l->dim_a : l->dim_g;
       float ranks = counts[2 * i + f];
+      int diag = f == TIDE_KFAC_A && l->diag;
       /* No rank added this factor: the average keeps its value. */
-      if (ranks > 0) tide__kfac_blend(f == TIDE_KFAC_A ? l->a : l->g, dim, p, 1.0f / ranks, k->config.factor_decay);
-      p += tide__kfac_packed(dim);
-      memset(l->sum[f], 0, (size_t)dim * dim * sizeof(float));
+      if (ranks > 0 && diag) {
+        float keep = k->config.factor_decay, take = (1.0f - keep) / ranks;
+        for (int j = 0; j < dim; j++) l->a[j] = keep * l->a[j] + take * p[j];
+      } else if (ranks > 0) {
+        tide__kfac_blend(f == TIDE_KFAC_A ? l->a : l->g, dim, p, 1.0f / ranks, k->config.factor_decay);
+      }
+      p += diag ? a_packed(l) : tide__kfac_packed(dim);
+      memset(l->sum[f], 0, (diag ? a_floats(l) : (size_t)dim * dim) * sizeof(float));
       l->micros[f] = 0;
     }
   }
@@ -522,8 +598,12 @@ static void scatter(const layer_t *l, const float *p, float scale, float *grad) 
  * sum(P .* M). */
 static double precondition(tide__kfac_t *k, const layer_t *l, const float *grad, float *out) {
   gather(l, grad, k->m);
-  tide__kfac_precondition(l->q[TIDE_KFAC_G], l->d[TIDE_KFAC_G], l->dim_g, l->q[TIDE_KFAC_A], l->d[TIDE_KFAC_A],
-                          l->dim_a, k->config.damping, k->m, out, k->work);
+  if (l->diag)
+    tide__kfac_precondition_diag(l->q[TIDE_KFAC_G], l->d[TIDE_KFAC_G], l->dim_g, l->d[TIDE_KFAC_A], l->dim_a,
+                                 k->config.damping, k->m, out, k->work);
+  else
+    tide__kfac_precondition(l->q[TIDE_KFAC_G], l->d[TIDE_KFAC_G], l->dim_g, l->q[TIDE_KFAC_A], l->d[TIDE_KFAC_A],
+                            l->dim_a, k->config.damping, k->m, out, k->work);
   double dot = 0;
   for (size_t j = 0, n = layer_floats(l); j < n; j++) dot += (double)out[j] * k->m[j];
   return dot;
@@ -543,8 +623,10 @@ int tide__kfac_stage(tide_trainer_t *tr, tide__kfac_t *k, const tide__mean_t *me
     layer_t *l = &k->layers[i];
     /* decomposed is the same on every rank for a spread layer */
     int due = refresh || !l->decomposed;
+    if (mine(k, l) && due && l->diag) /* A's eigenvalues are its diagonal */
+      for (int j = 0; j < l->dim_a; j++) l->d[TIDE_KFAC_A][j] = l->a[j] > 0 ? l->a[j] : 0.0f;
     if (mine(k, l) && due) {
-      if ((rc = tide__kfac_eigen(l->a, l->dim_a, l->q[TIDE_KFAC_A], l->d[TIDE_KFAC_A])) != 0 ||
+      if ((!l->diag && (rc = tide__kfac_eigen(l->a, l->dim_a, l->q[TIDE_KFAC_A], l->d[TIDE_KFAC_A])) != 0) ||
           (rc = tide__kfac_eigen(l->g, l->dim_g, l->q[TIDE_KFAC_G], l->d[TIDE_KFAC_G])) != 0)
         return tide__trainer_fail(tr, rc, "K-FAC: eigendecomposition of layer %zu's factors failed at step %ld", i,
                                   tr->step);
@@ -654,11 +736,11 @@ int tide__kfac_stage(tide_trainer_t *tr, tide__kfac_t *k, const tide__mean_t *me
  * The decompositions live on their owners; get gathers them, so the state
  * does not depend on the rank count and restores on any. */
 static size_t eigen_floats(const layer_t *l) {
-  return 1 + (size_t)l->dim_a * ((size_t)l->dim_a + 1) + (size_t)l->dim_g * ((size_t)l->dim_g + 1);
+  return 1 + (l->diag ? 0 : (size_t)l->dim_a * l->dim_a) + (size_t)l->dim_a + (size_t)l->dim_g * ((size_t)l->dim_g + 1);
 }
 
 static size_t factor_floats(const layer_t *l) {
-  return (size_t)l->dim_a * l->dim_a + (size_t)l->dim_g * l->dim_g;
+  return a_floats(l) + (size_t)l->dim_g * l->dim_g;
 }
 
 size_t tide__kfac_state_floats(const tide__kfac_t *k) {
@@ -679,7 +761,7 @@ static void eigen_pack(const layer_t *l, float *out) {
     memset(out, 0, (eigen_floats(l) - 1) * sizeof *out);
     return;
   }
-  out = put(out, l->q[TIDE_KFAC_A], na * na);
+  if (!l->diag) out = put(out, l->q[TIDE_KFAC_A], na * na);
   out = put(out, l->d[TIDE_KFAC_A], na);
   out = put(out, l->q[TIDE_KFAC_G], ng * ng);
   put(out, l->d[TIDE_KFAC_G], ng);
@@ -718,7 +800,7 @@ int tide__kfac_state_get(const tide_trainer_t *tr, void *out) {
     float *p = state;
     for (size_t i = 0; rc == 0 && i < k->nlayers; i++) {
       const layer_t *l = &k->layers[i];
-      p = put(p, l->a, (size_t)l->dim_a * l->dim_a);
+      p = put(p, l->a, a_floats(l));
       p = put(p, l->g, (size_t)l->dim_g * l->dim_g);
       at[i] = (size_t)(p - state);
       if (!gather) eigen_pack(l, p);
@@ -769,7 +851,7 @@ void tide__kfac_state_set(tide__kfac_t *k, const void *in, size_t floats) {
   for (size_t i = 0; i < k->nlayers; i++) {
     layer_t *l = &k->layers[i];
     size_t na = (size_t)l->dim_a, ng = (size_t)l->dim_g;
-    p = take(l->a, p, na * na);
+    p = take(l->a, p, a_floats(l));
     p = take(l->g, p, ng * ng);
     float flag;
     memcpy(&flag, p, sizeof flag);
@@ -779,7 +861,7 @@ void tide__kfac_state_set(tide__kfac_t *k, const void *in, size_t floats) {
     }
     l->decomposed = flag == 1.0f;
     p += sizeof flag;
-    p = take(l->q[TIDE_KFAC_A], p, na * na);
+    if (!l->diag) p = take(l->q[TIDE_KFAC_A], p, na * na);
     p = take(l->d[TIDE_KFAC_A], p, na);
     p = take(l->q[TIDE_KFAC_G], p, ng * ng);
     p = take(l->d[TIDE_KFAC_G], p, ng);
