@@ -21,40 +21,7 @@
 #     nothing of any job outlives it.
 # Usage: sched_background.sh BUILD_DIR SOURCE_DIR
 set -u
-build=$1
-src=$2
-tools=$build/tools
-traces=$src/../shared/data/pollux-osdi21/traces
-[ -d "$traces" ] || { echo "SKIP: no traces at $traces"; exit 77; }
-tmp=$(mktemp -d /tmp/tide-sched-bg.XXXXXX)
-dir=$tmp/d
-mark=sb$$x
-daemon=
-fails=0
-
-fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
-field() { awk -v j="$1" -v c="$2" '$1 == j { print $c }' "$dir/jobs.txt"; } # job id, column
-jobs() { "$tools/tide" jobs --dir "$dir" > "$dir/jobs.txt" 2>/dev/null; }
-state_of() { sed -n 's/^state //p' "$dir/jobs/$1/state"; }
-keeper_of() { sed -n 's/^keeper //p' "$dir/jobs/$1/state"; }
-is_state() { [ "$(state_of "$1")" = "$2" ]; }
-alive() { pgrep -f -- "$1" > /dev/null; }
-wait_for() { # SECONDS COMMAND...: until COMMAND succeeds
-  local n=$(($1 * 10)); shift
-  for _ in $(seq "$n"); do "$@" && return 0; sleep 0.1; done
-  return 1
-}
-cleanup() {
-  [ -n "$daemon" ] && kill "$daemon" 2> /dev/null && wait "$daemon" 2> /dev/null
-  for s in "$dir"/jobs/*/state; do
-    [ -f "$s" ] || continue
-    k=$(sed -n 's/^keeper //p' "$s")
-    [ -n "$k" ] && [ "$k" -gt 0 ] && kill "$k" 2> /dev/null
-  done
-  sleep 1.5
-  [ -n "${KEEP:-}" ] && echo "kept $tmp" || rm -rf "$tmp"
-}
-trap cleanup EXIT
+. "$(dirname "$0")/sched_lib.sh" "$1" "$2" sched-bg
 submit() { "$tools/tide" submit --dir "$dir" "$@"; }
 replay() { # NAME WORK: the arguments of a cifar10 replay job, one line per step
   echo "$tools/tide-replay" --app cifar10 --traces "$traces" --speed 4 --work "$2" --grad-floats 16384 --log-every 1 \

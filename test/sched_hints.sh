@@ -6,27 +6,7 @@
 # keeps the linear speedup (the control: hints come from the agent only).
 # Usage: sched_hints.sh BUILD_DIR SOURCE_DIR
 set -u
-build=$1
-src=$2
-tools=$build/tools
-traces=$src/../shared/data/pollux-osdi21/traces
-[ -d "$traces" ] || { echo "SKIP: no traces at $traces"; exit 77; }
-tmp=$(mktemp -d /tmp/tide-sched-hints.XXXXXX)
-dir=$tmp/d
-daemon=
-fails=0
-fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
-cleanup() {
-  [ -n "$daemon" ] && kill "$daemon" 2> /dev/null && wait "$daemon" 2> /dev/null
-  for s in "$dir"/jobs/*/state; do
-    [ -f "$s" ] || continue
-    k=$(sed -n 's/^keeper //p' "$s")
-    [ -n "$k" ] && [ "$k" -gt 0 ] && kill "$k" 2> /dev/null
-  done
-  sleep 1
-  rm -rf "$tmp"
-}
-trap cleanup EXIT
+. "$(dirname "$0")/sched_lib.sh" "$1" "$2" sched-hints
 "$tools/tide" sched --slots 3 --interval 0.5 --dir "$dir" > "$tmp/sched.log" 2>&1 &
 daemon=$!
 for _ in $(seq 100); do "$tools/tide" jobs --dir "$dir" > /dev/null 2>&1 && break; sleep 0.1; done
@@ -41,9 +21,7 @@ n=$(submit plain 1) || fail "submit the job without it"
 row() { "$tools/tide" jobs --dir "$dir" 2> /dev/null | awk -v j="$1" '$1 == j'; }
 # ID NAME STATE SLOTS WORKERS BATCH GOODPUT SPEEDUP ...: a goodput and a speedup not marked linear
 hinted() { row "$1" | awk '$3 == "running" && $7 != "-" && $7 + 0 > 0 && $8 !~ /linear/ { ok = 1 } END { exit !ok }'; }
-ok=0
-for _ in $(seq 300); do hinted "$p" && { ok=1; break; }; sleep 0.1; done
-[ $ok = 1 ] || fail "the agent's hints never reached the scheduler: $(row "$p")"
+wait_for 30 hinted "$p" || fail "the agent's hints never reached the scheduler: $(row "$p")"
 row "$n" | awk '$3 == "running" && $7 == "-" && $8 ~ /linear/ { ok = 1 } END { exit !ok }' ||
   fail "the job without the agent shows hints: $(row "$n")"
 "$tools/tide" jobs --dir "$dir"

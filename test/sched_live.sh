@@ -9,25 +9,7 @@
 # and an absent scheduler give clear errors.
 # Usage: sched_live.sh BUILD_DIR SOURCE_DIR
 set -u
-build=$1
-src=$2
-tools=$build/tools
-traces=$src/../shared/data/pollux-osdi21/traces
-[ -d "$traces" ] || { echo "SKIP: no traces at $traces"; exit 77; }
-tmp=$(mktemp -d /tmp/tide-sched-live.XXXXXX)
-dir=$tmp/d
-mark=sl$$x
-daemon=
-fails=0
-
-fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
-field() { awk -v j="$1" -v c="$2" '$1 == j { print $c }' "$dir/jobs.txt"; } # job id, column
-jobs() { "$tools/tide" jobs --dir "$dir" > "$dir/jobs.txt" 2>/dev/null; }
-state_of() { sed -n 's/^state //p' "$dir/jobs/$1/state"; }
-keeper_of() { sed -n 's/^keeper //p' "$dir/jobs/$1/state"; }
-alive() { pgrep -f -- "$1" > /dev/null; } # a process whose command line holds $1
-is_state() { [ "$(state_of "$1")" = "$2" ]; }
-gone() { ! alive "$1" && ! kill -0 "$2" 2> /dev/null; } # PATTERN KEEPER_PID
+. "$(dirname "$0")/sched_lib.sh" "$1" "$2" sched-live
 slots_are() { jobs && [ "$(field "$1" 3)" = running ] && [ "$(field "$1" 4)" = "$2" ] && [ "$(field "$1" 5)" = "$2" ]; }
 start_daemon() {
   "$tools/tide" sched --slots 4 --interval 0.5 --dir "$dir" >> "$tmp/sched.log" 2>&1 &
@@ -35,23 +17,6 @@ start_daemon() {
   for _ in $(seq 100); do [ -S "$dir/sock" ] && "$tools/tide" jobs --dir "$dir" > /dev/null 2>&1 && return 0; sleep 0.1; done
   fail "tide sched did not come up"; cat "$tmp/sched.log"; return 1
 }
-# wait_for SECONDS COMMAND...: until COMMAND succeeds
-wait_for() {
-  local n=$(($1 * 10)); shift
-  for _ in $(seq "$n"); do "$@" && return 0; sleep 0.1; done
-  return 1
-}
-cleanup() {
-  [ -n "$daemon" ] && kill "$daemon" 2> /dev/null && wait "$daemon" 2> /dev/null
-  for s in "$dir"/jobs/*/state; do
-    [ -f "$s" ] || continue
-    k=$(sed -n 's/^keeper //p' "$s")
-    [ -n "$k" ] && [ "$k" -gt 0 ] && kill "$k" 2> /dev/null
-  done
-  sleep 1.5
-  rm -rf "$tmp"
-}
-trap cleanup EXIT
 replay() { # NAME WORK: submits a trace-replay job of cifar10 at 5x
   "$tools/tide" submit --dir "$dir" --min-np 1 --max-np 4 --name "$1" -- "$tools/tide-replay" --app cifar10 \
     --traces "$traces" --speed 5 --work "$2" --grad-floats 65536 --log-every 5 --name "$mark$1"
