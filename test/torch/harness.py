@@ -46,6 +46,17 @@ def expect_lines(out, word, n):
     return False
 
 
+def ranks_pass(script, np, name):
+    """main() of a test whose worker("all") prints "rank R passed": runs it on
+    np ranks (errors only in the log) and returns the exit status."""
+    skip_without_torch()
+    _, out = launch(os.path.abspath(script), np, "all", env={"TIDE_LOG_LEVEL": "error"})
+    if not expect_lines(out, "passed", np):
+        return 1
+    print("%s: passed" % name)
+    return 0
+
+
 def dispatch(main, worker):
     """A test file's entry: `--worker ARG` runs worker(ARG) (a rank under
     tiderun), anything else exits with main()'s status."""

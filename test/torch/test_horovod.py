@@ -221,12 +221,7 @@ def worker(case):
 
 
 def main():
-    harness.skip_without_torch()
-    _, out = harness.launch(os.path.abspath(__file__), 3, "all", env={"TIDE_LOG_LEVEL": "error"})
-    if not harness.expect_lines(out, "passed", 3):
-        return 1
-    print("test_horovod: passed")
-    return 0
+    return harness.ranks_pass(__file__, 3, "test_horovod")
 
 
 if __name__ == "__main__":
