@@ -654,6 +654,11 @@ void tide_comm_destroy(tide_comm_t *comm) {
   if (comm->host_ops != NULL) comm->host_ops->host_close(comm->host_state);
   if (comm->store != NULL) atomic_fetch_sub(&open_comms, 1);
   tide_store_close(comm->store);
+  /* Its liveness watch is a connection to the store too: closed before a
+   * process hosting the store waits for the connections to go (under srun
+   * rank 0 hosts it, and waited on its own watch until TIDE_TIMEOUT_MS). */
+  tide__membership_free(comm->membership);
+  comm->membership = NULL;
   /* Hosting the store, stay until the other ranks are done with it (their
    * exit or destroy closes their connections), so they do not see it vanish.
    * Only when this process's last communicator goes: an elastic job's old
@@ -674,7 +679,6 @@ void tide_comm_destroy(tide_comm_t *comm) {
   tide__free(comm->cpus_of);
   tide__free(comm->scratch);
   tide__free(comm->token);
-  tide__membership_free(comm->membership);
   tide__free(comm);
 }
 
