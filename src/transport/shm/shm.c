@@ -270,6 +270,22 @@ static void shm_host_close(void *state) {
   tide__free(host);
 }
 
+/* After a failed set-up (a peer died or timed out) the epoch is abandoned
+ * and the next one uses names of its own: a local peer killed between
+ * creating its segment and unlinking it would leave its name in /dev/shm,
+ * so the survivors unlink the names of every local peer (ENOENT when the
+ * peer did it itself). The names are ours with the peer's rank. */
+static void unlink_peers(const tide__host_setup_t *setup) {
+  const char *dash = strrchr(setup->name, '-');
+  if (dash == NULL) return;
+  int prefix = (int)(dash - setup->name);
+  for (int p = 0; p < setup->npeers; p++) {
+    char name[300];
+    snprintf(name, sizeof name, "%.*s-%d", prefix, setup->name, setup->local_ranks[setup->peers[p]]);
+    segment_unlink(name);
+  }
+}
+
 /* Creates our segment, publishes its name under ns, maps each peer's and
  * connects the channels; then, once every peer has mapped ours, unlinks
  * its name, so a crash later leaves nothing behind in /dev/shm. */
@@ -304,6 +320,7 @@ static int shm_host_open(const tide__host_setup_t *setup, tide__chan_t *chans, v
     rc = tide_store_wait(setup->store, keys, 1, setup->timeout_ms);
   }
   segment_unlink(setup->name);
+  if (rc != 0) unlink_peers(setup);
   return rc;
 }
 
