@@ -21,7 +21,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import harness  # noqa: E402
 
-STEPS, GLOBAL_BATCH, KILL_AT, GROW_AT = 12, 12, 5, 4
+STEPS, GLOBAL_BATCH, KILL_AT, GROW_AT, SAMPLES = 12, 12, 5, 4, 50
 
 
 def problem(torch):
@@ -59,10 +59,11 @@ def worker(mode):
     first_rank = int(os.environ["TIDE_RANK"])
     x, y, model, opt = problem(torch)
     opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters())
-    state = hvd.elastic.TorchState(model, opt, step=0)
+    sampler = hvd.elastic.ElasticSampler(list(range(SAMPLES)), seed=5)
+    state = hvd.elastic.TorchState(model, opt, sampler=sampler, step=0)
     sizes = []
     state.register_reset_callbacks([lambda: sizes.append(hvd.size())])
-    asked = []
+    asked, entries = [], []
 
     @hvd.elastic.run
     def train(state):
@@ -70,6 +71,9 @@ def worker(mode):
             asked.append(1)
             print("joiner admitted at step %d (size %d)" % (state.step, hvd.size()), flush=True)
         print("rank %d of %d enters at step %d" % (hvd.rank(), hvd.size(), state.step), flush=True)
+        # the sampler deals what is left of the epoch over the members of now
+        entries.append(sampler.num_replicas == hvd.size() and sampler.rank == hvd.rank() and
+                       len(sampler) == -(-(SAMPLES - sampler.processed_num) // hvd.size()))
         while state.step < STEPS:
             opt.zero_grad()
             xb, yb = batch(x, y, state.step, hvd.rank(), hvd.size())
@@ -77,6 +81,7 @@ def worker(mode):
             if mode == "kill" and first_rank == 2 and state.step == KILL_AT:
                 os.kill(os.getpid(), signal.SIGKILL)
             opt.step()
+            sampler.record_batch(state.step, 1)
             state.step += 1
             if mode == "grow" and hvd.rank() == 0 and state.step == GROW_AT and not asked:
                 asked.append(1)
@@ -95,9 +100,20 @@ def worker(mode):
     same = all(torch.equal(every[0], every[r]) for r in range(hvd.size()))
     ref = reference()
     err = (flat - ref).abs().max().item()
-    ok = same and err < 1e-4 and state.step == STEPS
-    print("rank %d of %d: step %d, resets %s, replicas identical %s, max |param - reference| %.2e: %s"
-          % (hvd.rank(), hvd.size(), state.step, sizes, same, err, "passed" if ok else "FAILED"), flush=True)
+    # The sampler: every member counts the samples of the committed steps at
+    # their sizes, and the members' shares are the rest of the epoch's order.
+    processed = sum(3 if (mode == "kill") == (s < KILL_AT - 1) else 2 for s in range(STEPS))
+    sampler.reset()
+    shares = hvd.allgather_object(list(iter(sampler)))
+    order = torch.randperm(SAMPLES, generator=torch.Generator().manual_seed(5)).tolist()
+    dealt = (sampler.processed_num == processed and all(entries) and
+             all(len(x) == len(sampler) for x in shares) and
+             sorted(set(i for x in shares for i in x)) == sorted(order[processed:]))
+    ok = same and err < 1e-4 and state.step == STEPS and dealt
+    print("rank %d of %d: step %d, resets %s, replicas identical %s, max |param - reference| %.2e, sampler "
+          "processed %d (%s): %s" % (hvd.rank(), hvd.size(), state.step, sizes, same, err, sampler.processed_num,
+                                     "dealt right" if dealt else "dealt WRONG", "passed" if ok else "FAILED"),
+          flush=True)
     hvd.shutdown()
     sys.exit(0 if ok else 1)
 

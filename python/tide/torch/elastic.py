@@ -34,6 +34,7 @@ import os
 import sys
 
 import torch
+import torch.utils.data
 
 from .. import _lib
 from .._lib import lib
@@ -266,6 +267,9 @@ class _Handler:
         self.value = value
         self.save()
 
+    def on_reset(self):
+        """After a membership change, before the reset callbacks."""
+
 
 class _ModelHandler(_Handler):
     def sync(self):
@@ -282,17 +286,79 @@ class _OptimizerHandler(_Handler):
         broadcast_optimizer_state(self.value, root_rank=0)
 
 
+class ElasticSampler(torch.utils.data.Sampler):
+    """Horovod's ElasticSampler: deals a dataset's indices over the current
+    members and, kept in a TorchState, deals what is left of the epoch over
+    the new members after every membership change. Call record_batch after
+    each batch and set_epoch(e) when an epoch starts or ends (it clears the
+    count of processed samples). The order is a permutation seeded by
+    seed + epoch (shuffle) or the dataset's order; the last round is padded
+    with the first remaining indices so that every rank gets as many."""
+
+    def __init__(self, dataset, shuffle=True, seed=0):
+        self.dataset, self.shuffle, self.seed = dataset, bool(shuffle), int(seed)
+        self.epoch = 0
+        self.processed_num = 0
+        self.reset()
+
+    def set_epoch(self, epoch):
+        self.epoch = epoch
+        self.processed_num = 0
+        self.reset()
+
+    def record_batch(self, batch_idx, batch_size):
+        """batch_size samples were processed on every member."""
+        self.processed_num += batch_size * self.num_replicas
+
+    def state_dict(self):
+        return {"epoch": self.epoch, "processed_num": self.processed_num}
+
+    def load_state_dict(self, state_dict):
+        self.epoch = state_dict["epoch"]
+        self.processed_num = state_dict["processed_num"]
+        self.reset()
+
+    def reset(self):
+        """Deals the epoch's unprocessed indices over the current members."""
+        self.num_replicas, self.rank = _comm.size(), _comm.rank()
+        n = len(self.dataset)
+        if self.shuffle:
+            order = torch.randperm(n, generator=torch.Generator().manual_seed(self.seed + self.epoch)).tolist()
+        else:
+            order = list(range(n))
+        self.remaining_indices = order[self.processed_num:]
+        self.num_samples = -(-len(self.remaining_indices) // self.num_replicas)
+        self.total_size = self.num_samples * self.num_replicas
+
+    def __iter__(self):
+        left = self.remaining_indices
+        padded = left + (left * (self.total_size // max(len(left), 1) + 1))[:self.total_size - len(left)]
+        return iter(padded[self.rank:self.total_size:self.num_replicas])
+
+    def __len__(self):
+        return self.num_samples
+
+
+class _SamplerHandler(_Handler):
+    def sync(self):
+        self.value.load_state_dict(broadcast_object(self.value.state_dict()))
+
+    def on_reset(self):
+        self.value.reset()
+
+
 def _abandon(optimizer):
     if isinstance(optimizer, _DistributedMixin):
         optimizer._abandon_exchanges()
 
 
-_HANDLERS = [(torch.nn.Module, _ModelHandler), (torch.optim.Optimizer, _OptimizerHandler)]
+_HANDLERS = [(torch.nn.Module, _ModelHandler), (torch.optim.Optimizer, _OptimizerHandler),
+             (ElasticSampler, _SamplerHandler)]
 
 
 class TorchState(ObjectState):
-    """Horovod's TorchState: model and optimizer (and any further modules or
-    optimizers among kwargs) by their state_dict, the other kwargs as Python
+    """Horovod's TorchState: model and optimizer (and any further modules,
+    optimizers or ElasticSamplers among kwargs) by their state_dict, the other kwargs as Python
     objects; each is an attribute (state.model, state.epoch, ...)."""
 
     def __init__(self, model=None, optimizer=None, **kwargs):
@@ -323,6 +389,11 @@ class TorchState(ObjectState):
         for h in self._handlers.values():
             h.sync()
         super().sync()
+
+    def on_reset(self):
+        for h in self._handlers.values():
+            h.on_reset()  # an ElasticSampler deals the rest of its epoch over the new members
+        super().on_reset()
 
     def __setattr__(self, name, value):
         handlers = self.__dict__.get("_handlers", {})
@@ -371,5 +442,5 @@ def run(func):
     return wrapper
 
 
-__all__ = ["run", "State", "ObjectState", "TorchState", "HostsUpdatedInterrupt", "HorovodInternalError",
+__all__ = ["run", "State", "ObjectState", "TorchState", "ElasticSampler", "HostsUpdatedInterrupt", "HorovodInternalError",
            "is_elastic", "epoch", "request", "pending"]
