@@ -83,6 +83,9 @@ def worker(mode):
             opt.step()
             sampler.record_batch(state.step, 1)
             state.step += 1
+            if mode == "shrink" and hvd.rank() == 0 and state.step == GROW_AT and not asked:
+                asked.append(1)
+                hvd.elastic.request(2)
             if mode == "grow" and hvd.rank() == 0 and state.step == GROW_AT and not asked:
                 asked.append(1)
                 subprocess.run([os.path.join(os.environ["TIDE_TOOLS_DIR"], "tide"), "ctl", "--rdzv",
@@ -102,7 +105,7 @@ def worker(mode):
     err = (flat - ref).abs().max().item()
     # The sampler: every member counts the samples of the committed steps at
     # their sizes, and the members' shares are the rest of the epoch's order.
-    processed = sum(3 if (mode == "kill") == (s < KILL_AT - 1) else 2 for s in range(STEPS))
+    processed = sum(3 if (mode == "grow") != (s < GROW_AT) else 2 for s in range(STEPS))
     sampler.reset()
     shares = hvd.allgather_object(list(iter(sampler)))
     order = torch.randperm(SAMPLES, generator=torch.Generator().manual_seed(5)).tolist()
@@ -151,6 +154,13 @@ def main():
     if not ok:
         failed += 1
     print("grow: %s (tiderun exited %d)" % ("passed" if ok else "FAILED", rc))
+    rc, out = run("shrink", 3, 3, [])
+    ok = (rc == 0 and harness.expect_lines(out, "of 2: step %d, resets [2]" % STEPS, 2) and
+          harness.expect_lines(out, "passed", 2) and harness.expect_lines(out, "released by a shrink", 1) and
+          harness.expect_lines(out, "of 2 enters at step %d" % GROW_AT, 2))
+    if not ok:
+        failed += 1
+    print("shrink: %s (tiderun exited %d)" % ("passed" if ok else "FAILED", rc))
     print("torch_elastic: %s" % ("passed" if not failed else "FAILED"))
     return 1 if failed else 0
 
