@@ -9,6 +9,8 @@
   starts a joiner, the members raise HostsUpdatedInterrupt at the same
   commit, the joiner is admitted and receives the state (step, model,
   momentum), and all 3 finish with the reference's parameters.
+And plain (one process, not elastic): commit/restore, run() re-raising a
+peer's death, bad arguments refused by name.
 Each rank's slice of a step's global batch is rows rank::size of it, so the
 averaged gradient is the global batch's whatever the size."""
 import os
@@ -48,6 +50,48 @@ def reference():
         torch.nn.functional.mse_loss(model(xb), yb).backward()
         opt.step()
     return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+
+
+def plain():
+    """One process, no tiderun --elastic: commit() only saves, restore()
+    returns to it, run() re-raises a peer's death, bad arguments are named."""
+    import torch
+    import tide.torch as hvd
+    hvd.init()
+    model = torch.nn.Linear(2, 1)
+    state = hvd.elastic.TorchState(model, torch.optim.SGD(model.parameters(), lr=0.1), step=0)
+    ok = not hvd.elastic.is_elastic() and hvd.elastic.epoch() == -1
+    with torch.no_grad():
+        model.weight.fill_(1.0)
+    state.step = 3
+    state.commit()
+    with torch.no_grad():
+        model.weight.fill_(2.0)
+    state.step = 4
+    state.restore()
+    ok = ok and state.step == 3 and bool((model.weight == 1.0).all())
+    for bad, word in ((lambda: hvd.elastic.request(2), "not elastic"), (lambda: hvd.elastic.request(-1), "size"),
+                      (lambda: hvd.elastic.run(lambda s: 0)(object()), "first argument"),
+                      (lambda: state.register_reset_callbacks([1]), "callables")):
+        try:
+            bad()
+            ok = False
+            print("FAIL: no error for the call that should say '%s'" % word)
+        except hvd.InvalidArgumentError as e:
+            ok = ok and word in str(e)
+            print("refused: %s" % e)
+
+    @hvd.elastic.run
+    def dies(state):
+        raise hvd.PeerError(-1, "TIDE_EPEER", "planted")
+    try:
+        dies(state)
+        ok = False
+    except hvd.PeerError:
+        pass
+    hvd.shutdown()
+    print("plain: %s" % ("passed" if ok else "FAILED"))
+    return 0 if ok else 1
 
 
 def worker(mode):
@@ -139,7 +183,7 @@ def run(mode, np, max_np, extra):
 
 def main():
     harness.skip_without_torch()
-    failed = 0
+    failed = plain()
     rc, out = run("kill", 3, 3, ["--max-restarts", "0"])
     ok = (rc == 0 and harness.expect_lines(out, "of 2: step %d, resets [2]" % STEPS, 2) and
           harness.expect_lines(out, "passed", 2) and harness.expect_lines(out, "restoring the last commit", 2) and
