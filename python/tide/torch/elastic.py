@@ -30,7 +30,6 @@ out exits with status 0 (SystemExit), as a released tide-train worker does.
 import copy
 import ctypes
 import functools
-import os
 import sys
 
 import torch
@@ -51,7 +50,9 @@ for _name, _res, _args in (
         ("tide_comm_elastic_status", ctypes.c_int, [ctypes.c_void_p, ctypes.POINTER(ctypes.c_int),
                                                     ctypes.POINTER(ctypes.c_int)]),
         ("tide_comm_elastic_request", ctypes.c_int, [ctypes.c_void_p, ctypes.c_int]),
-        ("tide_comm_elastic_finish", ctypes.c_int, [ctypes.c_void_p])):
+        ("tide_comm_elastic_finish", ctypes.c_int, [ctypes.c_void_p]),
+        ("tide_param_get", ctypes.c_int, [ctypes.c_char_p, ctypes.POINTER(ctypes.c_char_p),
+                                          ctypes.POINTER(ctypes.c_int64)])):
     getattr(lib, _name).restype = _res
     getattr(lib, _name).argtypes = _args
 
@@ -73,18 +74,12 @@ class HostsUpdatedInterrupt(RuntimeError):
 _next_size = [0]  # the size the pending HostsUpdatedInterrupt asked for (tide_comm_resize's size)
 
 
-def _env_int(name, default):
-    text = os.environ.get(name, "")
-    if not text.strip():
-        return default
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise _comm._invalid("tide.torch.elastic", "%s=%r must be an integer >= 1 (tiderun --elastic sets it from "
-                             "--min-np/--max-np)" % (name, text))
-    return value
+def _param(name):
+    """An INT parameter as libtide's table holds it (default, or the valid
+    environment value: tide_comm_init already refused a bad one)."""
+    value = ctypes.c_int64()
+    _lib.check(lib.tide_param_get(name.encode(), None, ctypes.byref(value)), "tide.torch.elastic (%s)" % name)
+    return value.value
 
 
 def is_elastic():
@@ -132,7 +127,7 @@ def _decide():
     wire = torch.tensor([n], dtype=torch.int64)
     if _comm.rank() == 0:
         target, waiting = pending()
-        lo, hi = _env_int("TIDE_ELASTIC_MIN", 1), _env_int("TIDE_ELASTIC_MAX", 1048576)
+        lo, hi = _param("TIDE_ELASTIC_MIN"), _param("TIDE_ELASTIC_MAX")
         cap = min(max(target if target > 0 else hi, lo), hi)
         if cap < n:
             wire[0] = cap
