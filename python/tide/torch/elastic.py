@@ -42,20 +42,6 @@ from ._comm import broadcast_parameters, broadcast_optimizer_state
 from ._horovod import broadcast_object, HorovodInternalError  # noqa: F401 (Horovod's name, re-exported)
 from ._optimizer import _DistributedMixin
 
-for _name, _res, _args in (
-        ("tide_comm_epoch", ctypes.c_long, [ctypes.c_void_p]),
-        ("tide_comm_joined", ctypes.c_int, [ctypes.c_void_p]),
-        ("tide_comm_resize", ctypes.c_int, [ctypes.c_void_p, ctypes.c_int, ctypes.c_int,
-                                            ctypes.POINTER(ctypes.c_void_p)]),
-        ("tide_comm_elastic_status", ctypes.c_int, [ctypes.c_void_p, ctypes.POINTER(ctypes.c_int),
-                                                    ctypes.POINTER(ctypes.c_int)]),
-        ("tide_comm_elastic_request", ctypes.c_int, [ctypes.c_void_p, ctypes.c_int]),
-        ("tide_comm_elastic_finish", ctypes.c_int, [ctypes.c_void_p]),
-        ("tide_param_get", ctypes.c_int, [ctypes.c_char_p, ctypes.POINTER(ctypes.c_char_p),
-                                          ctypes.POINTER(ctypes.c_int64)])):
-    getattr(lib, _name).restype = _res
-    getattr(lib, _name).argtypes = _args
-
 # The failures a membership change recovers from: the communicator is dead
 # for good (include/tide.h), the survivors go on without the lost peer.
 _FATAL = (_lib.PeerError, _lib.TideTimeoutError, _lib.AbortedError)
