@@ -11,6 +11,15 @@
   starts a joiner, the members raise HostsUpdatedInterrupt at the same
   commit, the joiner is admitted and receives the state (step, model,
   momentum), and all 3 finish with the reference's parameters.
+- replace: the kill with tiderun's default --max-restarts: its replacement
+  joins at the first commit after the recovery (rank 0 waits for it to ask)
+  and all 3 finish with the reference's parameters.
+- shrink: 3 ranks; rank 0 asks for 2 (tide.torch.elastic.request) at step
+  4; rank 2 is released at that commit and exits 0, the others go on at 2
+  (no sync: nobody new) and finish with the reference's parameters.
+All keep an ElasticSampler in the state (one sample per rank per step
+recorded): at the end every rank's count is that of the steps at the sizes
+the members had, and the members' shares are the rest of the epoch's order.
 And plain (one process, not elastic): commit/restore, run() re-raising a
 peer's death, bad arguments refused by name.
 Each rank's slice of a step's global batch is rows rank::size of it, so the
@@ -96,6 +105,13 @@ def plain():
     return 0 if ok else 1
 
 
+def wait_for_joiner(hvd):
+    for _ in range(1200):  # the joiner's python and torch start: until it waits to be admitted
+        if hvd.elastic.pending()[1] > 0:
+            return
+        time.sleep(0.1)
+
+
 def worker(mode):
     import torch
     import tide.torch as hvd
@@ -117,7 +133,9 @@ def worker(mode):
             asked.append(1)
             print("joiner admitted at step %d (size %d)" % (state.step, hvd.size()), flush=True)
         print("rank %d of %d enters at step %d" % (hvd.rank(), hvd.size(), state.step), flush=True)
-        entered.append(state.step)
+        entered.append((state.step, hvd.size()))
+        if mode == "replace" and hvd.rank() == 0 and hvd.size() == 2:
+            wait_for_joiner(hvd)  # tiderun's replacement for the killed rank; admitted at the next commit
         # the sampler deals what is left of the epoch over the members of now
         entries.append(sampler.num_replicas == hvd.size() and sampler.rank == hvd.rank() and
                        len(sampler) == -(-(SAMPLES - sampler.processed_num) // hvd.size()))
@@ -125,7 +143,7 @@ def worker(mode):
             opt.zero_grad()
             xb, yb = batch(x, y, state.step, hvd.rank(), hvd.size())
             torch.nn.functional.mse_loss(state.model(xb), yb).backward()
-            if mode == "kill" and first_rank == 2 and state.step == KILL_AT:
+            if mode in ("kill", "replace") and first_rank == 2 and not joined and state.step == KILL_AT:
                 os.kill(os.getpid(), signal.SIGKILL)
             opt.step()
             sampler.record_batch(state.step, 1)
@@ -137,10 +155,7 @@ def worker(mode):
                 asked.append(1)
                 subprocess.run([os.path.join(os.environ["TIDE_TOOLS_DIR"], "tide"), "ctl", "--rdzv",
                                 os.environ["TIDE_RDZV"], "resize", "3"], check=True)
-                for _ in range(1200):  # the joiner's python and torch start: until it waits to be admitted
-                    if hvd.elastic.pending()[1] > 0:
-                        break
-                    time.sleep(0.1)
+                wait_for_joiner(hvd)
             if state.step % 2 == 0:
                 state.commit()
 
@@ -152,8 +167,10 @@ def worker(mode):
     err = (flat - ref).abs().max().item()
     # The sampler: every member counts the samples of the committed steps at
     # their sizes, and the members' shares are the rest of the epoch's order.
-    # The steps before the last entry ran at the first size (3, or 2 for grow).
-    processed = sum(3 if (mode == "grow") != (s < entered[-1]) else 2 for s in range(STEPS))
+    # Each step counts at the size of the members' last entry before it (rank
+    # 0's entries: a joiner has seen only the last).
+    entries0 = hvd.allgather_object(entered)[0]
+    processed = sum([n for e, n in entries0 if e <= s][-1] for s in range(STEPS))
     sampler.reset()
     shares = hvd.allgather_object(list(iter(sampler)))
     order = torch.randperm(SAMPLES, generator=torch.Generator().manual_seed(5)).tolist()
@@ -203,6 +220,13 @@ def main():
     if not ok:
         failed += 1
     print("grow: %s (tiderun exited %d)" % ("passed" if ok else "FAILED", rc))
+    rc, out = run("replace", 3, 3, [])
+    ok = (rc == 0 and harness.expect_lines(out, "of 3: step %d" % STEPS, 3) and
+          harness.expect_lines(out, "passed", 3) and harness.expect_lines(out, "restoring the last commit", 2) and
+          harness.expect_lines(out, "joiner admitted at step", 1) and harness.expect_lines(out, "resets [2, 3]", 2))
+    if not ok:
+        failed += 1
+    print("replace: %s (tiderun exited %d)" % ("passed" if ok else "FAILED", rc))
     rc, out = run("shrink", 3, 3, [])
     ok = (rc == 0 and harness.expect_lines(out, "of 2: step %d, resets [2]" % STEPS, 2) and
           harness.expect_lines(out, "passed", 2) and harness.expect_lines(out, "released by a shrink", 1) and
