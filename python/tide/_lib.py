@@ -247,6 +247,14 @@ _PROTOS = {
     "tide_trainer_stats": (P(StepStats), [c_void_p]),
     "tide_trainer_last_error": (c_char_p, [c_void_p]),
     "tide_trainer_adapt": (c_int, [c_void_p, c_char_p]),
+    # elastic membership (tide.torch.elastic)
+    "tide_comm_epoch": (c_long, [c_void_p]),
+    "tide_comm_joined": (c_int, [c_void_p]),
+    "tide_comm_resize": (c_int, [c_void_p, c_int, c_int, P(c_void_p)]),
+    "tide_comm_elastic_status": (c_int, [c_void_p, P(c_int), P(c_int)]),
+    "tide_comm_elastic_request": (c_int, [c_void_p, c_int]),
+    "tide_comm_elastic_finish": (c_int, [c_void_p]),
+    "tide_param_get": (c_int, [c_char_p, P(c_char_p), P(c_int64)]),
 }
 for _name, (_res, _args) in _PROTOS.items():
     _fn = getattr(lib, _name)

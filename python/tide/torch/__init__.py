@@ -10,7 +10,8 @@
 Parameters and tensors may be on the CPU or on a CUDA GPU (staged through
 pinned host memory; top-k compression selects on the GPU).
 
-Launch with `tiderun -np 4 python3 train.py` (or mpirun, srun). docs/torch.md.
+Launch with `tiderun -np 4 python3 train.py` (or mpirun, srun); an elastic
+script (tide.torch.elastic) with `tiderun --elastic`. docs/torch.md.
 """
 from .._lib import (TideError, InvalidArgumentError, PeerError, MismatchError, TideTimeoutError,  # noqa: F401
                     AbortedError)
@@ -31,3 +32,6 @@ from ._horovod import (init, Product, allreduce, allreduce_, allreduce_async, al
 from ._sync_batch_norm import SyncBatchNorm  # noqa: F401
 from ._select import topk, gpu_available  # noqa: F401
 from ._trainer import Trainer, StepStats, Batch, gns_estimate, adascale_gain  # noqa: F401
+# Horovod Elastic (hvd.elastic.run, TorchState) on tide's in-place membership
+from . import elastic  # noqa: E402,F401
+from .elastic import HostsUpdatedInterrupt  # noqa: E402,F401

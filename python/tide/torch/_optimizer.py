@@ -481,6 +481,21 @@ class _DistributedMixin:
                 if p.grad is not b.views[i]:
                     p.grad = b.views[i]
 
+    def _abandon_exchanges(self):
+        """Elastic recovery (tide.torch.elastic): forgets a half-done step,
+        whose exchanges ended with the failed communicator, so that the next
+        backward starts its buckets afresh on the new one."""
+        for b in self._buckets:
+            h, b.handle, b.half, b.ready = b.handle, None, None, 0
+            if h is not None:
+                try:
+                    h.wait()
+                except _lib.TideError:
+                    pass
+        for k in self._delay:
+            self._delay[k] = self._passes
+        self._synchronized = False
+
     def overlap_report(self):
         """Exchange time per step that backward did not hide, and the share
         of it that was hidden: 1 - wait / probe, where wait is step()'s mean
