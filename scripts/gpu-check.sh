@@ -16,6 +16,10 @@
 #                                        those packages (the lent ones do)
 #   scripts/gpu-check.sh --from-bundle   there: runs from .gpu-bundle/
 #
+# BASELINE=path/to/libtide.so (with --bundle, or on a GPU machine): also
+# benchmarks that build of libtide at 25.5M elements, in the same run, for
+# a before/after on the same GPU.
+#
 # Writes the log and the benchmark's JSON lines to $OUT when set (else
 # gpu-check-out/). BUILD names the build directory (default build).
 set -euo pipefail
@@ -32,6 +36,7 @@ if [ "$mode" = "--bundle" ]; then
   mkdir -p "$bundle/stage/lib" "$bundle/stage/bin" "$bundle/stage/data"
   cp -L "$build/libtide.so.0" "$bundle/stage/lib/"
   cp "$build/tools/tiderun" "$build/tools/tide" "$build/test/test_gpu" "$bundle/stage/bin/"
+  if [ -n "${BASELINE:-}" ]; then mkdir -p "$bundle/stage/baseline" && cp -L "$BASELINE" "$bundle/stage/baseline/libtide.so.0"; fi
   # Every shared library they load except glibc's own (the GPU machine has its own).
   for f in "$build/libtide.so.0" "$build/tools/tiderun" "$build/test/test_gpu"; do
     ldd "$f" | awk '$3 ~ /^\// {print $3}'
@@ -46,7 +51,9 @@ if [ "$mode" = "--bundle" ]; then
   # libssl and libffi stay the GPU machine's.
   command -v patchelf >/dev/null || { echo "gpu-check: --bundle needs patchelf (apt-get install patchelf)" >&2; exit 1; }
   for f in "$bundle"/stage/lib/*; do patchelf --force-rpath --set-rpath '$ORIGIN' "$f"; done
-  for f in "$bundle"/stage/bin/*; do patchelf --force-rpath --set-rpath '$ORIGIN/../lib' "$f"; done
+  for f in "$bundle"/stage/bin/* "$bundle"/stage/baseline/*; do
+    [ -e "$f" ] && patchelf --force-rpath --set-rpath '$ORIGIN/../lib' "$f"
+  done
   /usr/bin/python3 - "$bundle/stage/data" <<'EOF'
 import gzip, sys
 src, out = "/usr/share/datasets/fashion-mnist", sys.argv[1]
@@ -79,6 +86,7 @@ if [ "$mode" = "--from-bundle" ]; then
   mkdir -p "$run"
   tar -C "$run" -xJf "$bundle/bundle.tar.xz"
   export TIDE_LIBRARY="$run/lib/libtide.so.0" TIDE_TOOLS_DIR="$run/bin"
+  [ -e "$run/baseline/libtide.so.0" ] && BASELINE=$run/baseline/libtide.so.0
   bin=$run/bin
   data=$run/data
 else
@@ -115,6 +123,16 @@ for launch in 1 2 3; do
   step "topk_gpu launch $launch" sh -c "$py bench/topk_gpu.py --json >> '$out/topk_gpu.jsonl'"
 done
 
+step "topk_gpu kernel profile at 25.5M, 0.1%" $py bench/topk_gpu.py --sizes 25500000 --density 0.001 --dists normal \
+  --repeats 5 --profile
+if [ -n "${BASELINE:-}" ]; then
+  : >"$out/topk_gpu_baseline.jsonl"
+  for launch in 1 2 3; do
+    step "topk_gpu baseline launch $launch ($BASELINE)" sh -c "TIDE_LIBRARY='$BASELINE' $py bench/topk_gpu.py \
+      --sizes 25500000 --json >> '$out/topk_gpu_baseline.jsonl'"
+  done
+fi
+
 for device in cpu cuda; do
   step "fashion-mnist mlp hitopk:0.01 on $device" "$TIDE_TOOLS_DIR/tiderun" -np 2 $py examples/torch_fashion_mnist.py \
     --device $device --compression hitopk:0.01 --epochs 2 --data "$data" --threads 4 --json
@@ -145,6 +163,19 @@ for (d, dist, density), rs in groups.items():
         d, dist, density, span(rs, "read_ms"), span(rs, "torch_ms"), span(rs, "exact_ms"), span(rs, "sampled_ms"),
         span(rs, "mstopk_ms"), span(rs, "mstopk_mass", "%.4f"), min(speed), max(speed), min(read), max(read)))
 EOF
+if [ -s "$out/topk_gpu_baseline.jsonl" ]; then
+  echo "== baseline ($BASELINE) at 25.5M: fastest exact-k selector vs torch.topk, min-max over 3 launches"
+  $py - "$out/topk_gpu_baseline.jsonl" <<'EOF2'
+import json, sys, collections
+g = collections.OrderedDict()
+for l in open(sys.argv[1]):
+    if l.strip():
+        r = json.loads(l)
+        g.setdefault((r["dist"], r["density"]), []).append(r["torch_ms"] / min(r["exact_ms"], r["sampled_ms"]))
+for (dist, density), v in g.items():
+    print("| %s | %g | %.1f-%.1fx |" % (dist, density, min(v), max(v)))
+EOF2
+fi
 grep -h '"final_accuracy"' "$out/gpu-check.log" | sed 's/^\[[0-9]*\] //' || true
 echo "== gpu-check: $([ $status = 0 ] && echo all passed || echo FAILURES above)"
 exit $status

@@ -130,6 +130,15 @@ static void check_exact(tide_topk_kind_t kind, const float *xf, const void *xh, 
   CHECK_OK(tide_topk_select(TIDE_TOPK_EXACT, xf, d, k, "x", rv, ri, NULL));
   tide_topk_stats_t st;
   uint32_t *gi = gpu_select(kind, NULL, xh, xf, dtype, d, k, index_dtype, &st);
+  if (d >= (1u << 20) && k * 100 <= d && strncmp(what, "normal", 6) == 0) {
+    /* The fast paths are taken: sampled reads x once (its cut holds),
+     * exact twice (the k-th key's bucket and above fit the list). */
+    if (st.full_passes != (kind == TIDE_TOPK_SAMPLED ? 1 : 2) || st.fallback) {
+      fprintf(stderr, "%s %s d=%zu k=%zu: %u full passes, fallback %d\n", tide_topk_name(kind), what, d, k,
+              st.full_passes, st.fallback);
+      CHECK(0);
+    }
+  }
   for (size_t j = 0; j < k; j++) {
     if (gi[j] != ri[j]) {
       fprintf(stderr, "%s %s d=%zu k=%zu: pair %zu: GPU index %u, CPU index %u\n", tide_topk_name(kind), what, d, k, j,

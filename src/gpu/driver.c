@@ -44,6 +44,8 @@ typedef void *cu_context_t, *cu_module_t, *cu_function_t, *cu_stream_t;
   X(cuPointerGetAttribute, "cuPointerGetAttribute", (void *data, int attr, tide__cu_ptr_t p))                 \
   X(cuModuleLoadData, "cuModuleLoadData", (cu_module_t * mod, const void *image))                             \
   X(cuModuleGetFunction, "cuModuleGetFunction", (cu_function_t * fn, cu_module_t mod, const char *name))      \
+  X(cuOccupancyMaxActiveBlocksPerMultiprocessor, "cuOccupancyMaxActiveBlocksPerMultiprocessor",                 \
+    (int *blocks, cu_function_t f, int threads, size_t shared))                                               \
   X(cuLaunchKernel, "cuLaunchKernel",                                                                         \
     (cu_function_t f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,           \
      unsigned shared, cu_stream_t stream, void **params, void **extra))                                       \
@@ -313,10 +315,11 @@ struct tide__gpu {
   cu_module_t module;
   char names[NFUNCS][32];
   cu_function_t funcs[NFUNCS];
+  unsigned grid[NFUNCS]; /* blocks of a pass over x: as many as run at once, at most 8 per SM */
   int sms;
   pthread_mutex_t lock;
   /* scratch */
-  tide__cu_ptr_t state, hist, partials, list, sample;
+  tide__cu_ptr_t state, hist, partials, list;
   size_t list_entries;
   tide__gpu_state_t *host_state; /* pinned */
   int hist_dirty;                /* the bins need zeroing before the next selection */
@@ -357,8 +360,17 @@ static int load_module(tide__gpu_t *g, int dev) {
     for (int t = 0; t < 3; t++) snprintf(g->names[f++], sizeof g->names[0], "tide_gpu_%s_%s", kernel_names[k], type_suffix[t]);
   snprintf(g->names[f++], sizeof g->names[0], "tide_gpu_ef_add");
   snprintf(g->names[f++], sizeof g->names[0], "tide_gpu_ef_zero");
-  for (int i = 0; i < NFUNCS; i++)
+  for (int i = 0; i < NFUNCS; i++) {
     if ((r = cu.cuModuleGetFunction(&g->funcs[i], g->module, g->names[i])) != 0) return cu_fail(g->names[i], r);
+    /* A grid that all fits on the device at once: a second, partial wave
+     * of blocks would leave most SMs idle at the end of a pass. */
+    int per_sm = 0;
+    if ((r = cu.cuOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, g->funcs[i], TIDE__GPU_THREADS, 0)) != 0)
+      return cu_fail("cuOccupancyMaxActiveBlocksPerMultiprocessor", r);
+    if (per_sm < 1) per_sm = 1;
+    if (per_sm > 2048 / TIDE__GPU_THREADS) per_sm = 2048 / TIDE__GPU_THREADS;
+    g->grid[i] = (unsigned)(g->sms * per_sm);
+  }
   return 0;
 }
 
@@ -452,11 +464,10 @@ void tide__gpu_free(tide__gpu_t *g, tide__cu_ptr_t p) {
 }
 
 int tide__gpu_scratch(tide__gpu_t *g, size_t list_entries, tide__cu_ptr_t *state, tide__cu_ptr_t *hist,
-                      tide__cu_ptr_t *partials, tide__cu_ptr_t *list, tide__cu_ptr_t *sample,
-                      tide__gpu_state_t **host_state, int **hist_dirty) {
+                      tide__cu_ptr_t *partials, tide__cu_ptr_t *list, tide__gpu_state_t **host_state,
+                      int **hist_dirty) {
   if (g->state == 0) {
     g->hist_dirty = 1;
-    TIDE_CHECK(tide__gpu_alloc(g, (size_t)1 << 16, &g->sample)); /* 2^14 sampled keys */
     cu_result_t r;
     TIDE_CHECK(tide__gpu_alloc(g, sizeof(tide__gpu_state_t), &g->state));
     TIDE_CHECK(tide__gpu_alloc(g, (size_t)TIDE__GPU_HISTS * TIDE__GPU_BINS * 4, &g->hist));
@@ -476,7 +487,6 @@ int tide__gpu_scratch(tide__gpu_t *g, size_t list_entries, tide__cu_ptr_t *state
   *hist = g->hist;
   *partials = g->partials;
   *list = g->list;
-  *sample = g->sample;
   *host_state = g->host_state;
   *hist_dirty = &g->hist_dirty;
   return 0;
@@ -485,6 +495,7 @@ int tide__gpu_scratch(tide__gpu_t *g, size_t list_entries, tide__cu_ptr_t *state
 int tide__gpu_launch_typed(tide__gpu_t *g, tide__gpu_kernel_t kernel, int type, unsigned blocks, void *stream,
                            void **args) {
   int i = (int)kernel * 3 + type;
+  if (blocks == 0) blocks = g->grid[i];
   cu_result_t r = cu.cuLaunchKernel(g->funcs[i], blocks, 1, 1, TIDE__GPU_THREADS, 1, 1, 0, stream, args, NULL);
   return r == 0 ? 0 : cu_fail(g->names[i], r);
 }
@@ -492,6 +503,7 @@ int tide__gpu_launch_typed(tide__gpu_t *g, tide__gpu_kernel_t kernel, int type, 
 int tide__gpu_launch(tide__gpu_t *g, const char *fn, unsigned blocks, void *stream, void **args) {
   for (int i = 0; i < NFUNCS; i++) {
     if (strcmp(g->names[i], fn) == 0) {
+      if (blocks == 0) blocks = g->grid[i];
       cu_result_t r = cu.cuLaunchKernel(g->funcs[i], blocks, 1, 1, TIDE__GPU_THREADS, 1, 1, 0, stream, args, NULL);
       return r == 0 ? 0 : cu_fail(fn, r);
     }

@@ -42,18 +42,21 @@ int tide__gpu_is_device_pointer(const void *p);
 /* Under the context's lock (select.c takes it around a selection). */
 void tide__gpu_lock(tide__gpu_t *g);
 void tide__gpu_unlock(tide__gpu_t *g);
-int tide__gpu_blocks(const tide__gpu_t *g); /* blocks of a pass over x: SMs x 8 */
+int tide__gpu_blocks(const tide__gpu_t *g); /* the most blocks a pass over x launches: SMs x 8 */
 /* Scratch of the context, grown to at least the sizes asked; under the lock.
  * *hist_dirty: set when the histogram bins must be zeroed before use. */
 int tide__gpu_scratch(tide__gpu_t *g, size_t list_entries, tide__cu_ptr_t *state, tide__cu_ptr_t *hist,
-                      tide__cu_ptr_t *partials, tide__cu_ptr_t *list, tide__cu_ptr_t *sample,
-                      tide__gpu_state_t **host_state, int **hist_dirty);
+                      tide__cu_ptr_t *partials, tide__cu_ptr_t *list, tide__gpu_state_t **host_state,
+                      int **hist_dirty);
 
-/* Queues select.cu's kernel of that kind for input type (0 f32, 1 f16, 2 bf16). */
+/* Queues select.cu's kernel of that kind for input type (0 f32, 1 f16, 2 bf16)
+ * with `blocks` blocks, or 0: a pass over x's grid (as many blocks of the
+ * kernel as the device runs at once, at most tide__gpu_blocks). */
 int tide__gpu_launch_typed(tide__gpu_t *g, tide__gpu_kernel_t kernel, int type, unsigned blocks, void *stream,
                            void **args);
-/* Queues kernel `fn` (a name of select.cu's) with `blocks` blocks of
- * TIDE__GPU_THREADS threads on stream; args as cuLaunchKernel takes them. */
+/* Queues kernel `fn` (a name of select.cu's) with `blocks` blocks (0 as
+ * above) of TIDE__GPU_THREADS threads on stream; args as cuLaunchKernel
+ * takes them. */
 int tide__gpu_launch(tide__gpu_t *g, const char *fn, unsigned blocks, void *stream, void **args);
 int tide__gpu_memset32(tide__gpu_t *g, tide__cu_ptr_t p, unsigned value, size_t words, void *stream);
 int tide__gpu_copy(tide__gpu_t *g, void *dst, const void *src, size_t bytes, void *stream); /* any direction */

@@ -2,16 +2,19 @@
  * each selector, queued on the caller's stream, and the error-feedback
  * backend of a compressor whose residual lives on the device.
  *
- * exact:   hist(MAG 0) over x [collect bucket and above]  hist(MAG 1, 2)
- *          [ties: hist(TIE 0..2)]  emit                     ~2 reads of x
- * sampled: sample (one block)  collect x >= cut  hist(MAG 0..2) on the list
- *          [ties]  emit; a cut that misses falls back to exact  ~1 read
+ * exact:   hist(MAG digit 0) over x  collect bucket and above + digit 1
+ *          hist(digit 2) on the list  [ties: hist(TIE 0..2)]  emit   ~2 reads
+ * sampled: sample (one block)  collect x >= cut + digit 0
+ *          hist(digits 1, 2) on the list  [ties]  emit                ~1 read
+ *          (a cut that misses: the digits over x, as exact)
  * mstopk:  mean  probe x rounds (over x until one collects what the later
  *          probes need, then over that list)  band  hist(BAND_HI 0..2)
  *          [hist(BAND_LO 0..2)]  emit                 ~2-4 reads of x
  * Bracketed stages are queued always and skip themselves on the device
- * when not needed: the host never waits between passes, only once at the
- * end to read the state (a NaN/Inf, the counts for the stats). */
+ * when not needed: the host waits once, at the end, to read the state (a
+ * NaN/Inf, the counts for the stats), and queues a second round only when
+ * that is rare: ties at the k-th key to break by index, or digits left
+ * because a collection missed. */
 #include <math.h>
 #include <string.h>
 
@@ -37,9 +40,9 @@ typedef struct {
   tide__gpu_t *g;
   void *stream;
   int type; /* 0 f32, 1 f16, 2 bf16 */
-  unsigned blocks;
   int rc;
 } queue_t;
+#define GRID 0 /* a pass over x's blocks (tide__gpu_launch_typed) */
 
 static void run(queue_t *q, tide__gpu_kernel_t kernel, unsigned blocks, void **args) {
   if (q->rc == 0) q->rc = tide__gpu_launch_typed(q->g, kernel, q->type, blocks, q->stream, args);
@@ -95,10 +98,10 @@ int tide__gpu_select(tide_topk_kind_t kind, const tide_topk_opts_t *opts, const 
   int sampled = kind == TIDE_TOPK_SAMPLED && k > 0 && k < d && tide__sample_plan(d, &plan);
 
   tide__gpu_lock(g);
-  tide__cu_ptr_t state, hist, partials, list, sample;
+  tide__cu_ptr_t state, hist, partials, list;
   tide__gpu_state_t *hs;
   int *hist_dirty;
-  int rc = tide__gpu_scratch(g, list_entries(d, k, &plan, sampled), &state, &hist, &partials, &list, &sample, &hs,
+  int rc = tide__gpu_scratch(g, list_entries(d, k, &plan, sampled), &state, &hist, &partials, &list, &hs,
                              &hist_dirty);
   if (rc < 0) goto out;
   memset(hs, 0, sizeof *hs);
@@ -109,8 +112,10 @@ int tide__gpu_select(tide_topk_kind_t kind, const tide_topk_opts_t *opts, const 
   hs->seed = opts != NULL ? opts->seed : 0;
   hs->bad_index = TIDE__GPU_NONE;
   hs->min_taken = 0xffffffffu;
-  queue_t q = {g, stream, dtype == TIDE_F32 ? 0 : dtype == TIDE_F16 ? 1 : 2, (unsigned)tide__gpu_blocks(g), 0};
-  q.rc = tide__gpu_copy(g, (void *)(uintptr_t)state, hs, sizeof *hs, stream);
+  queue_t q = {g, stream, dtype == TIDE_F32 ? 0 : dtype == TIDE_F16 ? 1 : 2, 0};
+  /* The state to the device: the sampled selector's first kernel takes it
+   * as an argument (one queued operation fewer); the others copy it. */
+  if (!sampled) q.rc = tide__gpu_copy(g, (void *)(uintptr_t)state, hs, sizeof *hs, stream);
   /* Each histogram pass zeroes its bins when done; after a failed call
    * (or the first) they are zeroed here. */
   if (q.rc == 0 && *hist_dirty) q.rc = tide__gpu_memset32(g, hist, 0, (size_t)TIDE__GPU_HISTS * TIDE__GPU_BINS, stream);
@@ -121,53 +126,67 @@ int tide__gpu_select(tide_topk_kind_t kind, const tide_topk_opts_t *opts, const 
   void *xp = (void *)x, *lp = (void *)(uintptr_t)list, *sp = (void *)(uintptr_t)state;
   void *pp = (void *)(uintptr_t)partials;
   int slot = 0;
-  /* One histogram pass: its own zeroed slot of bins. */
+  /* One histogram pass: its own zeroed slot of bins (stage MAG: the next
+   * digit, whatever pass_ says). */
 #define HIST(stage_, pass_)                                                              \
   do {                                                                                   \
     void *hp = (void *)(uintptr_t)(hist + (tide__cu_ptr_t)slot++ * TIDE__GPU_BINS * 4);  \
     int stage = (stage_), pass = (pass_);                                                \
     void *args[] = {&xp, &lp, &sp, &hp, &stage, &pass, &vec};                            \
-    run(&q, TIDE__K_HIST, q.blocks, args);                                               \
+    run(&q, TIDE__K_HIST, GRID, args);                                                   \
   } while (0)
-  void *collect_args[] = {&xp, &lp, &sp, &vec};
+  void *list_args[] = {&xp, &lp, &sp, &vec}; /* probe, band */
+  /* The collection counts a digit too: its own slot of bins. */
+  void *chp = (void *)(uintptr_t)(hist + (tide__cu_ptr_t)slot++ * TIDE__GPU_BINS * 4);
+  void *collect_args[] = {&xp, &lp, &sp, &chp, &vec};
   int emit_kind = kind == TIDE_TOPK_MSTOPK ? TIDE__GPU_MSTOPK : TIDE__GPU_EXACT, ties_done = 0;
   void *emit_args[] = {&xp, &lp, &sp, &values, &indices, &index64, &emit_kind, &vec, &ties_done};
   if (k == 0) {
     void *args[] = {&xp, &sp, &vec};
-    run(&q, TIDE__K_CHECK, q.blocks, args);
+    run(&q, TIDE__K_CHECK, GRID, args);
   } else if (kind != TIDE_TOPK_MSTOPK) {
-    if (sampled) { /* when the cut misses, the histograms read x (exact, slower) */
+    if (sampled) { /* digit 0 in the collection; when the cut misses, the digits read x */
       unsigned long long runs = plan.runs, stride = plan.stride;
-      void *hp = (void *)(uintptr_t)(hist + (tide__cu_ptr_t)slot++ * TIDE__GPU_BINS * 4);
-      void *kp = (void *)(uintptr_t)sample;
-      void *args[] = {&xp, &sp, &runs, &stride, &hp, &kp};
-      run(&q, TIDE__K_SAMPLE, (unsigned)((runs + TIDE__GPU_THREADS - 1) / TIDE__GPU_THREADS), args);
-      run(&q, TIDE__K_COLLECT, q.blocks, collect_args);
+      void *args[] = {&xp, &sp, hs, &runs, &stride, &vec};
+      run(&q, TIDE__K_SAMPLE, 1, args);
+      run(&q, TIDE__K_COLLECT, GRID, collect_args);
+      HIST(TIDE__GPU_STAGE_MAG, 0);
+      HIST(TIDE__GPU_STAGE_MAG, 0);
+    } else { /* digit 1 in the collection of the bucket and above */
+      HIST(TIDE__GPU_STAGE_MAG, 0);
+      run(&q, TIDE__K_COLLECT, GRID, collect_args);
+      HIST(TIDE__GPU_STAGE_MAG, 0);
     }
-    HIST(TIDE__GPU_STAGE_MAG, 0);
-    if (!sampled) run(&q, TIDE__K_COLLECT, q.blocks, collect_args);
-    HIST(TIDE__GPU_STAGE_MAG, 1);
-    HIST(TIDE__GPU_STAGE_MAG, 2);
-    run(&q, TIDE__K_EMIT, q.blocks, emit_args); /* unless ties at the k-th key need breaking */
+    run(&q, TIDE__K_EMIT, GRID, emit_args); /* unless digits are missing or ties need breaking */
   } else {
     void *mean_args[] = {&xp, &sp, &pp, &vec};
-    run(&q, TIDE__K_MEAN, q.blocks, mean_args);
-    for (int r = 0; r < rounds; r++) run(&q, TIDE__K_PROBE, q.blocks, collect_args);
-    run(&q, TIDE__K_BAND, q.blocks, collect_args);
+    run(&q, TIDE__K_MEAN, GRID, mean_args);
+    for (int r = 0; r < rounds; r++) run(&q, TIDE__K_PROBE, GRID, list_args);
+    run(&q, TIDE__K_BAND, GRID, list_args);
     for (int p = 0; p < 3; p++) HIST(TIDE__GPU_STAGE_BAND_HI, p);
     for (int p = 0; p < 3; p++) HIST(TIDE__GPU_STAGE_BAND_LO, p);
-    run(&q, TIDE__K_EMIT, q.blocks, emit_args);
+    run(&q, TIDE__K_EMIT, GRID, emit_args);
   }
   if (q.rc == 0) q.rc = tide__gpu_copy(g, hs, (void *)(uintptr_t)state, sizeof *hs, stream);
   if (q.rc == 0) q.rc = tide__gpu_sync(g, stream);
-  if (q.rc == 0 && k > 0 && emit_kind == TIDE__GPU_EXACT && hs->tie_needed && hs->bad_index == TIDE__GPU_NONE &&
-      !hs->failed) {
+  int more = k > 0 && emit_kind == TIDE__GPU_EXACT && hs->bad_index == TIDE__GPU_NONE && !hs->failed;
+  if (q.rc == 0 && more && hs->digits < 3) {
+    /* A collection that missed (sampled: the cut was too high or too
+     * low; exact: the bucket too full for the list): the digits left,
+     * over x. */
+    for (unsigned p = hs->digits; p < 3; p++) HIST(TIDE__GPU_STAGE_MAG, 0);
+    run(&q, TIDE__K_EMIT, GRID, emit_args);
+    if (q.rc == 0) q.rc = tide__gpu_copy(g, hs, (void *)(uintptr_t)state, sizeof *hs, stream);
+    if (q.rc == 0) q.rc = tide__gpu_sync(g, stream);
+  }
+  more = more && hs->bad_index == TIDE__GPU_NONE && !hs->failed;
+  if (q.rc == 0 && more && hs->tie_needed) {
     /* Ties at the k-th key, more than are taken: the lowest indices among
      * them (three more passes). Rare in gradients; a second round keeps the
      * common case free of them. */
     for (int p = 0; p < 3; p++) HIST(TIDE__GPU_STAGE_TIE, p);
     ties_done = 1;
-    run(&q, TIDE__K_EMIT, q.blocks, emit_args);
+    run(&q, TIDE__K_EMIT, GRID, emit_args);
     if (q.rc == 0) q.rc = tide__gpu_copy(g, hs, (void *)(uintptr_t)state, sizeof *hs, stream);
     if (q.rc == 0) q.rc = tide__gpu_sync(g, stream);
   }
@@ -196,7 +215,7 @@ int tide__gpu_select(tide_topk_kind_t kind, const tide_topk_opts_t *opts, const 
   st.full_passes = hs->full_passes;
   st.candidates = hs->candidates;
   st.fallback = (int)hs->fallback && kind == TIDE_TOPK_SAMPLED;
-  st.threads = (int)q.blocks * TIDE__GPU_THREADS;
+  st.threads = tide__gpu_blocks(g) * TIDE__GPU_THREADS;
   if (stats != NULL) *stats = st;
 out:
   tide__gpu_unlock(g);
@@ -305,8 +324,7 @@ int tide__gpu_ef_compress(tide__gpu_ef_t *ef, tide_topk_kind_t kind, const tide_
   void *gp = (void *)dgrad, *rp = (void *)(uintptr_t)ef->residual, *ap = (void *)(uintptr_t)ef->acc;
   unsigned long long n = d;
   void *add_args[] = {&gp, &rp, &ap, &n};
-  unsigned blocks = (unsigned)tide__gpu_blocks(g);
-  TIDE_CHECK(tide__gpu_launch(g, "tide_gpu_ef_add", blocks, ef->stream, add_args));
+  TIDE_CHECK(tide__gpu_launch(g, "tide_gpu_ef_add", GRID, ef->stream, add_args));
   void *dv = (void *)(uintptr_t)ef->values, *di = (void *)(uintptr_t)ef->indices;
   int rc = tide__gpu_select(kind, opts, ap, TIDE_F32, d, k, dv, di, TIDE_I32, ef->stream, NULL, bad_index);
   if (rc != 0) return rc; /* the residual is as it was: acc was a buffer of its own */
@@ -317,7 +335,7 @@ int tide__gpu_ef_compress(tide__gpu_ef_t *ef, tide_topk_kind_t kind, const tide_
   rp = (void *)(uintptr_t)ef->residual;
   unsigned long long kk = k;
   void *zero_args[] = {&rp, &di, &kk};
-  TIDE_CHECK(tide__gpu_launch(g, "tide_gpu_ef_zero", blocks, ef->stream, zero_args));
+  TIDE_CHECK(tide__gpu_launch(g, "tide_gpu_ef_zero", GRID, ef->stream, zero_args));
   TIDE_CHECK(tide__gpu_copy(g, values, dv, k * sizeof(float), ef->stream));
   TIDE_CHECK(tide__gpu_copy(g, indices, di, k * sizeof(uint32_t), ef->stream));
   return tide__gpu_sync(g, ef->stream);

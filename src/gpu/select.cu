@@ -279,14 +279,67 @@ __device__ __forceinline__ void digit(bool index_mode, int pass, int *bits, int 
   }
 }
 
-/* One digit of a radix selection. stage MAG: the rank-th largest key; the
- * other stages: the rank-th lowest index (largest inverted index) among
- * the elements of a key class. hist: this pass's zeroed bins. */
+/* The end of a histogram pass over digit `pass` of `stage`, by the last
+ * block (every thread of it calls this): the bin of hist holding the
+ * sought rank, the bins zeroed for the next selection, the state moved on
+ * to the next digit. */
+__device__ void finish_digit(tide__gpu_state_t *s, u32 *hist, int stage, int pass, bool from_list) {
+  int bits, shift;
+  digit(stage != TIDE__GPU_STAGE_MAG, pass, &bits, &shift);
+  const u32 nb = 1u << bits;
+  u32 bin;
+  u64 above, count;
+  bool found = find_bin(hist, (int)nb, s->rank, &bin, &above, &count);
+  for (u32 b = threadIdx.x; b < nb; b += THREADS) hist[b] = 0; /* zeroed for the next selection */
+  if (threadIdx.x != 0) return;
+  s->blocks_done = 0;
+  if (!found) {
+    s->failed = 1;
+    return;
+  }
+  s->prefix |= bin << shift;
+  s->mask |= (nb - 1u) << shift;
+  s->rank -= above;
+  s->above += above;
+  s->equal = count;
+  if (stage == TIDE__GPU_STAGE_MAG) s->digits = (u32)pass + 1u;
+  if (stage == TIDE__GPU_STAGE_MAG && pass == 0 && !from_list && s->above + count <= s->cap) {
+    /* The bucket and everything above fit the list: collect them. */
+    s->collect = 1;
+    s->list_cut = s->prefix;
+  }
+  if (pass != 2) return;
+  if (stage == TIDE__GPU_STAGE_MAG) {
+    s->kth = s->prefix;
+    s->tie_needed = s->rank < s->equal;
+    s->prefix = s->mask = 0;
+    s->above = 0; /* rank: the ties still to take, lowest indices first */
+  } else if (stage == TIDE__GPU_STAGE_TIE) {
+    s->tie_index = ~s->prefix;
+  } else if (stage == TIDE__GPU_STAGE_BAND_HI) {
+    s->hi_index = ~s->prefix;
+    s->prefix = s->mask = 0;
+    s->above = 0;
+    s->rank = s->offset;
+  } else {
+    s->lo_index = ~s->prefix;
+  }
+}
+
+/* One digit of a radix selection. stage MAG: the next digit (s->digits)
+ * of the rank-th largest key, nothing once all three are known (the
+ * collection may have counted one); the other stages: digit `pass` of the
+ * rank-th lowest index (largest inverted index) among the elements of a
+ * key class. hist: this pass's zeroed bins. */
 template <int DT>
 __device__ void hist_pass(const void *x, const uint2 *list, tide__gpu_state_t *s, u32 *hist, int stage, int pass,
                           int vec) {
   __shared__ u32 sh[TIDE__GPU_BINS];
   bool active = !s->failed;
+  if (stage == TIDE__GPU_STAGE_MAG) {
+    pass = (int)s->digits;
+    active = active && pass < 3;
+  }
   if (stage == TIDE__GPU_STAGE_TIE) active = active && s->tie_needed;
   if (stage == TIDE__GPU_STAGE_BAND_HI) active = active && s->need > 0;
   if (stage == TIDE__GPU_STAGE_BAND_LO) active = active && s->need > 0 && s->offset > 0;
@@ -325,128 +378,169 @@ __device__ void hist_pass(const void *x, const uint2 *list, tide__gpu_state_t *s
   for (u32 b = threadIdx.x; b < nb; b += THREADS)
     if (sh[b] != 0) atomicAdd(&hist[b], sh[b]);
   if (!last_block(s, blocks)) return;
-
-  u32 bin;
-  u64 above, count;
-  bool found = find_bin(hist, (int)nb, s->rank, &bin, &above, &count);
-  for (u32 b = threadIdx.x; b < nb; b += THREADS) hist[b] = 0; /* zeroed for the next selection */
-  if (threadIdx.x != 0) return;
-  s->blocks_done = 0;
-  if (!from_list) s->full_passes++;
-  if (!found) {
-    s->failed = 1;
-    return;
-  }
-  s->prefix = prefix | (bin << shift);
-  s->mask = mask | ((nb - 1u) << shift);
-  s->rank -= above;
-  s->above += above;
-  s->equal = count;
-  if (stage == TIDE__GPU_STAGE_MAG && pass == 0 && !from_list && s->above + count <= s->cap) {
-    /* The bucket and everything above fit the list: collect them. */
-    s->collect = 1;
-    s->list_cut = s->prefix;
-  }
-  if (pass != 2) return;
-  if (stage == TIDE__GPU_STAGE_MAG) {
-    s->kth = s->prefix;
-    s->tie_needed = s->rank < s->equal;
-    s->prefix = s->mask = 0;
-    s->above = 0; /* rank: the ties still to take, lowest indices first */
-  } else if (stage == TIDE__GPU_STAGE_TIE) {
-    s->tie_index = ~s->prefix;
-  } else if (stage == TIDE__GPU_STAGE_BAND_HI) {
-    s->hi_index = ~s->prefix;
-    s->prefix = s->mask = 0;
-    s->above = 0;
-    s->rank = s->offset;
-  } else {
-    s->lo_index = ~s->prefix;
-  }
+  if (threadIdx.x == 0 && !from_list) s->full_passes++;
+  finish_digit(s, hist, stage, pass, from_list);
 }
 
-/* Appends every element of x with key >= list_cut to the list, when a
- * previous pass asked for it (collect) and no list is in use. */
+#define STAGED 1024 /* list entries a block of the collection holds in shared memory */
+
+/* Appends (key, index) of every element of x with key >= list_cut to the
+ * list, when a previous pass asked for it (collect) and no list is in use;
+ * and counts the next digit of the k-th largest key over the collected
+ * elements of the class (prefix, mask) into hist: the collection is that
+ * digit's pass too. The pass is one read of x: no block-wide barrier in
+ * the loop. A warp takes positions in its block's staging area (shared
+ * memory) with one shared atomic; the block appends what it staged with
+ * one atomic at its end; positions past the staging area's room go to the
+ * list at once (one atomic per warp). When the list holds fewer than k
+ * or more than cap entries the digit is dropped and later passes read x. */
 template <int DT>
-__device__ void collect_pass(const void *x, uint2 *list, tide__gpu_state_t *s, int vec) {
-  if (!s->collect || s->use_list || s->failed) return;
-  const u32 cut = s->list_cut;
-  const u64 cap = s->cap;
+__device__ void collect_pass(const void *x, uint2 *list, tide__gpu_state_t *s, u32 *hist, int vec) {
+  __shared__ uint2 staged[STAGED];
+  __shared__ u32 sh[TIDE__GPU_BINS];
+  __shared__ u32 used;
+  __shared__ u64 first_out;
+  if (!s->collect || s->use_list || s->failed || s->digits >= 3) return;
+  const u32 cut = s->list_cut, prefix = s->prefix, mask = s->mask;
+  const u64 cap = s->cap, n = s->d;
+  const int pass = (int)s->digits;
+  int bits, shift;
+  digit(false, pass, &bits, &shift);
+  const u32 nb = 1u << bits;
+  for (u32 b = threadIdx.x; b < nb; b += THREADS) sh[b] = 0;
+  if (threadIdx.x == 0) used = 0;
+  __syncthreads();
+  const u32 lane = threadIdx.x & 31u;
   u64 bad = TIDE__GPU_NONE;
-  append_x<DT>(
-      x, s->d, vec, &s->list_len, [&](u32 key, u64 idx) { return key >= cut; },
-      [&](u64 pos, u32 key, u64 idx) {
-        if (pos < cap) list[pos] = make_uint2(key, (u32)idx);
-        if (key >= NONFINITE && idx < bad) bad = idx;
-      });
+  const u64 step = (u64)gridDim.x * THREADS * VEC;
+  for (u64 base = (u64)blockIdx.x * THREADS * VEC; base < n; base += step) {
+    const u64 i0 = base + (u64)threadIdx.x * VEC;
+    u32 key[VEC], take = 0;
+    load_keys<DT>(x, i0, n, vec, key);
+#pragma unroll
+    for (int j = 0; j < VEC; j++)
+      if (i0 + j < n && key[j] >= cut) take |= 1u << j;
+    if (!__any_sync(FULL, take != 0)) continue;
+    const u32 count = (u32)__popc(take);
+    u32 inc = count; /* inclusive scan of the counts over the warp */
+    for (u32 o = 1; o < 32; o <<= 1) {
+      u32 y = __shfl_up_sync(FULL, inc, o);
+      if (lane >= o) inc += y;
+    }
+    const u32 total = __shfl_sync(FULL, inc, 31);
+    u32 first = 0;
+    if (lane == 31) first = atomicAdd(&used, total);
+    first = __shfl_sync(FULL, first, 31);
+    /* The warp's positions first .. first + total: those from `room` on go to the list. */
+    const u32 room = first > STAGED ? first : STAGED;
+    const u32 spill = first + total > room ? first + total - room : 0;
+    u64 out = 0;
+    if (spill > 0) {
+      if (lane == 31) out = atomicAdd(&s->list_len, (unsigned long long)spill);
+      out = __shfl_sync(FULL, out, 31);
+    }
+    u32 p = first + inc - count;
+#pragma unroll
+    for (int j = 0; j < VEC; j++) {
+      if (!(take >> j & 1u)) continue;
+      const u32 kj = key[j];
+      const u64 idx = i0 + j;
+      const uint2 e = make_uint2(kj, (u32)idx);
+      if (p < STAGED) {
+        staged[p] = e;
+      } else {
+        const u64 g = out + (p - room);
+        if (g < cap) list[g] = e;
+      }
+      p++;
+      if ((kj & mask) == prefix) atomicAdd(&sh[(kj >> shift) & (nb - 1u)], 1u);
+      if (kj >= NONFINITE && idx < bad) bad = idx;
+    }
+  }
   if (bad != TIDE__GPU_NONE) atomicMin(&s->bad_index, bad);
-  if (!last_block(s, gridDim.x) || threadIdx.x != 0) return;
-  u64 n = s->list_len;
+  __syncthreads();
+  const u32 kept = used < STAGED ? used : STAGED;
+  if (threadIdx.x == 0 && kept > 0) first_out = atomicAdd(&s->list_len, (unsigned long long)kept);
+  __syncthreads();
+  for (u32 i = threadIdx.x; i < kept; i += THREADS)
+    if (first_out + i < cap) list[first_out + i] = staged[i];
+  for (u32 b = threadIdx.x; b < nb; b += THREADS)
+    if (sh[b] != 0) atomicAdd(&hist[b], sh[b]);
+  if (!last_block(s, gridDim.x)) return;
+  const u64 m = ((volatile tide__gpu_state_t *)s)->list_len;
+  const bool ok = m >= s->k && m <= cap;
+  if (ok) {
+    finish_digit(s, hist, TIDE__GPU_STAGE_MAG, pass, true);
+  } else {
+    for (u32 b = threadIdx.x; b < nb; b += THREADS) hist[b] = 0;
+  }
+  if (threadIdx.x != 0) return;
   s->full_passes++;
-  if (n >= s->k && n <= cap) {
+  s->collect = 0;
+  s->blocks_done = 0;
+  if (ok) {
     s->use_list = 1;
-    s->candidates = n;
+    s->candidates = m;
   } else {
     s->fallback = 1;
     s->list_len = 0;
   }
-  s->collect = 0;
-  s->blocks_done = 0;
 }
 
-/* The sampled selector's cut: a stratified sample of `runs` runs of 16
- * elements, run r at (r * stride / 16) * 16, one run per thread of a few
- * blocks (a scattered sample is latency-bound: spread it); the last block
- * cuts at the lower edge of the sub-bucket (key >> 9) holding the sample's
- * r-th largest key, r four binomial standard deviations above the expected
- * count of sampled elements at or above the k-th key. hist: a zeroed slot
- * of bins (zeroed again after); keys: room for the sample. */
+#define SAMPLE_RUNS 4 /* runs a thread of the sample holds: tide__sample_plan's at most 1024 */
+
+/* The sampled selector's cut, by one block: a stratified sample of `runs`
+ * runs of 16 elements, run r at (r * stride / 16) * 16, held in
+ * registers (a scattered sample is latency-bound: all its loads are in
+ * flight at once); the cut is the lower edge of the sub-bucket (key >> 9)
+ * holding the sample's r-th largest key, r four binomial standard
+ * deviations above the expected count of sampled elements at or above the
+ * k-th key (two histograms in shared memory, the second over the first's
+ * bucket). It starts the selection: the state is set from init. */
 template <int DT>
-__device__ void sample_cut(const void *x, tide__gpu_state_t *s, u64 runs, u64 stride, u32 *hist, u32 *keys) {
+__device__ void sample_cut(const void *x, tide__gpu_state_t *s, const tide__gpu_state_t &init, u64 runs, u64 stride,
+                           int vec) {
   __shared__ u32 sh[TIDE__GPU_BINS];
-  const u64 n = runs * 16, d = s->d, k = s->k;
+  if (threadIdx.x == 0) *s = init; /* the selection's first kernel: no copy of the state before it */
+  const u64 n = runs * 16, d = init.d, k = init.k;
   double e = (double)k * (double)n / (double)d;
   double r = ceil(e + 4.0 * sqrt(e) + 4.0);
-  if (r >= (double)n) { /* the cut would take (nearly) everything */
+  if (r >= (double)n || runs > (u64)SAMPLE_RUNS * THREADS) { /* the cut would take (nearly) everything */
     if (threadIdx.x == 0) s->fallback = 1;
     return;
   }
   for (u32 b = threadIdx.x; b < TIDE__GPU_BINS; b += THREADS) sh[b] = 0;
   __syncthreads();
-  u64 run = (u64)blockIdx.x * THREADS + threadIdx.x;
-  if (run < runs) {
-    u64 start = run * stride / 16 * 16;
-    u32 key[16];
+  u32 key[SAMPLE_RUNS][16];
 #pragma unroll
-    for (int j = 0; j < 16; j++) key[j] = key_at<DT>(x, start + j);
-#pragma unroll
-    for (int j = 0; j < 16; j++) {
-      keys[run * 16 + j] = key[j];
-      atomicAdd(&sh[key[j] >> 20], 1u);
-    }
+  for (int q = 0; q < SAMPLE_RUNS; q++) {
+    const u64 run = threadIdx.x + (u64)q * THREADS;
+    const u64 start = run < runs ? run * stride / 16 * 16 : 0;
+    load_keys<DT>(x, start, d, vec, key[q]);
+    load_keys<DT>(x, start + VEC, d, vec, key[q] + VEC);
   }
+#pragma unroll
+  for (int q = 0; q < SAMPLE_RUNS; q++)
+    if (threadIdx.x + (u64)q * THREADS < runs)
+#pragma unroll
+      for (int j = 0; j < 16; j++) atomicAdd(&sh[key[q][j] >> 20], 1u);
   __syncthreads();
-  for (u32 b = threadIdx.x; b < TIDE__GPU_BINS; b += THREADS)
-    if (sh[b] != 0) atomicAdd(&hist[b], sh[b]);
-  if (!last_block(s, gridDim.x)) return;
-  u32 b1, b2;
+  u32 b1, b2 = 0;
   u64 above, count;
-  bool found = find_bin(hist, TIDE__GPU_BINS, (u64)r, &b1, &above, &count);
-  for (u32 b = threadIdx.x; b < TIDE__GPU_BINS; b += THREADS) {
-    hist[b] = 0; /* zeroed for the next selection */
-    sh[b] = 0;
-  }
+  bool found = find_bin(sh, TIDE__GPU_BINS, (u64)r, &b1, &above, &count);
+  for (u32 b = threadIdx.x; b < TIDE__GPU_BINS; b += THREADS) sh[b] = 0;
   __syncthreads();
   if (found) {
-    for (u64 i = threadIdx.x; i < n; i += THREADS) {
-      u32 kk = ((volatile u32 *)keys)[i];
-      if ((kk >> 20) == b1) atomicAdd(&sh[(kk >> 9) & 2047u], 1u);
-    }
+#pragma unroll
+    for (int q = 0; q < SAMPLE_RUNS; q++)
+      if (threadIdx.x + (u64)q * THREADS < runs)
+#pragma unroll
+        for (int j = 0; j < 16; j++)
+          if ((key[q][j] >> 20) == b1) atomicAdd(&sh[(key[q][j] >> 9) & 2047u], 1u);
     __syncthreads();
     found = find_bin(sh, TIDE__GPU_BINS, (u64)r - above, &b2, &above, &count);
   }
   if (threadIdx.x != 0) return;
-  s->blocks_done = 0;
   u32 cut = (b1 << 20) | (b2 << 9);
   if (cut > NONFINITE) cut = NONFINITE; /* every NaN/Inf is a candidate */
   if (!found || cut == 0) {
@@ -628,6 +722,7 @@ template <int DT>
 __device__ void emit_pass(const void *x, const uint2 *list, tide__gpu_state_t *s, void *values, void *indices,
                           int index64, int kind, int vec, int ties_done) {
   if (s->bad_index != TIDE__GPU_NONE || s->failed) return;
+  if (kind == TIDE__GPU_EXACT && s->digits < 3) return;                 /* the host queues the missing digits */
   if (kind == TIDE__GPU_EXACT && s->tie_needed && !ties_done) return; /* the host queues the tie passes */
   const bool from_list = s->use_list;
   const u32 blocks = blocks_for(from_list, s->list_len);
@@ -690,12 +785,13 @@ extern "C" __global__ void __launch_bounds__(THREADS) tide_gpu_ef_zero(float *re
     hist_pass<DT>(x, list, s, hist, stage, pass, vec);                                                         \
   }                                                                                                            \
   extern "C" __global__ void __launch_bounds__(THREADS)                                                        \
-      tide_gpu_collect_##SUFFIX(const void *x, uint2 *list, tide__gpu_state_t *s, int vec) {                   \
-    collect_pass<DT>(x, list, s, vec);                                                                         \
+      tide_gpu_collect_##SUFFIX(const void *x, uint2 *list, tide__gpu_state_t *s, u32 *hist, int vec) {        \
+    collect_pass<DT>(x, list, s, hist, vec);                                                                   \
   }                                                                                                            \
-  extern "C" __global__ void __launch_bounds__(THREADS) tide_gpu_sample_##SUFFIX(                             \
-      const void *x, tide__gpu_state_t *s, u64 runs, u64 stride, u32 *hist, u32 *keys) {                       \
-    sample_cut<DT>(x, s, runs, stride, hist, keys);                                                            \
+  extern "C" __global__ void __launch_bounds__(THREADS)                                                        \
+      tide_gpu_sample_##SUFFIX(const void *x, tide__gpu_state_t *s, tide__gpu_state_t init, u64 runs,          \
+                               u64 stride, int vec) {                                                          \
+    sample_cut<DT>(x, s, init, runs, stride, vec);                                                             \
   }                                                                                                            \
   extern "C" __global__ void __launch_bounds__(THREADS) tide_gpu_check_##SUFFIX(const void *x,                 \
                                                                                 tide__gpu_state_t *s, int vec) { \

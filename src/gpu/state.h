@@ -54,6 +54,7 @@ typedef struct {
   unsigned int max_key;
   unsigned int blocks_done;  /* the last-block ticket of the kernel running */
   unsigned int failed;       /* an internal check failed (rank beyond the class) */
+  unsigned int digits;       /* digits of the k-th largest key known (3: all) */
 } tide__gpu_state_t;
 
 #endif
