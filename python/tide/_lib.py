@@ -198,6 +198,7 @@ _PROTOS = {
     "tide_allgatherv": (c_int, [c_void_p, c_void_p, c_size_t, c_void_p, P(c_size_t), c_int]),
     "tide_ibroadcast": (c_int, [c_void_p, c_void_p, c_size_t, c_int, c_int, P(c_void_p)]),
     "tide_iallreduce": (c_int, [c_void_p, c_void_p, c_void_p, c_size_t, c_int, c_int, P(c_void_p)]),
+    "tide_iallgather": (c_int, [c_void_p, c_void_p, c_void_p, c_size_t, c_int, P(c_void_p)]),
     "tide_iallgatherv": (c_int, [c_void_p, c_void_p, c_size_t, c_void_p, P(c_size_t), c_int, P(c_void_p)]),
     "tide_adasum_allreduce": (c_int, [c_void_p, c_void_p, c_void_p, c_size_t, c_int, P(Tensor), c_size_t]),
     "tide_iadasum_allreduce": (c_int, [c_void_p, c_void_p, c_void_p, c_size_t, c_int, P(Tensor), c_size_t,

@@ -383,6 +383,7 @@ __device__ void hist_pass(const void *x, const uint2 *list, tide__gpu_state_t *s
 }
 
 #define STAGED 1024 /* list entries a block of the collection holds in shared memory */
+#define DEPTH 2     /* groups of VEC keys a thread of the collection loads at once */
 
 /* Appends (key, index) of every element of x with key >= list_cut to the
  * list, when a previous pass asked for it (collect) and no list is in use;
@@ -412,14 +413,16 @@ __device__ void collect_pass(const void *x, uint2 *list, tide__gpu_state_t *s, u
   __syncthreads();
   const u32 lane = threadIdx.x & 31u;
   u64 bad = TIDE__GPU_NONE;
-  const u64 step = (u64)gridDim.x * THREADS * VEC;
-  for (u64 base = (u64)blockIdx.x * THREADS * VEC; base < n; base += step) {
-    const u64 i0 = base + (u64)threadIdx.x * VEC;
-    u32 key[VEC], take = 0;
-    load_keys<DT>(x, i0, n, vec, key);
+  /* A thread loads DEPTH groups of VEC keys (a block's groups back to
+   * back) before it looks at any: more bytes in flight per warp. */
+  const u64 group = (u64)THREADS * VEC, step = (u64)gridDim.x * group * DEPTH;
+  for (u64 base = (u64)blockIdx.x * group * DEPTH; base < n; base += step) {
+    u32 key[DEPTH * VEC], take = 0;
 #pragma unroll
-    for (int j = 0; j < VEC; j++)
-      if (i0 + j < n && key[j] >= cut) take |= 1u << j;
+    for (int g = 0; g < DEPTH; g++) load_keys<DT>(x, base + g * group + threadIdx.x * VEC, n, vec, key + g * VEC);
+#pragma unroll
+    for (int j = 0; j < DEPTH * VEC; j++)
+      if (base + j / VEC * group + threadIdx.x * VEC + j % VEC < n && key[j] >= cut) take |= 1u << j;
     if (!__any_sync(FULL, take != 0)) continue;
     const u32 count = (u32)__popc(take);
     u32 inc = count; /* inclusive scan of the counts over the warp */
@@ -441,10 +444,10 @@ __device__ void collect_pass(const void *x, uint2 *list, tide__gpu_state_t *s, u
     }
     u32 p = first + inc - count;
 #pragma unroll
-    for (int j = 0; j < VEC; j++) {
+    for (int j = 0; j < DEPTH * VEC; j++) {
       if (!(take >> j & 1u)) continue;
       const u32 kj = key[j];
-      const u64 idx = i0 + j;
+      const u64 idx = base + j / VEC * group + threadIdx.x * VEC + j % VEC;
       const uint2 e = make_uint2(kj, (u32)idx);
       if (p < STAGED) {
         staged[p] = e;
@@ -519,11 +522,19 @@ __device__ void sample_cut(const void *x, tide__gpu_state_t *s, const tide__gpu_
     load_keys<DT>(x, start, d, vec, key[q]);
     load_keys<DT>(x, start + VEC, d, vec, key[q] + VEC);
   }
+  /* Gradients' keys crowd a few top buckets: lanes with the same bucket
+   * add once (a shared atomic per lane would serialise on them). */
+  const u32 lane = threadIdx.x & 31u;
 #pragma unroll
-  for (int q = 0; q < SAMPLE_RUNS; q++)
-    if (threadIdx.x + (u64)q * THREADS < runs)
+  for (int q = 0; q < SAMPLE_RUNS; q++) {
+    const bool valid = threadIdx.x + (u64)q * THREADS < runs; /* else the lane only takes part in the vote */
 #pragma unroll
-      for (int j = 0; j < 16; j++) atomicAdd(&sh[key[q][j] >> 20], 1u);
+    for (int j = 0; j < 16; j++) {
+      const u32 bin = valid ? key[q][j] >> 20 : TIDE__GPU_BINS;
+      const u32 same = __match_any_sync(FULL, bin);
+      if (bin < TIDE__GPU_BINS && lane == (u32)__ffs((int)same) - 1u) atomicAdd(&sh[bin], (u32)__popc(same));
+    }
+  }
   __syncthreads();
   u32 b1, b2 = 0;
   u64 above, count;

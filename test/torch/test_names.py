@@ -9,6 +9,7 @@ rank not held up); Product and the dtypes libtide lacks (uint8, int8,
 int16, bool); SyncBatchNorm against BatchNorm1d on the global batch."""
 import os
 import sys
+import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import harness  # noqa: E402
@@ -46,9 +47,20 @@ def check_order(tt, torch, r, n):
     # one async allgather and broadcast in between, unnamed, matched by kind and order
     h1 = tt.allgather_async(torch.tensor([r]))
     h2 = tt.broadcast_async(torch.tensor([r * 5]), root_rank=n - 1)
-    assert not tt.poll(h2) or tt.size() == 1  # nothing runs before a wait
+    tt.poll(h2)  # starts a round; done once every rank has joined it
     assert torch.equal(tt.synchronize(h2), torch.tensor([(n - 1) * 5]))
     assert tt.poll(h1) and torch.equal(tt.synchronize(h1), torch.arange(n))
+    # A loop of polls makes progress with no wait at all (Horovod's background thread would).
+    hs = [tt.allreduce_async(torch.full((4,), float(r + k)), op=tt.Sum) for k in range(3)]
+    while not all(tt.poll(h) for h in hs):
+        pass
+    for k, h in enumerate(hs):
+        assert torch.equal(tt.synchronize(h), torch.full((4,), float(n * (n - 1) // 2 + n * k))), k
+    # One rank polls while the others wait: the rounds line up.
+    h = tt.allreduce_async(torch.full((2,), float(r)), name="polled", op=tt.Sum)
+    while r == 0 and not tt.poll(h):
+        time.sleep(0.001)
+    assert torch.equal(tt.synchronize(h), torch.full((2,), float(n * (n - 1) // 2)))
 
 
 def check_duplicate(tt, torch, r, n):

@@ -25,8 +25,12 @@ the same order, so the ordered tide collectives under them line up:
     each rank has pending, instead of hanging.
 A rank leaves the rounds once what it waits for is done; requests it
 started and dropped stay pending (their tensors kept alive) until a later
-round runs them, as in Horovod. Rounds happen only inside waits, so poll()
-reports a request done only after some wait ran it.
+round runs them, as in Horovod. Rounds happen inside waits and polls: a
+poll starts a round without waiting for it (a nonblocking allgather) and
+finishes it in a later poll or wait once every rank has joined it, so a
+loop of polls makes progress as Horovod's background thread would. Each
+rank says in the round whether it waits; a round with nothing ready is a
+stall only when every rank does (a polling rank may still submit).
 
 Process sets are tide sub-communicators (tide_comm_split): each has its
 own pending requests and rounds, so a set's ranks wait only for each other.
@@ -58,6 +62,7 @@ class _State:
         self.counters = {}
         self.rounds = 0
         self.join = None
+        self.inflight = None  # a round started by a poll: (_Exchange, blocking)
 
 
 class ProcessSet:
@@ -200,45 +205,75 @@ def resolve(process_set, call):
 _FRAME_WORDS = 256  # a round's request list fits one 1 KiB frame per rank in the common case
 
 
-def _exchange(comm, payload, call):
-    """Every rank's bytes (a list in rank order). One allgather of a 1 KiB
-    frame per rank (the length, then the bytes when they fit); a second
-    (allgatherv) only when some rank's bytes do not fit, which every rank
-    sees in the frames."""
-    n = lib.tide_comm_size(comm)
-    if n == 1:
-        return [payload]
-    cap = (_FRAME_WORDS - 1) * 4
-    frame = torch.zeros(_FRAME_WORDS, dtype=torch.int32)
-    frame[0] = len(payload)
-    if len(payload) <= cap:
-        ctypes.memmove(frame.data_ptr() + 4, payload, len(payload))
-    frames = torch.zeros(n * _FRAME_WORDS, dtype=torch.int32)
-    rc = lib.tide_allgather(comm, _comm._ptr(frame), _comm._ptr(frames), _FRAME_WORDS, _lib.I32)
-    if rc < 0:
-        raise _lib.comm_error(comm, rc, call)
-    lengths = frames[0::_FRAME_WORDS].tolist()
-    base = frames.data_ptr()
-    result = [ctypes.string_at(base + (r * _FRAME_WORDS + 1) * 4, lengths[r]) if lengths[r] <= cap else None
-              for r in range(n)]
-    if all(b is not None for b in result):
+class _Exchange:
+    """Every rank's bytes (a list in rank order), started without waiting:
+    one allgather of a 1 KiB frame per rank (the length, then the bytes
+    when they fit); a second (allgatherv, blocking) only when some rank's
+    bytes do not fit, which every rank sees in the frames."""
+
+    def __init__(self, comm, payload, call):
+        self.comm, self.payload, self.call = comm, payload, call
+        self.n = lib.tide_comm_size(comm)
+        self.req = ctypes.c_void_p()
+        if self.n == 1:
+            return
+        cap = (_FRAME_WORDS - 1) * 4
+        self.frame = torch.zeros(_FRAME_WORDS, dtype=torch.int32)
+        self.frame[0] = len(payload)
+        if len(payload) <= cap:
+            ctypes.memmove(self.frame.data_ptr() + 4, payload, len(payload))
+        self.frames = torch.zeros(self.n * _FRAME_WORDS, dtype=torch.int32)
+        rc = lib.tide_iallgather(comm, _comm._ptr(self.frame), _comm._ptr(self.frames), _FRAME_WORDS, _lib.I32,
+                                 ctypes.byref(self.req))
+        if rc < 0:
+            raise _lib.comm_error(comm, rc, call)
+
+    def ready(self):
+        """True once every rank has joined (finish() will not wait)."""
+        if self.n == 1:
+            return True
+        done = ctypes.c_int()
+        rc = lib.tide_test(self.req, ctypes.byref(done))
+        if rc < 0:
+            raise _lib.comm_error(self.comm, rc, self.call)
+        return bool(done.value)
+
+    def finish(self):
+        comm, call, n = self.comm, self.call, self.n
+        if n == 1:
+            return [self.payload]
+        rc = lib.tide_wait(self.req)
+        if rc < 0:
+            raise _lib.comm_error(comm, rc, call)
+        cap = (_FRAME_WORDS - 1) * 4
+        frames = self.frames
+        lengths = frames[0::_FRAME_WORDS].tolist()
+        base = frames.data_ptr()
+        result = [ctypes.string_at(base + (r * _FRAME_WORDS + 1) * 4, lengths[r]) if lengths[r] <= cap else None
+                  for r in range(n)]
+        if all(b is not None for b in result):
+            return result
+        words = [(x + 3) // 4 if x > cap else 0 for x in lengths]
+        me = lib.tide_comm_rank(comm)
+        send = torch.zeros(max(words[me], 1), dtype=torch.int32)
+        if words[me]:
+            ctypes.memmove(send.data_ptr(), self.payload, len(self.payload))
+        out = torch.zeros(max(sum(words), 1), dtype=torch.int32)
+        counts = (ctypes.c_size_t * n)(*words)
+        rc = lib.tide_allgatherv(comm, _comm._ptr(send), words[me], _comm._ptr(out), counts, _lib.I32)
+        if rc < 0:
+            raise _lib.comm_error(comm, rc, call)
+        at = 0
+        for r in range(n):
+            if words[r]:
+                result[r] = ctypes.string_at(out.data_ptr() + at * 4, lengths[r])
+                at += words[r]
         return result
-    words = [(x + 3) // 4 if x > cap else 0 for x in lengths]
-    me = lib.tide_comm_rank(comm)
-    send = torch.zeros(max(words[me], 1), dtype=torch.int32)
-    if words[me]:
-        ctypes.memmove(send.data_ptr(), payload, len(payload))
-    out = torch.zeros(max(sum(words), 1), dtype=torch.int32)
-    counts = (ctypes.c_size_t * n)(*words)
-    rc = lib.tide_allgatherv(comm, _comm._ptr(send), words[me], _comm._ptr(out), counts, _lib.I32)
-    if rc < 0:
-        raise _lib.comm_error(comm, rc, call)
-    at = 0
-    for r in range(n):
-        if words[r]:
-            result[r] = ctypes.string_at(out.data_ptr() + at * 4, lengths[r])
-            at += words[r]
-    return result
+
+
+def _exchange(comm, payload, call):
+    """Every rank's bytes (a list in rank order), blocking."""
+    return _Exchange(comm, payload, call).finish()
 
 
 class Request:
@@ -288,7 +323,13 @@ class Handle:
         self._waited = False
 
     def poll(self):
-        return self._req.done
+        """True once done; else starts or advances a negotiation round
+        without waiting for the other ranks."""
+        req = self._req
+        if not req.done:
+            with _comm.one_thread(req.call):
+                _round(req.ps, req.call, blocking=False)
+        return req.done
 
     def wait(self):
         if not self._waited:
@@ -353,13 +394,21 @@ def join(call="join"):
     return req.output
 
 
-def _round(ps, call):
+def _round(ps, call, blocking=True):
+    """One negotiation round (blocking: this rank waits for it; else a
+    round is started, or the one started before is finished only if every
+    rank has joined it)."""
     st = ps._state
     comm = ps._comm_handle(call)
     me = lib.tide_comm_rank(comm)
-    join_round = st.join.desc[1] if st.join is not None and not st.join.done else -1
-    mine = [(name, r.desc) for name, r in st.pending.items()]
-    views = [pickle.loads(b) for b in _exchange(comm, pickle.dumps((join_round, mine)), call)]
+    if st.inflight is None:
+        join_round = st.join.desc[1] if st.join is not None and not st.join.done else -1
+        mine = [(name, r.desc) for name, r in st.pending.items()]
+        st.inflight = _Exchange(comm, pickle.dumps((join_round, mine, blocking)), call)
+    if not blocking and not st.inflight.ready():
+        return
+    exchange, st.inflight = st.inflight, None
+    views = [pickle.loads(b) for b in exchange.finish()]
     st.rounds += 1
     n = len(views)
     joined = [r for r in range(n) if views[r][0] >= 0]
@@ -378,7 +427,8 @@ def _round(ps, call):
             seen[name][r] = desc
     ready = [nm for nm in order if all(r in seen[nm] for r in range(n) if r not in joined)]
     if not ready:
-        _stalled(ps, views, joined, members, call)
+        if all(v[2] for v in views):  # every rank waits: nothing can become ready
+            _stalled(ps, views, joined, members, call)
         return
     with _comm.using(comm):
         if not joined:
@@ -461,7 +511,7 @@ def _uncount(st, name):
 def _stalled(ps, views, joined, members, call):
     """Nothing is ready and every rank of the set waits: fail them all."""
     parts = []
-    for r, (join_round, lst) in enumerate(views):
+    for r, (join_round, lst, _) in enumerate(views):
         what = ", ".join(describe(nm, d) for nm, d in lst) or "nothing"
         parts.append("rank %d %s %s" % (members[r], "joined and has" if r in joined else "waits with", what))
     message = ("collective mismatch: no collective was started by every rank: %s (names must match across ranks; "
