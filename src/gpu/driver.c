@@ -471,7 +471,9 @@ int tide__gpu_scratch(tide__gpu_t *g, size_t list_entries, tide__cu_ptr_t *state
     cu_result_t r;
     TIDE_CHECK(tide__gpu_alloc(g, sizeof(tide__gpu_state_t), &g->state));
     TIDE_CHECK(tide__gpu_alloc(g, (size_t)TIDE__GPU_HISTS * TIDE__GPU_BINS * 4, &g->hist));
-    TIDE_CHECK(tide__gpu_alloc(g, (size_t)tide__gpu_blocks(g) * sizeof(double), &g->partials));
+    size_t partials = (size_t)tide__gpu_blocks(g) * sizeof(double); /* the mean's block sums, or */
+    if (partials < TIDE__GPU_BUCKET * sizeof(uint64_t)) partials = TIDE__GPU_BUCKET * sizeof(uint64_t); /* a bucket */
+    TIDE_CHECK(tide__gpu_alloc(g, partials, &g->partials));
     if ((r = cu.cuMemAllocHost((void **)&g->host_state, sizeof(tide__gpu_state_t))) != 0)
       return cu_fail("cuMemAllocHost", r);
   }

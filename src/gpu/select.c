@@ -3,10 +3,11 @@
  * backend of a compressor whose residual lives on the device.
  *
  * exact:   hist(MAG digit 0) over x  collect bucket and above + digit 1
- *          hist(digit 2) on the list  [ties: hist(TIE 0..2)]  emit   ~2 reads
- * sampled: sample (one block)  collect x >= cut + digit 0
- *          hist(digits 1, 2) on the list  [ties]  emit                ~1 read
- *          (a cut that misses: the digits over x, as exact)
+ *          emit (+ digit 2, ranked)                                 ~2 reads
+ * sampled: sample (one block)  collect x >= cut + digit 0  hist(digit 1)
+ *          on the list  emit (+ digit 2, ranked)                    ~1 read
+ *          (a cut that misses, or a last bucket too full to rank: the
+ *          digits left, then [ties: hist(TIE 0..2)] and emit)
  * mstopk:  mean  probe x rounds (over x until one collects what the later
  *          probes need, then over that list)  band  hist(BAND_HI 0..2)
  *          [hist(BAND_LO 0..2)]  emit                 ~2-4 reads of x
@@ -140,7 +141,7 @@ int tide__gpu_select(tide_topk_kind_t kind, const tide_topk_opts_t *opts, const 
   void *chp = (void *)(uintptr_t)(hist + (tide__cu_ptr_t)slot++ * TIDE__GPU_BINS * 4);
   void *collect_args[] = {&xp, &lp, &sp, &chp, &vec};
   int emit_kind = kind == TIDE_TOPK_MSTOPK ? TIDE__GPU_MSTOPK : TIDE__GPU_EXACT, ties_done = 0;
-  void *emit_args[] = {&xp, &lp, &sp, &values, &indices, &index64, &emit_kind, &vec, &ties_done};
+  void *emit_args[] = {&xp, &lp, &sp, &values, &indices, &pp, &index64, &emit_kind, &vec, &ties_done};
   if (k == 0) {
     void *args[] = {&xp, &sp, &vec};
     run(&q, TIDE__K_CHECK, GRID, args);
@@ -151,13 +152,13 @@ int tide__gpu_select(tide_topk_kind_t kind, const tide_topk_opts_t *opts, const 
       run(&q, TIDE__K_SAMPLE, 1, args);
       run(&q, TIDE__K_COLLECT, GRID, collect_args);
       HIST(TIDE__GPU_STAGE_MAG, 0);
-      HIST(TIDE__GPU_STAGE_MAG, 0);
     } else { /* digit 1 in the collection of the bucket and above */
       HIST(TIDE__GPU_STAGE_MAG, 0);
       run(&q, TIDE__K_COLLECT, GRID, collect_args);
-      HIST(TIDE__GPU_STAGE_MAG, 0);
     }
-    run(&q, TIDE__K_EMIT, GRID, emit_args); /* unless digits are missing or ties need breaking */
+    /* The last digit in the emission (ranked), unless its bucket is too
+     * full or a collection missed: then the host queues the digits left. */
+    run(&q, TIDE__K_EMIT, GRID, emit_args);
   } else {
     void *mean_args[] = {&xp, &sp, &pp, &vec};
     run(&q, TIDE__K_MEAN, GRID, mean_args);

@@ -383,7 +383,7 @@ __device__ void hist_pass(const void *x, const uint2 *list, tide__gpu_state_t *s
 }
 
 #define STAGED 1024 /* list entries a block of the collection holds in shared memory */
-#define DEPTH 2     /* groups of VEC keys a thread of the collection loads at once */
+#define DEPTH 1     /* groups of VEC keys a thread of the collection loads at once */
 
 /* Appends (key, index) of every element of x with key >= list_cut to the
  * list, when a previous pass asked for it (collect) and no list is in use;
@@ -490,7 +490,8 @@ __device__ void collect_pass(const void *x, uint2 *list, tide__gpu_state_t *s, u
   }
 }
 
-#define SAMPLE_RUNS 4 /* runs a thread of the sample holds: tide__sample_plan's at most 1024 */
+#define SAMPLE_RUNS 4   /* runs a thread of the sample holds: tide__sample_plan's at most 1024 */
+#define SAMPLE_COPIES 4 /* copies of the sample's first histogram */
 
 /* The sampled selector's cut, by one block: a stratified sample of `runs`
  * runs of 16 elements, run r at (r * stride / 16) * 16, held in
@@ -503,7 +504,7 @@ __device__ void collect_pass(const void *x, uint2 *list, tide__gpu_state_t *s, u
 template <int DT>
 __device__ void sample_cut(const void *x, tide__gpu_state_t *s, const tide__gpu_state_t &init, u64 runs, u64 stride,
                            int vec) {
-  __shared__ u32 sh[TIDE__GPU_BINS];
+  __shared__ u32 sh[SAMPLE_COPIES * TIDE__GPU_BINS]; /* copy 0 holds the sums */
   if (threadIdx.x == 0) *s = init; /* the selection's first kernel: no copy of the state before it */
   const u64 n = runs * 16, d = init.d, k = init.k;
   double e = (double)k * (double)n / (double)d;
@@ -512,7 +513,7 @@ __device__ void sample_cut(const void *x, tide__gpu_state_t *s, const tide__gpu_
     if (threadIdx.x == 0) s->fallback = 1;
     return;
   }
-  for (u32 b = threadIdx.x; b < TIDE__GPU_BINS; b += THREADS) sh[b] = 0;
+  for (u32 b = threadIdx.x; b < SAMPLE_COPIES * TIDE__GPU_BINS; b += THREADS) sh[b] = 0;
   __syncthreads();
   u32 key[SAMPLE_RUNS][16];
 #pragma unroll
@@ -522,19 +523,18 @@ __device__ void sample_cut(const void *x, tide__gpu_state_t *s, const tide__gpu_
     load_keys<DT>(x, start, d, vec, key[q]);
     load_keys<DT>(x, start + VEC, d, vec, key[q] + VEC);
   }
-  /* Gradients' keys crowd a few top buckets: lanes with the same bucket
-   * add once (a shared atomic per lane would serialise on them). */
-  const u32 lane = threadIdx.x & 31u;
+  /* Gradients' keys crowd a few top buckets, and lanes adding to the same
+   * shared counter serialise: each lane adds to one of SAMPLE_COPIES copies
+   * of the histogram, summed after. */
+  u32 *mine = sh + (threadIdx.x % SAMPLE_COPIES) * TIDE__GPU_BINS;
 #pragma unroll
-  for (int q = 0; q < SAMPLE_RUNS; q++) {
-    const bool valid = threadIdx.x + (u64)q * THREADS < runs; /* else the lane only takes part in the vote */
+  for (int q = 0; q < SAMPLE_RUNS; q++)
+    if (threadIdx.x + (u64)q * THREADS < runs)
 #pragma unroll
-    for (int j = 0; j < 16; j++) {
-      const u32 bin = valid ? key[q][j] >> 20 : TIDE__GPU_BINS;
-      const u32 same = __match_any_sync(FULL, bin);
-      if (bin < TIDE__GPU_BINS && lane == (u32)__ffs((int)same) - 1u) atomicAdd(&sh[bin], (u32)__popc(same));
-    }
-  }
+      for (int j = 0; j < 16; j++) atomicAdd(&mine[key[q][j] >> 20], 1u);
+  __syncthreads();
+  for (u32 b = threadIdx.x; b < TIDE__GPU_BINS; b += THREADS)
+    for (int c = 1; c < SAMPLE_COPIES; c++) sh[b] += sh[c * TIDE__GPU_BINS + b];
   __syncthreads();
   u32 b1, b2 = 0;
   u64 above, count;
@@ -726,15 +726,101 @@ __device__ void band_pass(const void *x, const uint2 *list, tide__gpu_state_t *s
 
 /* ---- emission ------------------------------------------------------------------------ */
 
+/* One selected pair at output position pos (< k). */
+template <int DT>
+__device__ __forceinline__ void put_pair(const void *x, void *values, void *indices, int index64, u64 pos, u64 idx) {
+  if (DT == 0)
+    ((float *)values)[pos] = ((const float *)x)[idx];
+  else
+    ((u16 *)values)[pos] = ((const u16 *)x)[idx];
+  if (index64)
+    ((long long *)indices)[pos] = (long long)idx;
+  else
+    ((u32 *)indices)[pos] = (u32)idx;
+}
+
+/* emit_pass's ranked form (see there); sb: TIDE__GPU_BUCKET entries of
+ * shared memory. */
+template <int DT>
+__device__ void emit_ranked(const void *x, const uint2 *list, tide__gpu_state_t *s, void *values, void *indices,
+                            uint2 *bucket, int index64, uint2 *sb) {
+  const u64 n = s->list_len, k = s->k;
+  const u32 blocks = blocks_for(true, n);
+  if (blockIdx.x >= blocks) return;
+  const u32 prefix = s->prefix, mask = s->mask;
+  u32 least = 0xffffffffu;
+  const u64 step = (u64)blocks * THREADS;
+  for (u64 base = (u64)blockIdx.x * THREADS; base < n; base += step) {
+    const u64 i = base + threadIdx.x;
+    const uint2 e = i < n ? list[i] : make_uint2(0u, 0u);
+    const bool above = i < n && (e.x & mask) > prefix, in = i < n && (e.x & mask) == prefix;
+    const u64 pos = block_append(&s->written, above ? 1u : 0u);
+    if (above && pos < k) {
+      put_pair<DT>(x, values, indices, index64, pos, e.y);
+      least = min(least, e.x);
+    }
+    const u64 at = block_append(&s->count, in ? 1u : 0u);
+    if (in && at < TIDE__GPU_BUCKET) bucket[at] = e;
+  }
+  least = block_min(least);
+  if (threadIdx.x == 0 && least != 0xffffffffu) atomicMin(&s->min_taken, least);
+  if (!last_block(s, blocks)) return;
+  /* The last block: the bucket's elements ranked, the top `rank` written
+   * after those above it. */
+  const volatile tide__gpu_state_t *vs = s;
+  const u64 m = vs->count < TIDE__GPU_BUCKET ? vs->count : TIDE__GPU_BUCKET, first = vs->written;
+  const u64 take = s->rank;
+  for (u64 i = threadIdx.x; i < m; i += THREADS) {
+    const u64 v = ((volatile u64 *)bucket)[i]; /* written by other blocks */
+    sb[i] = make_uint2((u32)v, (u32)(v >> 32));
+  }
+  __syncthreads();
+  u32 kth = 0xffffffffu;
+  for (u64 i = threadIdx.x; i < m; i += THREADS) {
+    const uint2 e = sb[i];
+    u64 r = 0; /* elements ranked before e */
+    for (u64 j = 0; j < m; j++) r += sb[j].x > e.x || (sb[j].x == e.x && sb[j].y < e.y);
+    if (r < take && first + r < k) {
+      put_pair<DT>(x, values, indices, index64, first + r, e.y);
+      kth = min(kth, e.x);
+    }
+  }
+  kth = block_min(kth);
+  if (threadIdx.x != 0) return;
+  if (m != vs->equal || take > m || first + take != k) { /* the digits and the list disagree: a bug */
+    s->failed = 1;
+    return;
+  }
+  s->kth = kth;
+  if (kth < s->min_taken) s->min_taken = kth;
+  s->written = first + take;
+  s->digits = 3;
+  s->count = 0;
+  s->blocks_done = 0;
+}
+
 /* Appends the selected (value, index) pairs: values in x's type, indices
  * uint32 or int64. kind: TIDE__GPU_EXACT (exact and sampled) or
- * TIDE__GPU_MSTOPK. Writes nothing after a NaN/Inf or a failed check. */
+ * TIDE__GPU_MSTOPK. Writes nothing after a NaN/Inf or a failed check.
+ *
+ * Exact, from the list, with the k-th key known but for its last digit
+ * and at most TIDE__GPU_BUCKET list elements in its bucket (the common
+ * case): the emission is that digit's pass too. It appends everything
+ * above the bucket, gathers the bucket's elements into `bucket`, and its
+ * last block ranks them (larger key first, lower index first among equal
+ * keys, as the CPU breaks ties) and writes the top `rank` of them. */
 template <int DT>
 __device__ void emit_pass(const void *x, const uint2 *list, tide__gpu_state_t *s, void *values, void *indices,
-                          int index64, int kind, int vec, int ties_done) {
+                          uint2 *bucket, int index64, int kind, int vec, int ties_done) {
+  __shared__ uint2 sb[TIDE__GPU_BUCKET];
   if (s->bad_index != TIDE__GPU_NONE || s->failed) return;
-  if (kind == TIDE__GPU_EXACT && s->digits < 3) return;                 /* the host queues the missing digits */
+  const bool ranked = kind == TIDE__GPU_EXACT && s->digits == 2 && s->use_list && s->equal <= TIDE__GPU_BUCKET;
+  if (kind == TIDE__GPU_EXACT && s->digits < 3 && !ranked) return; /* the host queues the missing digits */
   if (kind == TIDE__GPU_EXACT && s->tie_needed && !ties_done) return; /* the host queues the tie passes */
+  if (ranked) {
+    emit_ranked<DT>(x, list, s, values, indices, bucket, index64, sb);
+    return;
+  }
   const bool from_list = s->use_list;
   const u32 blocks = blocks_for(from_list, s->list_len);
   if (blockIdx.x >= blocks) return;
@@ -750,14 +836,7 @@ __device__ void emit_pass(const void *x, const uint2 *list, tide__gpu_state_t *s
   };
   auto put = [&](u64 pos, u32 key, u64 idx) {
     if (pos < k) {
-      if (DT == 0)
-        ((float *)values)[pos] = ((const float *)x)[idx];
-      else
-        ((u16 *)values)[pos] = ((const u16 *)x)[idx];
-      if (index64)
-        ((long long *)indices)[pos] = (long long)idx;
-      else
-        ((u32 *)indices)[pos] = (u32)idx;
+      put_pair<DT>(x, values, indices, index64, pos, idx);
       least = min(least, key);
     }
   };
@@ -822,8 +901,8 @@ extern "C" __global__ void __launch_bounds__(THREADS) tide_gpu_ef_zero(float *re
   }                                                                                                            \
   extern "C" __global__ void __launch_bounds__(THREADS)                                                        \
       tide_gpu_emit_##SUFFIX(const void *x, const uint2 *list, tide__gpu_state_t *s, void *values,             \
-                             void *indices, int index64, int kind, int vec, int ties_done) {                   \
-    emit_pass<DT>(x, list, s, values, indices, index64, kind, vec, ties_done);                                 \
+                             void *indices, uint2 *bucket, int index64, int kind, int vec, int ties_done) {    \
+    emit_pass<DT>(x, list, s, values, indices, bucket, index64, kind, vec, ties_done);                         \
   }
 
 TIDE_GPU_ENTRIES(f32, 0)

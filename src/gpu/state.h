@@ -11,6 +11,7 @@
 #define TIDE__GPU_THREADS 256                /* threads per block of every kernel */
 #define TIDE__GPU_BINS 2048                  /* histogram bins of the widest digit */
 #define TIDE__GPU_HISTS 16                   /* histogram slots: one per pass queued */
+#define TIDE__GPU_BUCKET 1024                /* the k-th key's last bucket the emission ranks itself */
 
 /* Stages of the histogram passes (tide_gpu_hist's `stage`). */
 #define TIDE__GPU_STAGE_MAG 0     /* the k-th largest magnitude key */
