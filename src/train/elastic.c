@@ -75,20 +75,6 @@ void tide__trainer_elastic_done(tide_trainer_t *tr) {
   if (tr->comm != NULL && !tr->elastic->finished) tr->elastic->finished = tide_comm_elastic_finish(tr->comm) == 0;
 }
 
-/* Re-sizes what depends on the member count after comm changed. */
-static int rebind(tide_trainer_t *tr) {
-  tr->rank = tide_comm_rank(tr->comm);
-  tr->ranks = tide_comm_size(tr->comm);
-  tr->nodes = tide_comm_node_count(tr->comm);
-  TIDE_CHECK(tide__step_monitor_resize(&tr->monitor, tr->ranks));
-  float *exchange = tide__realloc(tr->exchange, (tr->nparams + tr->monitor.nslots) * sizeof *exchange);
-  if (exchange == NULL) return TIDE_ENOMEM;
-  tr->exchange = exchange;
-  tr->stats.ranks = tr->ranks;
-  tr->stats.nodes = tr->nodes;
-  return reset_ranks(tr);
-}
-
 /* The member with the most completed steps (the lowest rank among equals;
  * a worker that just joined has none) sends its state and parameters to
  * every member; the others restore them. Collective over the new comm. */
@@ -128,9 +114,7 @@ static int hand_over(tide_trainer_t *tr, long planned) {
   e->stateless = 0;
   /* The residual is rank-specific error feedback: the source's is not ours.
    * Every member restarts error feedback from zero (docs/elastic.md). */
-  tide__free(tr->pending_residual);
-  tr->pending_residual = NULL;
-  tr->pending_len = 0;
+  tide__trainer_drop_residual(tr);
   tide__trainer_replan(tr, (long)header[1]);
   TIDE_INFO("elastic: step %ld, data epoch %llu position %llu: state from rank %d, %d member(s), global batch %ld",
             tr->step, (unsigned long long)tr->epoch, (unsigned long long)tr->position, root, tr->ranks,
@@ -151,16 +135,6 @@ static int gather_pto_state(tide_trainer_t *tr) {
   return 0;
 }
 
-/* config.pto, after a change: the shards of the new member count (the
- * state comes in hand_over). */
-static int reshard(tide_trainer_t *tr) {
-  tide_optim_destroy(tr->optim);
-  tr->optim = NULL;
-  tide__pto_close(tr);
-  tr->pto = 0;
-  return tide__pto_optim_create(tr, tr->tensors, tr->ntensors);
-}
-
 static int recoverable(int rc) { return rc == TIDE_EPEER || rc == TIDE_ETIMEDOUT || rc == TIDE_EABORTED; }
 
 /* Membership changes in a row that a member's failure may interrupt (each
@@ -178,11 +152,7 @@ static int resize(tide_trainer_t *tr, int size, int exclude, int failed) {
     return tide__trainer_fail(tr, TIDE_EPEER, "elastic: config.pto: a failed worker's shard of the optimizer state "
                               "is lost with it, so the job cannot go on (PTO jobs survive planned resizes, not "
                               "failures: restart from a checkpoint, or turn PTO off)");
-  /* A half-done step is abandoned: its samples are dealt again. */
-  tr->in_step = 0;
-  tr->micro_handed = 0;
-  tr->accumulated = 0;
-  tide__exchange_close_all(tr);
+  tide__trainer_abandon_step(tr); /* its samples are dealt again */
   if (tr->config.pto) TIDE_CHECK(gather_pto_state(tr));
   long planned = (long)tr->ranks * tr->batch * tr->accum;
   for (int attempt = 1;; attempt++) {
@@ -191,13 +161,14 @@ static int resize(tide_trainer_t *tr, int size, int exclude, int failed) {
     if (rc != 0)
       return tide__trainer_fail(tr, rc, "the job could not go on with a new membership: %s", tide_strerror(rc));
     tide_comm_destroy(tr->comm);
-    tr->comm = next;
     if (next == NULL) {
+      tr->comm = NULL;
       e->detached = 1;
       return 0;
     }
-    TIDE_CHECK(rebind(tr));
-    if (tr->config.pto) TIDE_CHECK(reshard(tr));
+    TIDE_CHECK(tide__trainer_bind(tr, next)); /* the counts, and what is sized by them */
+    TIDE_CHECK(reset_ranks(tr));
+    if (tr->config.pto) TIDE_CHECK(tide__pto_reshard(tr));
     rc = tide__trainer_agree(tr);
     if (rc == 0) rc = hand_over(tr, planned);
     if (rc == 0) break;

@@ -60,6 +60,14 @@ void tide__pto_close(tide_trainer_t *tr) {
   tr->shard_offset = tr->shard_len = tr->block_len = 0; /* the update then steps the whole gradient */
 }
 
+int tide__pto_reshard(tide_trainer_t *tr) {
+  tide_optim_destroy(tr->optim);
+  tr->optim = NULL;
+  tide__pto_close(tr);
+  tr->pto = 0;
+  return tide__pto_optim_create(tr, tr->tensors, tr->ntensors);
+}
+
 /* The PTO row's state: this rank's block of the reduce-scatter and the
  * per-tensor partial |G|^2 of its shard. */
 typedef struct {

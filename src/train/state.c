@@ -147,7 +147,7 @@ int tide_trainer_state_set(tide_trainer_t *tr, const void *buf, size_t len) {
    * waits for it. */
   tide__exchange_close_all(tr);
   tr->exchange_kind = (tide_exchange_t)h.exchange;
-  tide__free(tr->pending_residual);
+  tide__trainer_drop_residual(tr);
   tr->pending_residual = residual;
   tr->pending_len = h.residual_len;
   tr->stats.step = tr->step;
@@ -162,4 +162,10 @@ bad:
              "and these %zu policies",
              len, tr->nparams, tr->npolicies);
   return TIDE_EINVAL;
+}
+
+void tide__trainer_drop_residual(tide_trainer_t *tr) {
+  tide__free(tr->pending_residual);
+  tr->pending_residual = NULL;
+  tr->pending_len = 0;
 }

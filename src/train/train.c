@@ -134,14 +134,11 @@ int tide_trainer_create(tide_comm_t *comm, const tide_trainer_config_t *config, 
   tide_trainer_t *tr = tide__calloc(1, sizeof *tr);
   if (tr == NULL) return TIDE_ENOMEM;
   int rc = TIDE_ENOMEM;
-  tr->comm = comm;
   tr->config = *config;
   tr->params = params;
   tr->grads = grads;
   tr->nparams = nparams;
-  tr->rank = tide_comm_rank(comm);
-  tr->ranks = tide_comm_size(comm);
-  tr->nodes = tide_comm_node_count(comm);
+  TIDE_CHECK_GOTO(tide__trainer_bind(tr, comm), rc, fail);
   if (tr->config.max_batch == 0) tr->config.max_batch = tr->config.batch;
   if (tr->config.base_batch == 0) tr->config.base_batch = (long)tr->config.batch * tr->ranks;
   TIDE_CHECK_GOTO(tide__step_monitor_init(&tr->monitor, tr->ranks, ntensors ? ntensors : 1, config->tensor_stats),
@@ -182,6 +179,28 @@ int tide_trainer_create(tide_comm_t *comm, const tide_trainer_config_t *config, 
 fail:
   tide_trainer_destroy(tr);
   return rc;
+}
+
+int tide__trainer_bind(tide_trainer_t *tr, tide_comm_t *comm) {
+  tr->comm = comm;
+  tr->rank = tide_comm_rank(comm);
+  tr->ranks = tide_comm_size(comm);
+  tr->nodes = tide_comm_node_count(comm);
+  tr->stats.ranks = tr->ranks;
+  tr->stats.nodes = tr->nodes;
+  if (tr->exchange == NULL) return 0; /* tide_trainer_create sizes them next */
+  TIDE_CHECK(tide__step_monitor_resize(&tr->monitor, tr->ranks));
+  float *exchange = tide__realloc(tr->exchange, (tr->nparams + tr->monitor.nslots) * sizeof *exchange);
+  if (exchange == NULL) return TIDE_ENOMEM;
+  tr->exchange = exchange;
+  return 0;
+}
+
+void tide__trainer_abandon_step(tide_trainer_t *tr) {
+  tr->in_step = 0;
+  tr->micro_handed = 0;
+  tr->accumulated = 0;
+  tide__exchange_close_all(tr);
 }
 
 int tide__trainer_agree(tide_trainer_t *tr) {

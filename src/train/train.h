@@ -179,6 +179,9 @@ struct tide_trainer {
 int tide__pto_supports(int exchange);
 int tide__pto_optim_create(tide_trainer_t *tr, const tide_tensor_t *tensors, size_t ntensors);
 void tide__pto_close(tide_trainer_t *tr);
+/* After a membership change: the shards of the new member count (the state
+ * is restored into them after). */
+int tide__pto_reshard(tide_trainer_t *tr);
 /* Under PTO, after the optimizer stepped this rank's shard: the parameter
  * all-gather, whose seconds are added to *seconds. */
 int tide__pto_gather_params(tide_trainer_t *tr, double *seconds);
@@ -189,6 +192,14 @@ int tide__pto_gather_state(const tide_trainer_t *tr, void *optim_blob);
 /* Checks that every rank passed the same dataset_size and base_batch
  * (collective; tide_trainer_create, and again after a membership change). */
 int tide__trainer_agree(tide_trainer_t *tr);
+/* comm's rank, size and node count into the trainer, and what is sized by
+ * them (the monitor's per-rank slots, the exchange buffer): at create and
+ * after each membership change. */
+int tide__trainer_bind(tide_trainer_t *tr, tide_comm_t *comm);
+/* A half-done step dropped (a membership change): its exchanges closed. */
+void tide__trainer_abandon_step(tide_trainer_t *tr);
+/* The error-feedback residual a restored state left for the next step, dropped. */
+void tide__trainer_drop_residual(tide_trainer_t *tr);
 /* Plans full steps of about global_batch samples over the current ranks. */
 void tide__trainer_replan(tide_trainer_t *tr, long global_batch);
 /* ranks x batch x accum: the samples of a full step under the current plan. */
