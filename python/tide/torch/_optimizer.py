@@ -295,7 +295,6 @@ class _DistributedMixin:
 
     def _launch_locked(self, b):
         comm = _comm._c()
-        req = ctypes.c_void_p()
         dtype = _comm._DTYPES[b.dtype]
         call = "DistributedOptimizer allreduce of %s" % ",".join(b.names)
         flat, op = b.flat, self._op
@@ -305,30 +304,21 @@ class _DistributedMixin:
         if self._compression.name == "fp16" and flat.is_floating_point() and flat.dtype != torch.float16:
             b.half = flat = flat.to(torch.float16)
             dtype = _lib.F16
+        def start(t):  # the allreduce of t in place, started
+            r = ctypes.c_void_p()
+            p = ctypes.c_void_p(t.data_ptr())
+            if self._op == Adasum:
+                rc = lib.tide_iadasum_allreduce(comm, p, p, t.numel(), dtype, b.tensors, len(b.params), ctypes.byref(r))
+            else:
+                rc = lib.tide_iallreduce(comm, p, p, t.numel(), dtype, op, ctypes.byref(r))
+            if rc < 0:
+                raise _comm._fail(rc, call)
+            return r
         if flat.is_cuda:  # staged through pinned host memory, in pieces unless Adasum
-            def start(piece):
-                r = ctypes.c_void_p()
-                pp = ctypes.c_void_p(piece.data_ptr())
-                if self._op == Adasum:
-                    rc = lib.tide_iadasum_allreduce(comm, pp, pp, piece.numel(), dtype, b.tensors, len(b.params),
-                                                    ctypes.byref(r))
-                else:
-                    rc = lib.tide_iallreduce(comm, pp, pp, piece.numel(), dtype, op, ctypes.byref(r))
-                if rc < 0:
-                    raise _comm._fail(rc, call)
-                return r
             staged = _cuda.Staged(flat, flat, start, call, _comm._fail, elementwise=self._op != Adasum)
             b.handle = _comm.Handle(None, None, flat, call, staged=staged)
             return
-        ptr = ctypes.c_void_p(flat.data_ptr())
-        if self._op == Adasum:
-            rc = lib.tide_iadasum_allreduce(comm, ptr, ptr, flat.numel(), dtype, b.tensors, len(b.params),
-                                            ctypes.byref(req))
-        else:
-            rc = lib.tide_iallreduce(comm, ptr, ptr, flat.numel(), dtype, op, ctypes.byref(req))
-        if rc < 0:
-            raise _comm._fail(rc, call)
-        b.handle = _comm.Handle(req, (flat,), flat, call)
+        b.handle = _comm.Handle(start(flat), (flat,), flat, call)
 
     def _exchange_sparse(self, b):
         with _comm.one_thread("DistributedOptimizer sparse exchange"):
