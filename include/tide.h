@@ -1927,6 +1927,9 @@ typedef struct {
   int data_parallel;      /* 1: every layer at width W (the baseline); default 0 */
   int cores;              /* the W workers share this many cores (CPU ranks on one host): a layer on w > cores
                              workers computes w / cores times slower; 0 (default): a core (accelerator) each */
+  double time_slack;      /* >= 1: the plan with the least worker-time among those within time_slack x the
+                             fastest plan's iteration time (workers left for a background job); 1 (default):
+                             the fastest plan */
 } tide_plan_options_t;
 
 void tide_plan_options_init(tide_plan_options_t *opts);
@@ -1944,7 +1947,11 @@ typedef struct tide_plan tide_plan_t;
 
 /* Chooses each layer's width to minimise the predicted iteration time with
  * every layer's amplification <= opts->amplification (ties: less
- * worker-time): a dynamic program over layers x widths; a branch block (one
+ * worker-time), or with opts->time_slack > 1 the worker-time within that
+ * slack of the fastest time (the program on time + lambda x worker-time, a
+ * few dozen times over, lambda searched; the plans found lie on the convex
+ * hull of the time/worker-time trade-off): a dynamic program over layers x
+ * widths; a branch block (one
  * layer forking into chains that one layer joins) is planned as the sum of
  * its chains given the fork's and the join's widths. Graphs with nested
  * branches give TIDE_EINVAL naming the layer, as does a bad

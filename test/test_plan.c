@@ -59,17 +59,23 @@ static void check_bound(const tide_profile_t *p, const tide_plan_t *plan, const 
   }
 }
 
-/* The least iteration time over all width assignments within the limit. */
-static double exhaustive(const tide_profile_t *p, const tide_plan_options_t *o) {
+/* The least iteration time over all width assignments within the limit;
+ * and in *least_work the least worker-time among those within `budget`
+ * seconds. */
+static double exhaustive(const tide_profile_t *p, const tide_plan_options_t *o, double budget, double *least_work) {
   int n = tide_profile_layer_count(p), nw = 0, widths[16], idx[16] = {0};
   for (int w = 1; w <= o->workers && w <= o->global_batch; w *= 2) nw++;
   double best = INFINITY;
+  *least_work = INFINITY;
   for (;;) {
     for (int i = 0; i < n; i++) widths[i] = 1 << idx[i];
     tide_plan_t *q;
     CHECK_OK(tide_plan_evaluate(p, o, widths, &q));
     if (tide_plan_feasible(q, o->amplification) && tide_plan_iteration_time(q) < best)
       best = tide_plan_iteration_time(q);
+    if (tide_plan_feasible(q, o->amplification) && tide_plan_iteration_time(q) <= budget &&
+        tide_plan_worker_time(q) < *least_work)
+      *least_work = tide_plan_worker_time(q);
     tide_plan_destroy(q);
     int i = 0;
     while (i < n && ++idx[i] == nw) idx[i++] = 0;
@@ -81,7 +87,7 @@ static double exhaustive(const tide_profile_t *p, const tide_plan_options_t *o) 
 static void against_exhaustive(const char *what, int n, const int (*inputs)[3], int cases) {
   const double limits[] = {1.0, 1.3, 2.0, 4.0, 1e9};
   const double bandwidths[] = {1e9, 1e10, 1e11};
-  int compared = 0, mixed = 0;
+  int compared = 0, mixed = 0, slack_optimal = 0;
   for (int c = 0; c < cases; c++) {
     tide_profile_t *p = random_profile(1000u + (unsigned)c * 7919u, n, inputs);
     tide_plan_options_t o;
@@ -94,7 +100,7 @@ static void against_exhaustive(const char *what, int n, const int (*inputs)[3], 
     tide_plan_t *plan;
     CHECK_OK(tide_plan_create(p, &o, &plan));
     check_bound(p, plan, &o);
-    double want = exhaustive(p, &o), got = tide_plan_iteration_time(plan);
+    double unused, want = exhaustive(p, &o, 0, &unused), got = tide_plan_iteration_time(plan);
     if (!(fabs(got - want) <= 1e-9 * want)) {
       fprintf(stderr, "%s case %d: planner %.12g s, exhaustive search %.12g s\n", what, c, got, want);
       exit(1);
@@ -121,11 +127,27 @@ static void against_exhaustive(const char *what, int n, const int (*inputs)[3], 
     for (int i = 0; i < n; i++) CHECK(tide_plan_layers(dp, &L) == n && L[i].width == o.workers);
     if (tide_plan_feasible(dp, o.amplification)) CHECK(got <= tide_plan_iteration_time(dp) * (1 + 1e-12));
     tide_plan_destroy(dp);
+    /* time_slack: within the budget, no more worker-time than the fastest
+     * plan; how often the least there is (the search is not exact) */
+    tide_plan_options_t os = o;
+    os.time_slack = 1.25;
+    tide_plan_t *lean;
+    CHECK_OK(tide_plan_create(p, &os, &lean));
+    check_bound(p, lean, &os);
+    double least, budget = got * os.time_slack * (1 + 1e-9);
+    exhaustive(p, &o, budget, &least);
+    CHECK(tide_plan_iteration_time(lean) <= budget);
+    CHECK(tide_plan_worker_time(lean) <= tide_plan_worker_time(plan) * (1 + 1e-12));
+    CHECK(tide_plan_worker_time(lean) >= least * (1 - 1e-12));
+    slack_optimal += tide_plan_worker_time(lean) <= least * (1 + 1e-9);
+    tide_plan_destroy(lean);
     tide_plan_destroy(plan);
     tide_profile_destroy(p);
     compared++;
   }
-  printf("%s: %d cases identical to exhaustive search (%d with mixed widths)\n", what, compared, mixed);
+  printf("%s: %d cases identical to exhaustive search (%d with mixed widths); with time_slack 1.25, %d of them "
+         "the least worker-time within it\n",
+         what, compared, mixed, slack_optimal);
   CHECK(mixed >= compared / 3);
 }
 
@@ -272,7 +294,10 @@ static void test_files(void) {
   plan_opts.amplification = 2, plan_opts.bandwidth = -1;
   CHECK_RC(capture(do_plan, NULL), TIDE_EINVAL);
   CHECK(strstr(captured, "bandwidth") != NULL);
-  plan_opts.bandwidth = 1e10;
+  plan_opts.bandwidth = 1e10, plan_opts.time_slack = 0.9;
+  CHECK_RC(capture(do_plan, NULL), TIDE_EINVAL);
+  CHECK(strstr(captured, "time slack = 0.9") != NULL);
+  plan_opts.time_slack = 1;
 
   /* a graph the planner does not take: an output nobody reads */
   {

@@ -1222,7 +1222,7 @@ static const char profile_usage_text[] =
 
 static const char plan_usage_text[] =
     "usage: tide plan --profile FILE [--section NAME] --workers W --global-batch B\n"
-    "                 [--amplification A] [--bandwidth BYTES_PER_S] [--latency S]\n"
+    "                 [--amplification A] [--time-slack S] [--bandwidth BYTES_PER_S] [--latency S]\n"
     "                 [--out plan.json] [--no-plot] [--quiet]\n"
     "\n"
     "Chooses each layer's width (a power of two <= W) from a per-layer profile (tide's,\n"
@@ -1232,6 +1232,9 @@ static const char plan_usage_text[] =
     "Prints a per-layer table and the plan against plain data parallelism; writes the\n"
     "plan (default plan.json) and, beside it, PREFIX-widths.dat, PREFIX-sweep.dat,\n"
     "PREFIX.gp and (gnuplot on PATH) PREFIX-widths.png, PREFIX-sweep.png.\n"
+    "  --time-slack S   the plan with the least worker-time among those at most S times\n"
+    "                   slower than the fastest (S >= 1; default 1: the fastest): the\n"
+    "                   workers it leaves idle go to a background job\n"
     "  --bandwidth      bytes/s per worker link (default 2.66e11, DeepPool's A100 figure)\n"
     "  --latency        seconds per message (default 40e-6)\n"
     "  --cores N        the workers share N cores (CPU ranks on one host): a layer on w > N\n"
@@ -1407,6 +1410,9 @@ static int cmd_plan(int argc, char **argv) {
     } else if (strcmp(a, "--amplification") == 0) {
       if (parse_double(v, &o.amplification) || !(o.amplification >= 1))
         usage_error("plan", "--amplification: '%s' is not a number >= 1", v);
+    } else if (strcmp(a, "--time-slack") == 0) {
+      if (parse_double(v, &o.time_slack) || !(o.time_slack >= 1))
+        usage_error("plan", "--time-slack: '%s' is not a number >= 1", v);
     } else if (strcmp(a, "--bandwidth") == 0) {
       if (parse_double(v, &o.bandwidth) || !(o.bandwidth > 0))
         usage_error("plan", "--bandwidth: '%s' is not a number of bytes/s > 0", v);

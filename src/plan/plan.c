@@ -1,6 +1,8 @@
 /* The burst-parallel planner (DeepPool; docs/burst-parallel.md): a dynamic
  * program over layers x widths that minimises the predicted iteration time
- * (then worker-time) with every layer's amplification within a limit;
+ * (then worker-time) with every layer's amplification within a limit, or,
+ * given a time slack, the worker-time of plans no slower than the slack
+ * allows (the same program on time + lambda x worker-time, lambda searched);
  * branch blocks are planned as the sum of their chains given the widths of
  * their fork and join. Costs come from tide's alpha-beta model of its own
  * collectives (docs/algorithms.md). */
@@ -27,7 +29,7 @@ struct tide_plan {
 void tide_plan_options_init(tide_plan_options_t *o) {
   if (o == NULL) return;
   *o = (tide_plan_options_t){.workers = 1, .global_batch = 1, .amplification = 2.0, .bandwidth = 2.66e11,
-                             .latency = 40e-6, .data_parallel = 0};
+                             .latency = 40e-6, .data_parallel = 0, .time_slack = 1.0};
 }
 
 static void graph_error(int quiet, const char *fmt, ...) {
@@ -154,6 +156,7 @@ typedef struct {
   int n, nw, batch;
   int widths[MAX_WIDTHS];
   double alpha, beta, limit;
+  double lambda;           /* the program minimises time + lambda x worker-time */
   double *node_time, *amp; /* [layer][k]: compute + sync; amplification */
   double *compute, *sync;
   unsigned char *ok;       /* [layer][k] within the limit */
@@ -165,7 +168,11 @@ typedef struct {
 
 static const cost_t INF = {INFINITY, INFINITY};
 
-static int cost_less(cost_t a, cost_t b) { return a.t < b.t || (a.t == b.t && a.w < b.w); }
+static int cost_less(const model_t *m, cost_t a, cost_t b) {
+  if (m->lambda == 0) return a.t < b.t || (a.t == b.t && a.w < b.w); /* INF's 0 x inf would be NaN */
+  double x = a.t + m->lambda * a.w, y = b.t + m->lambda * b.w;
+  return x < y || (x == y && a.w < b.w);
+}
 static cost_t cost_add(cost_t a, cost_t b) { return (cost_t){a.t + b.t, a.w + b.w}; }
 
 static cost_t node_cost(const model_t *m, int i, int k) {
@@ -210,6 +217,10 @@ static int options_check(const tide_profile_t *p, const tide_plan_options_t *o, 
   }
   if (!(o->latency >= 0) || !isfinite(o->latency)) {
     TIDE_ERROR("%s: latency = %g must be a number of seconds >= 0", who, o->latency);
+    return TIDE_EINVAL;
+  }
+  if (!(o->time_slack >= 1) || !isfinite(o->time_slack)) {
+    TIDE_ERROR("%s: time slack = %g must be a number >= 1 (1: the fastest plan)", who, o->time_slack);
     return TIDE_EINVAL;
   }
   TIDE_CHECK(tide__profile_check(p, who));
@@ -341,7 +352,7 @@ static void chain_dp(const model_t *m, int fork, int kf, const int *chain, int l
       if (!isinf(node.t))
         for (int kp = 0; kp < nw; kp++) {
           cost_t c = cost_add(d[kp], edge_cost(m, chain[j - 1], kp, k));
-          if (cost_less(c, best)) best = c, bk = kp;
+          if (cost_less(m, c, best)) best = c, bk = kp;
         }
       tmp[k] = cost_add(best, node);
       if (arg != NULL) arg[(size_t)j * nw + k] = bk;
@@ -350,23 +361,19 @@ static void chain_dp(const model_t *m, int fork, int kf, const int *chain, int l
   }
 }
 
-int tide_plan_create(const tide_profile_t *p, const tide_plan_options_t *o, tide_plan_t **out) {
-  TIDE_CHECK(options_check(p, o, "tide_plan_create"));
-  if (out == NULL) {
-    TIDE_ERROR("tide_plan_create: out must not be NULL");
-    return TIDE_EINVAL;
-  }
-  model_t m;
-  TIDE_CHECK(model_init(&m, p, o));
+/* The widths ks[layer] of the plan minimising time + m->lambda x
+ * worker-time within the amplification limit. */
+static int solve(const model_t *mp, int *ks) {
+  const model_t m = *mp;
   int n = m.n, nw = m.nw, rc = 0;
   const tide_profile_layer_t *L = m.L;
   int *member = tide__malloc((size_t)n * sizeof(int)), *arg = tide__malloc((size_t)n * nw * sizeof(int));
-  int *ks = tide__malloc((size_t)n * sizeof(int)), *chain = tide__malloc((size_t)n * sizeof(int));
+  int *chain = tide__malloc((size_t)n * sizeof(int));
   int *carg = tide__malloc((size_t)n * nw * sizeof(int));
   cost_t *cost = tide__malloc((size_t)n * nw * sizeof(cost_t));
   cost_t *d = tide__malloc((size_t)nw * sizeof(cost_t)), *tmp = tide__malloc((size_t)nw * sizeof(cost_t));
   cost_t *block = tide__malloc((size_t)nw * nw * sizeof(cost_t)); /* [kf][kj] */
-  if (!member || !arg || !ks || !chain || !carg || !cost || !d || !tmp || !block) {
+  if (!member || !arg || !chain || !carg || !cost || !d || !tmp || !block) {
     rc = TIDE_ENOMEM;
     goto out;
   }
@@ -381,7 +388,7 @@ int tide_plan_create(const tide_profile_t *p, const tide_plan_options_t *o, tide
         if (x >= 0 && !isinf(node.t))
           for (int kp = 0; kp < nw; kp++) {
             cost_t c = cost_add(cost[(size_t)x * nw + kp], edge_cost(&m, x, kp, k));
-            if (cost_less(c, best)) best = c, bk = kp;
+            if (cost_less(&m, c, best)) best = c, bk = kp;
           }
         cost[(size_t)i * nw + k] = cost_add(best, node);
         arg[(size_t)i * nw + k] = bk;
@@ -412,7 +419,7 @@ int tide_plan_create(const tide_profile_t *p, const tide_plan_options_t *o, tide
           cost_t best = INF;
           for (int k = 0; k < nw; k++) {
             cost_t c = cost_add(d[k], edge_cost(&m, e, k, kj));
-            if (cost_less(c, best)) best = c;
+            if (cost_less(&m, c, best)) best = c;
           }
           block[(size_t)kf * nw + kj] = cost_add(block[(size_t)kf * nw + kj], best);
         }
@@ -422,7 +429,7 @@ int tide_plan_create(const tide_profile_t *p, const tide_plan_options_t *o, tide
       cost_t node = node_cost(&m, i, kj), best = INF;
       int bk = 0;
       for (int kf = 0; kf < nw; kf++)
-        if (cost_less(block[(size_t)kf * nw + kj], best)) best = block[(size_t)kf * nw + kj], bk = kf;
+        if (cost_less(&m, block[(size_t)kf * nw + kj], best)) best = block[(size_t)kf * nw + kj], bk = kf;
       cost[(size_t)i * nw + kj] = cost_add(best, node);
       arg[(size_t)i * nw + kj] = bk;
     }
@@ -430,7 +437,7 @@ int tide_plan_create(const tide_profile_t *p, const tide_plan_options_t *o, tide
   /* the end, then back through the stored choices */
   int kbest = 0;
   for (int k = 1; k < nw; k++)
-    if (cost_less(cost[(size_t)(n - 1) * nw + k], cost[(size_t)(n - 1) * nw + kbest])) kbest = k;
+    if (cost_less(&m, cost[(size_t)(n - 1) * nw + k], cost[(size_t)(n - 1) * nw + kbest])) kbest = k;
   if (isinf(cost[(size_t)(n - 1) * nw + kbest].t)) {
     TIDE_ERROR("tide_plan_create: no plan within the limits");
     rc = TIDE_EINVAL;
@@ -463,7 +470,7 @@ int tide_plan_create(const tide_profile_t *p, const tide_plan_options_t *o, tide
       int kl = 0;
       for (int kk = 0; kk < nw; kk++) {
         cost_t c = cost_add(d[kk], edge_cost(&m, e, kk, kj));
-        if (cost_less(c, best)) best = c, kl = kk;
+        if (cost_less(&m, c, best)) best = c, kl = kk;
       }
       for (int j = len - 1; j >= 0; j--) {
         ks[chain[j]] = kl;
@@ -474,17 +481,98 @@ int tide_plan_create(const tide_profile_t *p, const tide_plan_options_t *o, tide
     i = fork;
     k = kf;
   }
-  rc = plan_build(&m, o, ks, out);
 out:
   tide__free(member);
   tide__free(arg);
-  tide__free(ks);
   tide__free(chain);
   tide__free(carg);
   tide__free(cost);
   tide__free(d);
   tide__free(tmp);
   tide__free(block);
+  return rc;
+}
+
+/* The predicted iteration time and worker-time of widths ks. */
+static int plan_costs(const model_t *m, const tide_plan_options_t *o, const int *ks, double *t, double *w) {
+  tide_plan_t *plan;
+  TIDE_CHECK(plan_build(m, o, ks, &plan));
+  *t = plan->iteration_time;
+  *w = plan->worker_time;
+  tide_plan_destroy(plan);
+  return 0;
+}
+
+int tide_plan_create(const tide_profile_t *p, const tide_plan_options_t *o, tide_plan_t **out) {
+  TIDE_CHECK(options_check(p, o, "tide_plan_create"));
+  if (out == NULL) {
+    TIDE_ERROR("tide_plan_create: out must not be NULL");
+    return TIDE_EINVAL;
+  }
+  model_t m;
+  TIDE_CHECK(model_init(&m, p, o));
+  int rc = TIDE_ENOMEM, *ks = tide__malloc((size_t)m.n * sizeof(int)), *try = tide__malloc((size_t)m.n * sizeof(int));
+  if (ks == NULL || try == NULL) goto out;
+  m.lambda = 0;
+  TIDE_CHECK_GOTO(solve(&m, ks), rc, out);
+  if (o->time_slack > 1 && !o->data_parallel) {
+    /* The least worker-time within time_slack x the fastest plan's time:
+     * the program on time + lambda x worker-time, whose time grows and
+     * worker-time falls with lambda; the largest lambda within the budget
+     * by doubling, then bisection (on the plans' convex hull). */
+    double t, w, budget, best_w;
+    TIDE_CHECK_GOTO(plan_costs(&m, o, ks, &t, &w), rc, out);
+    budget = t * o->time_slack * (1 + 1e-12);
+    best_w = w;
+    double lo = 0, hi = 1e-3;
+    for (int i = 0; i < 80; i++) {
+      int found = 0;
+      m.lambda = hi;
+      TIDE_CHECK_GOTO(solve(&m, try), rc, out);
+      TIDE_CHECK_GOTO(plan_costs(&m, o, try, &t, &w), rc, out);
+      if (t <= budget) {
+        found = 1;
+        if (w < best_w) best_w = w, memcpy(ks, try, (size_t)m.n * sizeof(int));
+        lo = hi;
+      }
+      if (!found) break;
+      hi *= 4;
+    }
+    for (int i = 0; i < 30 && hi > lo * (1 + 1e-6); i++) {
+      m.lambda = lo > 0 ? sqrt(lo * hi) : hi / 4;
+      TIDE_CHECK_GOTO(solve(&m, try), rc, out);
+      TIDE_CHECK_GOTO(plan_costs(&m, o, try, &t, &w), rc, out);
+      if (t <= budget) {
+        if (w < best_w) best_w = w, memcpy(ks, try, (size_t)m.n * sizeof(int));
+        lo = m.lambda;
+      } else {
+        hi = m.lambda;
+      }
+    }
+    /* The hull skips plans between its corners: then one layer at a time
+     * to the width that saves the most worker-time within the budget,
+     * while any does. */
+    for (int improved = 1; improved;) {
+      improved = 0;
+      int bi = -1, bk = 0;
+      double bw = best_w;
+      for (int i = 0; i < m.n; i++) {
+        int k0 = ks[i];
+        for (int k = 0; k < m.nw; k++) {
+          if (k == k0 || !m.ok[(size_t)i * m.nw + k]) continue;
+          ks[i] = k;
+          TIDE_CHECK_GOTO(plan_costs(&m, o, ks, &t, &w), rc, out);
+          if (t <= budget && w < bw) bw = w, bi = i, bk = k;
+        }
+        ks[i] = k0;
+      }
+      if (bi >= 0) ks[bi] = bk, best_w = bw, improved = 1;
+    }
+  }
+  rc = plan_build(&m, o, ks, out);
+out:
+  tide__free(ks);
+  tide__free(try);
   model_free(&m);
   return rc;
 }
