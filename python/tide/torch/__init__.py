@@ -29,6 +29,7 @@ from ._horovod import (init, Product, allreduce, allreduce_, allreduce_async, al
                        global_process_set, add_process_set, remove_process_set, HorovodInternalError,
                        mpi_built, mpi_enabled, gloo_built, gloo_enabled, nccl_built, ddl_built, ccl_built,
                        cuda_built, rocm_built, mpi_threads_supported)
+from ._controller import negotiation_stats  # noqa: F401
 from ._sync_batch_norm import SyncBatchNorm  # noqa: F401
 from ._select import topk, gpu_available  # noqa: F401
 from ._trainer import Trainer, StepStats, Batch, gns_estimate, adascale_gain  # noqa: F401

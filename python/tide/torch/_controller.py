@@ -32,11 +32,32 @@ loop of polls makes progress as Horovod's background thread would. Each
 rank says in the round whether it waits; a round with nothing ready is a
 stall only when every rank does (a polling rank may still submit).
 
+The response cache (Horovod's): a name whose request ran in a round, with
+the description every rank agreed on, gets a bit in the set's cache; the
+ranks' caches stay identical because every rank updates its own from the
+same round. In the next rounds a rank sends each pending request that
+matches its cache entry as that bit, and only the others (new names, a
+changed shape or dtype) as the pickled (name, description). When every
+rank sent bits only, the requests whose bit every rank set run as the plan
+cached for that set of bits (their order and fusion), with no lists to
+build or compare; anything else is expanded back into the lists above and
+negotiated in full, with the same outcomes and errors. A training loop
+that allreduces the same named gradients every step sends a few bytes per
+rank per step instead of its whole request list. TIDE_TORCH_CACHE_CAPACITY
+entries (default 1024, least recently used evicted; 0: off), the same on
+every rank.
+
 Process sets are tide sub-communicators (tide_comm_split): each has its
-own pending requests and rounds, so a set's ranks wait only for each other.
+own pending requests, rounds and cache, so a set's ranks wait only for each
+other.
 """
+import collections
 import ctypes
+import os
 import pickle
+import re
+import struct
+import time
 
 import torch
 
@@ -48,21 +69,136 @@ _EMISMATCH = -3002  # TIDE_EMISMATCH (include/tide/errors.h)
 _JOIN = "join"
 
 
+DEFAULT_CACHE_CAPACITY = 1024
+_MAX_CACHE_CAPACITY = 1 << 20
+
+
+def _read_cache_capacity():
+    value = os.environ.get("TIDE_TORCH_CACHE_CAPACITY", "")
+    if value == "":
+        return DEFAULT_CACHE_CAPACITY
+    try:
+        n = int(value)
+    except ValueError:
+        n = -1
+    if not 0 <= n <= _MAX_CACHE_CAPACITY:
+        raise ValueError("TIDE_TORCH_CACHE_CAPACITY must be an integer in [0, %d] (entries of the response cache; "
+                         "0 turns it off), got %r" % (_MAX_CACHE_CAPACITY, value))
+    return n
+
+
+_cache_capacity = [_read_cache_capacity()]
+_UNNAMED = re.compile(r"\.noname\.[0-9]+$")
+
+
 def _mismatch(message, call):
     return _lib.error(_EMISMATCH, message, call)
+
+
+class _Cache:
+    """A process set's response cache: name -> [bit, description] of the
+    requests that ran, least recently used first, and the plans (names in
+    order, fusion groups) of the bit sets that ran from it. Updated only
+    from what every rank saw in a round, so identical on every rank."""
+
+    def __init__(self, capacity):
+        self.capacity = capacity
+        self.entries = collections.OrderedDict()
+        self.names = []   # bit -> name (None: free)
+        self.free = []    # free bits, reused lowest first
+        self.plans = {}   # ready bits (an int) -> (names, fusion groups)
+
+    def encode(self, join_round, pending, waits):
+        """This rank's round message: the bits of its pending requests the
+        cache holds as they are, and the others in full, and whether it
+        waits (or polls). Returns (payload, hits, misses)."""
+        bits, extras = 0, []
+        for name, req in pending.items():
+            entry = self.entries.get(name)
+            if entry is not None and entry[1] == req.desc:
+                bits |= 1 << entry[0]
+            else:
+                extras.append((name, req.desc))
+        packed = bits.to_bytes((bits.bit_length() + 7) // 8, "little")
+        payload = struct.pack("<iiii", join_round, self.capacity, int(waits), len(packed)) + packed
+        if extras:
+            payload += pickle.dumps(extras)
+        return payload, len(pending) - len(extras), len(extras)
+
+    @staticmethod
+    def decode(payload):
+        """(join round, capacity, bits, extras, waits) of a rank's message."""
+        join_round, capacity, waits, nbits = struct.unpack_from("<iiii", payload)
+        bits = int.from_bytes(payload[16:16 + nbits], "little")
+        extras = pickle.loads(payload[16 + nbits:]) if len(payload) > 16 + nbits else []
+        return join_round, capacity, bits, extras, bool(waits)
+
+    def expand(self, bits):
+        """The (name, description) list the bits stand for, in bit order."""
+        out = []
+        while bits:
+            low = bits & -bits
+            name = self.names[low.bit_length() - 1]
+            out.append((name, self.entries[name][1]))
+            bits ^= low
+        return out
+
+    def learn(self, name, desc):
+        """name ran with desc on every rank: cache it (or refresh it).
+        Unnamed calls' names ("<kind>.noname.<n>") never repeat within a
+        cache's life, so they are not cached."""
+        if self.capacity == 0 or _UNNAMED.search(name):
+            return
+        entry = self.entries.get(name)
+        if entry is not None:
+            self.entries.move_to_end(name)
+            if entry[1] != desc:
+                entry[1] = desc
+                self._drop_plans(entry[0])
+            return
+        if len(self.entries) >= self.capacity:
+            _, (bit, _) = self.entries.popitem(last=False)
+            self.names[bit] = None
+            self.free.append(bit)
+            self._drop_plans(bit)
+        if self.free:
+            self.free.sort()
+            bit = self.free.pop(0)
+            self.names[bit] = name
+        else:
+            bit = len(self.names)
+            self.names.append(name)
+        self.entries[name] = [bit, desc]
+
+    def forget(self, name):
+        """name met a mismatch: its entry goes."""
+        entry = self.entries.pop(name, None)
+        if entry is not None:
+            self.names[entry[0]] = None
+            self.free.append(entry[0])
+            self._drop_plans(entry[0])
+
+    def _drop_plans(self, bit):
+        """The plans that use bit go (its name or description changed)."""
+        self.plans = {k: v for k, v in self.plans.items() if not k >> bit & 1}
 
 
 class _State:
     """One process set's negotiation: its pending requests (name -> request,
     in submission order), per-kind counters for unnamed calls, its round
-    count and this rank's join, if any."""
+    count, this rank's join, if any, its response cache and counters."""
 
     def __init__(self):
         self.pending = {}
         self.counters = {}
         self.rounds = 0
         self.join = None
-        self.inflight = None  # a round started by a poll: (_Exchange, blocking)
+        self.inflight = None  # a round started by a poll: (_Exchange, hits, misses)
+        self.cache = _Cache(_cache_capacity[0])
+        self.cached_rounds = 0  # rounds run from the cache alone (every rank sent bits only)
+        self.cache_hits = 0     # this rank's requests sent as a bit
+        self.cache_misses = 0   # this rank's requests sent in full
+        self.negotiate_s = 0.0  # seconds in rounds before their collectives ran (the exchange, the matching)
 
 
 class ProcessSet:
@@ -373,6 +509,8 @@ def _submit_locked(ps, kind, name, desc, run, call):
 
 def wait(req):
     """Runs negotiation rounds in req's process set until req is done."""
+    if req.done:  # ran in an earlier wait's round: nothing to negotiate
+        return
     with _comm.one_thread(req.call):
         while not req.done:
             _round(req.ps, req.call)
@@ -398,21 +536,37 @@ def _round(ps, call, blocking=True):
     """One negotiation round (blocking: this rank waits for it; else a
     round is started, or the one started before is finished only if every
     rank has joined it)."""
+    start = time.perf_counter()
     st = ps._state
     comm = ps._comm_handle(call)
     me = lib.tide_comm_rank(comm)
-    if st.inflight is None:
+    cache = st.cache
+    if st.inflight is None:  # the cache changes only when a round is done: the same at its start and end
         join_round = st.join.desc[1] if st.join is not None and not st.join.done else -1
-        mine = [(name, r.desc) for name, r in st.pending.items()]
-        st.inflight = _Exchange(comm, pickle.dumps((join_round, mine, blocking)), call)
-    if not blocking and not st.inflight.ready():
+        payload, hits, misses = cache.encode(join_round, st.pending, blocking)
+        st.inflight = (_Exchange(comm, payload, call), hits, misses)
+    if not blocking and not st.inflight[0].ready():
         return
-    exchange, st.inflight = st.inflight, None
-    views = [pickle.loads(b) for b in exchange.finish()]
+    (exchange, hits, misses), st.inflight = st.inflight, None
+    messages = [cache.decode(b) for b in exchange.finish()]
     st.rounds += 1
-    n = len(views)
-    joined = [r for r in range(n) if views[r][0] >= 0]
+    st.cache_hits += hits
+    st.cache_misses += misses
+    n = len(messages)
     members = ps._members()
+    if any(m[1] != cache.capacity for m in messages):
+        _capacity_mismatch(ps, messages, members, call)
+        return
+    if all(m[0] < 0 and not m[3] for m in messages):
+        ready_bits = messages[0][2]
+        for m in messages[1:]:
+            ready_bits &= m[2]
+        if ready_bits:
+            st.cached_rounds += 1
+            _run_cached(st, comm, ready_bits, start, call)
+            return
+    views = [(m[0], cache.expand(m[2]) + m[3]) for m in messages]
+    joined = [r for r in range(n) if views[r][0] >= 0]
     if len(joined) == n:
         last = max(range(n), key=lambda r: (views[r][0], r))
         st.join.finish(output=members[last])
@@ -427,13 +581,14 @@ def _round(ps, call, blocking=True):
             seen[name][r] = desc
     ready = [nm for nm in order if all(r in seen[nm] for r in range(n) if r not in joined)]
     if not ready:
-        if all(v[2] for v in views):  # every rank waits: nothing can become ready
+        if all(m[4] for m in messages):  # every rank waits: nothing can become ready
             _stalled(ps, views, joined, members, call)
         return
+    groups = _fusion_groups(ready, lambda nm: _agreed(seen[nm])) if not joined else [[nm] for nm in ready]
+    st.negotiate_s += time.perf_counter() - start
     with _comm.using(comm):
-        if not joined:
-            ready = _run_fused(st, ready, seen, call)
-        for nm in ready:
+        left = _run_fused(st, groups)
+        for nm in left:
             descs = seen[nm]
             first = min(descs)
             other = next((r for r in sorted(descs) if descs[r] != descs[first]), None)
@@ -459,44 +614,135 @@ def _round(ps, call, blocking=True):
                         req.finish(error=e)
             elif me in joined and error is None:
                 _JOINED[descs[first][0]](descs[first])
+    # the cache learns from what every rank saw, never from how a run ended here, so it stays the same everywhere
+    if not joined:
+        for nm in ready:
+            desc = _agreed(seen[nm])
+            if desc is not None:
+                cache.learn(nm, desc)
+            else:
+                cache.forget(nm)
 
 
-def _run_fused(st, ready, seen, call):
-    """Tensor fusion: runs of consecutive ready allreduces that agree on
-    every rank and share dtype, op and device (CPU) go as one flat
-    allreduce of at most 64 MiB. Returns the names left to run alone."""
+def _run_cached(st, comm, ready_bits, start, call):
+    """Runs the requests of ready_bits (set on every rank, so identical on
+    every rank) as the plan cached for them: bit order, fusion groups."""
+    cache = st.cache
+    plan = cache.plans.get(ready_bits)
+    if plan is None:
+        names = [nm for nm, _ in cache.expand(ready_bits)]
+        plan = (names, _fusion_groups(names, lambda nm: cache.entries[nm][1]))
+        if len(cache.plans) >= 64:
+            cache.plans.clear()
+        cache.plans[ready_bits] = plan
+    names, groups = plan
+    st.negotiate_s += time.perf_counter() - start
+    with _comm.using(comm):
+        for group in groups:
+            reqs = [st.pending.pop(nm) for nm in group]
+            if len(reqs) > 1:
+                _run_group(reqs)
+                continue
+            req = reqs[0]
+            try:
+                req.finish(output=req.run())
+            except _lib.TideError as e:
+                req.finish(error=e)
+    for nm in names:
+        cache.entries.move_to_end(nm)
+
+
+def _fusion_groups(names, desc_of):
+    """names cut into runs to fuse (tensor fusion): consecutive fusible
+    allreduces of one dtype and op, at most 64 MiB a run. desc_of(name) is
+    the name's description, or None when it may not fuse (the ranks
+    disagree). A list of lists; a list of one runs alone."""
     def key(nm):
-        descs = list(seen[nm].values())
-        d = descs[0]
-        if not fusible(d) or any(x != d for x in descs):
-            return None
-        return (d[1], d[3])
-    left, i = [], 0
-    while i < len(ready):
-        k, j = key(ready[i]), i + 1
-        total = _nbytes(seen[ready[i]][0]) if k is not None else 0
-        while k is not None and j < len(ready) and key(ready[j]) == k and total + _nbytes(seen[ready[j]][0]) \
+        d = desc_of(nm)
+        return (d[1], d[3]) if d is not None and fusible(d) else None
+    groups, i = [], 0
+    while i < len(names):
+        k, j = key(names[i]), i + 1
+        total = _nbytes(desc_of(names[i])) if k is not None else 0
+        while k is not None and j < len(names) and key(names[j]) == k and total + _nbytes(desc_of(names[j])) \
                 <= _FUSION_BYTES:
-            total += _nbytes(seen[ready[j]][0])
+            total += _nbytes(desc_of(names[j]))
             j += 1
-        if j - i < 2:
-            left.append(ready[i])
-            i += 1
-            continue
-        reqs = [st.pending.pop(nm) for nm in ready[i:j]]
-        try:
-            parts = [r.fuse[0]() for r in reqs]
-            out = reqs[0].fuse[2](torch.cat([w.reshape(-1) for w, _ in parts]))
-            at = 0
-            for r, (w, state) in zip(reqs, parts):
-                r.finish(output=r.fuse[1](out[at:at + w.numel()].view(w.shape), state))
-                at += w.numel()
-        except _lib.TideError as e:
-            for r in reqs:
-                if not r.done:
-                    r.finish(error=e)
+        groups.append(names[i:j])
         i = j
+    return groups
+
+
+def _run_group(reqs):
+    """One flat allreduce of the fused requests' tensors."""
+    try:
+        parts = [r.fuse[0]() for r in reqs]
+        out = reqs[0].fuse[2](torch.cat([w.reshape(-1) for w, _ in parts]))
+        at = 0
+        for r, (w, state) in zip(reqs, parts):
+            r.finish(output=r.fuse[1](out[at:at + w.numel()].view(w.shape), state))
+            at += w.numel()
+    except _lib.TideError as e:
+        for r in reqs:
+            if not r.done:
+                r.finish(error=e)
+
+
+def _agreed(descs):
+    """The description every rank gave (descs: rank -> description), or
+    None when they differ."""
+    values = list(descs.values())
+    return values[0] if all(d == values[0] for d in values) else None
+
+
+def _run_fused(st, groups):
+    """Tensor fusion: runs each group of several requests (consecutive ready
+    allreduces that agree on every rank and share dtype, op and device,
+    _fusion_groups) as one flat allreduce. Returns the names left to run
+    alone."""
+    left = []
+    for group in groups:
+        if len(group) < 2:
+            left.extend(group)
+        else:
+            _run_group([st.pending.pop(nm) for nm in group])
     return left
+
+
+def _capacity_mismatch(ps, messages, members, call):
+    """The ranks' caches differ in size, so their bits mean different
+    things: every pending request fails on every rank."""
+    caps = ", ".join("rank %d has %d" % (members[r], m[1]) for r, m in enumerate(messages))
+    message = ("collective mismatch: TIDE_TORCH_CACHE_CAPACITY must be the same on every rank (%s); set it alike "
+               "(or unset) on every rank" % caps)
+    _fail_all(ps._state, message, call)
+
+
+def set_cache_capacity(capacity):
+    """Sets the response cache's size (0: off) and empties every process
+    set's cache. Every rank must call it at the same point (between
+    collectives), as TIDE_TORCH_CACHE_CAPACITY must be the same everywhere."""
+    if not isinstance(capacity, int) or not 0 <= capacity <= _MAX_CACHE_CAPACITY:
+        raise _comm._invalid("set_cache_capacity", "capacity must be an int in [0, %d], got %r"
+                             % (_MAX_CACHE_CAPACITY, capacity))
+    _cache_capacity[0] = capacity
+    for ps in _sets.values():
+        ps._state.cache = _Cache(capacity)
+
+
+def negotiation_stats(process_set=None):
+    """This rank's negotiation counters in a process set (None: the global
+    one), since init(): rounds, cached_rounds (run from the response cache
+    alone), cache_hits and cache_misses (this rank's requests sent as a
+    cache bit / in full), cache_entries and cache_capacity."""
+    ps = global_process_set if process_set is None else process_set
+    if not isinstance(ps, ProcessSet):
+        raise _comm._invalid("negotiation_stats", "process_set must be a tide.torch.ProcessSet, got %r"
+                             % (process_set,))
+    st = ps._state
+    return {"rounds": st.rounds, "cached_rounds": st.cached_rounds, "cache_hits": st.cache_hits,
+            "cache_misses": st.cache_misses, "cache_entries": len(st.cache.entries),
+            "cache_capacity": st.cache.capacity, "negotiate_s": st.negotiate_s}
 
 
 def _uncount(st, name):
@@ -511,12 +757,15 @@ def _uncount(st, name):
 def _stalled(ps, views, joined, members, call):
     """Nothing is ready and every rank of the set waits: fail them all."""
     parts = []
-    for r, (join_round, lst, _) in enumerate(views):
+    for r, (join_round, lst) in enumerate(views):
         what = ", ".join(describe(nm, d) for nm, d in lst) or "nothing"
         parts.append("rank %d %s %s" % (members[r], "joined and has" if r in joined else "waits with", what))
     message = ("collective mismatch: no collective was started by every rank: %s (names must match across ranks; "
                "unnamed calls are matched by kind and order)" % "; ".join(parts))
-    st = ps._state
+    _fail_all(ps._state, message, call)
+
+
+def _fail_all(st, message, call):
     for req in list(st.pending.values()):
         req.finish(error=_mismatch(message, req.call))
     st.pending.clear()

@@ -145,6 +145,21 @@ def _joined_allreduce(dtype, shape, device, op):
 _controller._JOINED_ALLREDUCE[0] = _joined_allreduce
 
 
+_WIRE_DTYPE_NAMES = {}  # (compression name, dtype) -> the name of the dtype the allreduce sends
+
+
+def _wire_dtype_name(compression, dtype):
+    """What an allreduce's description says it sends: the dtype after
+    compression, narrow ones as int32 (computed once per pair: this runs for
+    every request)."""
+    key = (compression.name, dtype)
+    name = _WIRE_DTYPE_NAMES.get(key)
+    if name is None:
+        wire = compression.compress(torch.empty(0, dtype=dtype))[0].dtype
+        name = _WIRE_DTYPE_NAMES[key] = str(torch.int32 if wire in _NARROW else wire)
+    return name
+
+
 def _allreduce_submit(tensor, output, average, name, op, prescale_factor, postscale_factor, process_set, compression,
                       call):
     """Registers tensor's allreduce (into output; None: a new tensor) after
@@ -159,9 +174,7 @@ def _allreduce_submit(tensor, output, average, name, op, prescale_factor, postsc
         raise _invalid(call, "Adasum needs float32 or float64 tensors, got %s" % tensor.dtype)
     if (pre != 1.0 or post != 1.0) and op == Adasum:
         raise _invalid(call, "prescale_factor and postscale_factor do not combine with Adasum")
-    wire_dtype = compression.compress(torch.empty(0, dtype=tensor.dtype))[0].dtype
-    wire_dtype = torch.int32 if wire_dtype in _NARROW else wire_dtype
-    desc = (str(wire_dtype), tuple(tensor.shape), _OP_NAMES[op], tensor.device.type)
+    desc = (_wire_dtype_name(compression, tensor.dtype), tuple(tensor.shape), _OP_NAMES[op], tensor.device.type)
 
     def prepare():
         send, ctx = compression.compress(_scale(tensor, pre))
