@@ -86,6 +86,12 @@ static void lap(tide__kfac_t *k, int s, int64_t *t) {
   *t = now;
 }
 
+/* Steps between an inverse step and the swap: config.staleness, at most
+ * inverse_every (one job at a time). */
+static long stale(const tide__kfac_t *k) {
+  return k->config.staleness < k->config.inverse_every ? k->config.staleness : k->config.inverse_every;
+}
+
 static int mine(const tide__kfac_t *k, const layer_t *l) { return !k->config.distribute || l->owner == k->rank; }
 
 static size_t layer_floats(const layer_t *l) { return (size_t)l->dim_g * l->dim_a; }
@@ -97,7 +103,8 @@ static size_t a_packed(const layer_t *l) { return l->diag ? (size_t)l->dim_a : t
 void tide_kfac_config_default(tide_kfac_config_t *out) {
   if (out == NULL) return;
   *out = (tide_kfac_config_t){.factor_every = 10, .inverse_every = 100, .damping = 0.001f, .factor_decay = 0.95f,
-                              .kl_clip = 0.001f, .distribute = 1, .sample = 0.25f, .max_dim = 0};
+                              .kl_clip = 0.001f, .distribute = 1, .sample = 0.25f, .max_dim = 0,
+                              .staleness = 0};
 }
 
 /* The first field of c out of range, and why; NULL when all are fine. */
@@ -114,8 +121,9 @@ static const char *config_problem(const tide_kfac_config_t *c, const char **why)
   if (!(c->sample > 0 && c->sample <= 1)) return *why = "must be in (0, 1] (1: every row)", "sample";
   if (c->max_dim < 0) return *why = "must be >= 0 (0: no layer is skipped)", "max_dim";
   if (c->diag_dim < 0) return *why = "must be >= 0 (0: every A whole)", "diag_dim";
-  if (c->staleness < 0 || c->staleness > c->inverse_every)
-    return *why = "must be in [0, inverse_every] (0: decompositions in the step that is due)", "staleness";
+  if (c->staleness < 0)
+    return *why = "must be >= 0 (0: decompositions in the step that is due; above inverse_every: inverse_every)",
+           "staleness";
   return NULL;
 }
 
@@ -265,7 +273,7 @@ static void start_job(tide__kfac_t *k, long step) {
       memcpy(l->qn[TIDE_KFAC_A], l->a, a_floats(l) * sizeof(float));
     memcpy(l->qn[TIDE_KFAC_G], l->g, (size_t)l->dim_g * l->dim_g * sizeof(float));
   }
-  k->swap_step = step + k->config.staleness;
+  k->swap_step = step + stale(k);
   k->job_rc = 0;
   if (!ours) return; /* only spread layers, whose owners decompose */
   k->jobs++;
@@ -285,7 +293,7 @@ static int swap_in(tide_trainer_t *tr, tide__kfac_t *k) {
   int rc = finish_job(k);
   if (rc != 0)
     return tide__trainer_fail(tr, rc, "K-FAC: a background eigendecomposition started at step %ld failed",
-                              k->swap_step - k->config.staleness);
+                              k->swap_step - stale(k));
   for (size_t i = 0; i < k->nlayers; i++) {
     layer_t *l = &k->layers[i];
     if (!l->pending) continue;
@@ -768,19 +776,19 @@ int tide__kfac_stage(tide_trainer_t *tr, tide__kfac_t *k, const tide__mean_t *me
   int rc;
   float *grad = mean->whole;
   if (factor_step(tr) && (rc = update_factors(tr, k)) != 0) return rc;
-  int every = k->config.inverse_every, stale = k->config.staleness;
+  long every = k->config.inverse_every, lag = stale(k);
   int refresh = tr->step % every == 0, eigen = 0, later = 0;
   t = tide__now_ns();
   if (any_pending(k)) {
     /* After a restore: the job was started at the last inverse step before this one. */
-    if (k->swap_step < 0) k->swap_step = (tr->step > 0 ? (tr->step - 1) / every * every : 0) + stale;
+    if (k->swap_step < 0) k->swap_step = (tr->step > 0 ? (tr->step - 1) / every * every : 0) + lag;
     if (tr->step >= k->swap_step && (rc = swap_in(tr, k)) != 0) return rc;
   }
   for (size_t i = 0; i < k->nlayers; i++) {
     layer_t *l = &k->layers[i];
     /* decomposed is the same on every rank for a spread layer */
     int due = refresh || !l->decomposed;
-    if (due && l->decomposed && stale > 0) { /* to the background job, swapped in at step + staleness */
+    if (due && l->decomposed && lag > 0) { /* to the background job, swapped in at step + staleness */
       if (mine(k, l) || l->spread) l->pending = later = 1;
       continue;
     }
