@@ -215,6 +215,24 @@ static double rel_diff(const float *a, const float *b, size_t n) {
   return diff / scale;
 }
 
+static void remove_dir(const char *dir) {
+  char cmd[400];
+  snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+  CHECK(system(cmd) == 0);
+}
+
+/* Distributed (dir/a) and replicated (dir/b) runs' rank 0: the same bits
+ * but for rounding (the sums' order), as test_distributed says. */
+static void same_as_replicated(const char *dir, const char *a, const char *b, float *ref, float *got, size_t n,
+                               const char *label) {
+  char pa[300], pb[300];
+  snprintf(pa, sizeof pa, "%s/%s.rank0", dir, a);
+  snprintf(pb, sizeof pb, "%s/%s.rank0", dir, b);
+  CHECK(read_params(pa, ref, 1 << 20) == n && read_params(pb, got, 1 << 20) == n);
+  fprintf(stderr, "%s vs replicated max rel diff %.3g\n", label, rel_diff(got, ref, n));
+  CHECK(rel_diff(got, ref, n) <= 1e-6);
+}
+
 static void test_distributed(void) {
   char dir[] = "/tmp/tide-kfac-XXXXXX";
   CHECK(mkdtemp(dir) != NULL);
@@ -254,17 +272,9 @@ static void test_distributed(void) {
   }
   /* Distributed (whole layers, or fc1's rows spread over the ranks) and
    * replicated preconditioning on 3 ranks: the same bits. */
-  char a[300], b[300];
-  for (int spread = 0; spread < 2; spread++) {
-    snprintf(a, sizeof a, "%s/np3-d1-s%d.rank0", dir, spread);
-    snprintf(b, sizeof b, "%s/np3-d0-s0.rank0", dir);
-    CHECK(read_params(a, ref, CAP) == n && read_params(b, got, CAP) == n);
-    fprintf(stderr, "np 3: distributed (spread %d) vs replicated max rel diff %.3g\n", spread, rel_diff(got, ref, n));
-    CHECK(rel_diff(got, ref, n) <= 1e-6);
-  }
-  char cmd[400];
-  snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
-  CHECK(system(cmd) == 0);
+  same_as_replicated(dir, "np3-d1-s0", "np3-d0-s0", ref, got, n, "np 3: distributed (spread 0)");
+  same_as_replicated(dir, "np3-d1-s1", "np3-d0-s0", ref, got, n, "np 3: distributed (spread 1)");
+  remove_dir(dir);
   free(ref);
   free(got);
 }
@@ -361,15 +371,8 @@ static void test_async_replicas(void) {
         CHECK(d < 3e-5);
     }
   }
-  char a[300], b[300];
-  snprintf(a, sizeof a, "%s/async-np3-d1-s0-S2.rank0", dir);
-  snprintf(b, sizeof b, "%s/async-np3-d0-s0-S2.rank0", dir);
-  CHECK(read_params(a, ref, CAP) == n && read_params(b, got, CAP) == n);
-  fprintf(stderr, "staleness 2, np 3: distributed vs replicated max rel diff %.3g\n", rel_diff(got, ref, n));
-  CHECK(rel_diff(got, ref, n) <= 1e-6);
-  char cmd[400];
-  snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
-  CHECK(system(cmd) == 0);
+  same_as_replicated(dir, "async-np3-d1-s0-S2", "async-np3-d0-s0-S2", ref, got, n, "staleness 2, np 3: distributed");
+  remove_dir(dir);
   free(ref);
   free(got);
   free(rank0);
