@@ -1420,6 +1420,23 @@ typedef struct {
                          statistics, allreduce or decomposition, and its
                          preconditioning costs 2 dim_G^2 dim_A instead of
                          2 dim_G dim_A (dim_G + dim_A). 0 (default): every A whole */
+  int staleness;      /* S >= 0 steps (above inverse_every: inverse_every). 0 (default):
+                         the eigendecompositions run in the step that is due (every
+                         inverse_every steps), on the step's critical path; on the
+                         CNN, fresher decompositions reached 90% in fewer epochs than
+                         hidden ones saved. S > 0: at an inverse step s > 0 each owner
+                         copies its layers' just-reduced factors and decomposes them
+                         on a background thread while the steps go on with the
+                         decompositions in use; every rank swaps the new ones in at
+                         step s + S (the spread layers' broadcast then; a job not
+                         done by then is waited for). So step t preconditions with
+                         the factors of step I floor((t - S) / I) (I = inverse_every),
+                         or step 0's (decomposed in step 0) while that is < 0: the
+                         same on every rank, and a checkpoint carries the pending
+                         decompositions, so a resumed run (same staleness) goes on
+                         bit for bit. tide_trainer_state_get and tide_trainer_destroy
+                         wait for a running job (docs/adaptation.md, "Decompositions
+                         off the critical path") */
 } tide_kfac_config_t;
 
 /* One dense or conv layer: its weight tensor [out, in] or [out, c, kh, kw]
@@ -1441,7 +1458,7 @@ void tide_kfac_config_default(tide_kfac_config_t *out);
 int tide_kfac_config_check(const tide_kfac_config_t *config);
 /* Sets the fields named in text, "key=value" pairs separated by ',' or ':'
  * with the keys factor_every, inverse_every, damping, factor_decay, kl_clip,
- * distribute, spread, sample, max_dim and diag_dim (e.g.
+ * distribute, spread, sample, max_dim, diag_dim and staleness (e.g.
  * "damping=0.003,inverse_every=50,sample=0.25"); the others keep
  * their value. Then checks the whole config. TIDE_EINVAL names an unknown
  * key or a bad value (*inout unchanged). */

@@ -4,6 +4,10 @@
  *   - the distributed result (KAISA: each layer on one rank, preconditioned
  *     gradients all-gathered) equals every rank doing every layer, and both
  *     equal a single rank taking the whole global batch;
+ *   - decompositions off the critical path (config.staleness): the
+ *     decomposition in use at step t is that of the factors of step
+ *     I floor((t - S) / I), the replicas agree bit for bit, and a run
+ *     saved with a decomposition pending resumes bit for bit;
  *   - cheaper factors: a factor from sampled rows (config.sample) equals the
  *     full factor of those rows, a layer wider than config.max_dim keeps
  *     its plain gradient, and both resume bit for bit;
@@ -43,6 +47,7 @@ typedef struct {
   int max_dim;     /* config.max_dim; 0 keeps the default */
   int no_kfac;     /* 1: the same run without K-FAC */
   int diag_dim;    /* config.diag_dim */
+  int staleness;   /* config.staleness */
   const char *out; /* each rank writes its final parameters to out.rankR */
   float *params0;  /* if non-NULL, gets the initial parameters (rank 0) */
 } run_t;
@@ -79,6 +84,7 @@ static int run_training(tide_comm_t *comm, const run_t *r, nn_model_t **model_ou
   kc.sample = r->sample > 0 ? r->sample : 1.0f; /* the options off: main's checksums */
   if (r->max_dim != 0) kc.max_dim = r->max_dim;
   kc.diag_dim = r->diag_dim;
+  kc.staleness = r->staleness;
   tide_kfac_layer_t layers[8];
   CHECK(nn_kfac_layer_count(m) == 3);
   CHECK_OK(nn_kfac_layers(m, layers));
@@ -209,6 +215,24 @@ static double rel_diff(const float *a, const float *b, size_t n) {
   return diff / scale;
 }
 
+static void remove_dir(const char *dir) {
+  char cmd[400];
+  snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+  CHECK(system(cmd) == 0);
+}
+
+/* Distributed (dir/a) and replicated (dir/b) runs' rank 0: the same bits
+ * but for rounding (the sums' order), as test_distributed says. */
+static void same_as_replicated(const char *dir, const char *a, const char *b, float *ref, float *got, size_t n,
+                               const char *label) {
+  char pa[300], pb[300];
+  snprintf(pa, sizeof pa, "%s/%s.rank0", dir, a);
+  snprintf(pb, sizeof pb, "%s/%s.rank0", dir, b);
+  CHECK(read_params(pa, ref, 1 << 20) == n && read_params(pb, got, 1 << 20) == n);
+  fprintf(stderr, "%s vs replicated max rel diff %.3g\n", label, rel_diff(got, ref, n));
+  CHECK(rel_diff(got, ref, n) <= 1e-6);
+}
+
 static void test_distributed(void) {
   char dir[] = "/tmp/tide-kfac-XXXXXX";
   CHECK(mkdtemp(dir) != NULL);
@@ -248,17 +272,9 @@ static void test_distributed(void) {
   }
   /* Distributed (whole layers, or fc1's rows spread over the ranks) and
    * replicated preconditioning on 3 ranks: the same bits. */
-  char a[300], b[300];
-  for (int spread = 0; spread < 2; spread++) {
-    snprintf(a, sizeof a, "%s/np3-d1-s%d.rank0", dir, spread);
-    snprintf(b, sizeof b, "%s/np3-d0-s0.rank0", dir);
-    CHECK(read_params(a, ref, CAP) == n && read_params(b, got, CAP) == n);
-    fprintf(stderr, "np 3: distributed (spread %d) vs replicated max rel diff %.3g\n", spread, rel_diff(got, ref, n));
-    CHECK(rel_diff(got, ref, n) <= 1e-6);
-  }
-  char cmd[400];
-  snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
-  CHECK(system(cmd) == 0);
+  same_as_replicated(dir, "np3-d1-s0", "np3-d0-s0", ref, got, n, "np 3: distributed (spread 0)");
+  same_as_replicated(dir, "np3-d1-s1", "np3-d0-s0", ref, got, n, "np 3: distributed (spread 1)");
+  remove_dir(dir);
   free(ref);
   free(got);
 }
@@ -276,13 +292,19 @@ static void test_resume(void) {
   /* whole layers, then fc1's rows spread over the two ranks, then (2)
    * whole layers with the factors from half of the rows, shifted each
    * step, and the 785-wide layer left out (max_dim), then (3) that layer
-   * with the diagonal of its A (diag_dim) */
-  for (int spread = 0; spread < 4; spread++) {
+   * with the diagonal of its A (diag_dim); then (4) background
+   * decompositions (staleness 2) and (5) the same with the layer spread
+   * and staleness 3, each saved after step 3 with step 3's decomposition
+   * pending (swapped in at step 5, 6) */
+  for (int spread = 0; spread < 6; spread++) {
   snprintf(whole, sizeof whole, "%s/whole%d", dir, spread);
   snprintf(resumed, sizeof resumed, "%s/resumed%d", dir, spread);
   run_t r = {.batch = 6, .steps = 8, .distribute = 1, .spread = spread == 1, .kl_clip = 0.001f, .factor_decay = 0.9f,
              .damping = 0.03f, .lr = 0.002f, .momentum = 0.9f, .factor_every = 1, .inverse_every = 3, .out = whole,
-             .sample = spread == 2 ? 0.5f : 0, .max_dim = spread == 2 ? 100 : 0, .diag_dim = spread == 3 ? 100 : 0};
+             .sample = spread == 2 ? 0.5f : 0, .max_dim = spread == 2 ? 100 : 0, .diag_dim = spread == 3 ? 100 : 0,
+             .staleness = spread == 4 ? 2 : spread == 5 ? 3 : 0};
+  if (spread == 4) r.diag_dim = 100;
+  if (spread == 5) r.spread = 1;
   harness_opts_t opts = {.np = 2, .timeout_s = 120};
   CHECK(harness_run(&opts, rank_main, &r) == 0);
   r.out = resumed;
@@ -303,6 +325,135 @@ static void test_resume(void) {
   CHECK(system(cmd) == 0);
   free(a);
   free(b);
+}
+
+/* Background decompositions (staleness 2, inverse_every 3, factor_every 1,
+ * 8 steps) on 1 rank, 3 ranks distributed and replicated, and 2 ranks
+ * with the 785-wide layer spread: every rank of a run ends with the same
+ * bits, distributed and replicated agree as in test_distributed, every run
+ * agrees with 1 rank to the sums' rounding, and the run differs from the
+ * synchronous one (the staleness does something). */
+static void test_async_replicas(void) {
+  char dir[] = "/tmp/tide-kfac-XXXXXX";
+  CHECK(mkdtemp(dir) != NULL);
+  enum { GLOBAL = 12, CAP = 1 << 20 };
+  struct {
+    int np, distribute, spread, staleness;
+  } cases[] = {{1, 1, 0, 2}, {3, 1, 0, 2}, {3, 0, 0, 2}, {2, 1, 1, 2}, {1, 1, 0, 0}};
+  float *ref = malloc(CAP * sizeof(float)), *got = malloc(CAP * sizeof(float)), *rank0 = malloc(CAP * sizeof(float));
+  CHECK(ref != NULL && got != NULL && rank0 != NULL);
+  size_t n = 0;
+  for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+    char out[256];
+    snprintf(out, sizeof out, "%s/async-np%d-d%d-s%d-S%d", dir, cases[c].np, cases[c].distribute, cases[c].spread,
+             cases[c].staleness);
+    run_t r = {.batch = GLOBAL / cases[c].np, .steps = 8, .distribute = cases[c].distribute,
+               .spread = cases[c].spread, .kl_clip = 0.001f, .factor_decay = 0.9f, .damping = 0.03f, .lr = 0.002f,
+               .momentum = 0.9f, .factor_every = 1, .inverse_every = 3, .staleness = cases[c].staleness, .out = out};
+    harness_opts_t opts = {.np = cases[c].np, .timeout_s = 120};
+    CHECK(harness_run(&opts, rank_main, &r) == 0);
+    for (int rank = 0; rank < cases[c].np; rank++) {
+      char path[300];
+      snprintf(path, sizeof path, "%s.rank%d", out, rank);
+      size_t got_n = read_params(path, c == 0 ? ref : rank == 0 ? rank0 : got, CAP);
+      if (c == 0) {
+        n = got_n;
+        continue;
+      }
+      CHECK(got_n == n);
+      if (rank > 0) CHECK(memcmp(got, rank0, n * sizeof(float)) == 0); /* the replicas: the same bits */
+      double d = rel_diff(rank == 0 ? rank0 : got, ref, n);
+      fprintf(stderr, "staleness %d, np %d distribute %d spread %d rank %d: max |diff| / max |w| = %.3g against np 1 "
+              "staleness 2\n", cases[c].staleness, cases[c].np, cases[c].distribute, cases[c].spread, rank, d);
+      if (cases[c].staleness == 0)
+        CHECK(d > 1e-4); /* synchronous decompositions: another run */
+      else
+        CHECK(d < 3e-5);
+    }
+  }
+  same_as_replicated(dir, "async-np3-d1-s0-S2", "async-np3-d0-s0-S2", ref, got, n, "staleness 2, np 3: distributed");
+  remove_dir(dir);
+  free(ref);
+  free(got);
+  free(rank0);
+}
+
+/* The swap at the documented step: with staleness S and inverse_every I,
+ * the decomposition in use after step t (the state's: the one step t
+ * preconditioned with) is the eigendecomposition of the factors the state
+ * held after step I max(0, floor((t - S) / I)), and the pending one (from
+ * an inverse step s > 0 until s + S) that of step s's; computed here with
+ * tide__kfac_eigen, compared bit for bit. Run on 1 and 2 ranks (the state
+ * gathers each layer's from its owner). */
+static int swap_rank(int rank, int size, void *arg) {
+  enum { I = 3, STEPS = 10, NL = 3 };
+  int staleness = *(const int *)arg, S = staleness < I ? staleness : I; /* above I: I */
+  (void)rank;
+  tide_comm_t *comm;
+  CHECK_OK(tide_comm_init(&comm));
+  run_t r = {.batch = 12 / size, .steps = 0, .distribute = 1, .kl_clip = 0.001f, .factor_decay = 0.9f,
+             .damping = 0.03f, .lr = 0.002f, .momentum = 0.9f, .factor_every = 1, .inverse_every = I,
+             .staleness = staleness};
+  nn_model_t *m;
+  tide_trainer_t *tr;
+  run_training(comm, &r, &m, &tr);
+  tide_kfac_layer_t layers[NL];
+  CHECK_OK(nn_kfac_layers(m, layers));
+  size_t dim[NL][2], at[NL], kfac = 0;
+  for (int i = 0; i < NL; i++) {
+    dim[i][0] = (size_t)layers[i].in_dim + 1;
+    dim[i][1] = (size_t)layers[i].out_dim;
+    at[i] = kfac;
+    size_t na = dim[i][0], ng = dim[i][1], eig = 1 + na * na + na + ng * ng + ng;
+    kfac += na * na + ng * ng + 2 * eig; /* A, G, in use, pending */
+  }
+  float *saved[STEPS / I + 1][NL][2] = {{{NULL}}}, *q = malloc(785 * 785 * sizeof(float)), d[785];
+  CHECK(q != NULL);
+  int checked_pending = 0, want_pending = 0;
+  for (int t = 0; t < STEPS; t++) {
+    CHECK(train_steps(m, tr, r.batch, 1, 1) == 0);
+    size_t len = tide_trainer_state_size(tr);
+    char *state = malloc(len);
+    CHECK(state != NULL && kfac * sizeof(float) < len);
+    CHECK_OK(tide_trainer_state_get(tr, state, len));
+    const float *k = (const float *)(void *)(state + len - kfac * sizeof(float));
+    int use = t - S >= 0 ? (t - S) / I : 0, last = t / I, pending = last > 0 && t < last * I + S;
+    want_pending += pending;
+    for (int i = 0; i < NL; i++) {
+      const float *p = k + at[i], *f[2] = {p, p + dim[i][0] * dim[i][0]};
+      if (t % I == 0)
+        for (int x = 0; x < 2; x++) {
+          saved[last][i][x] = malloc(dim[i][x] * dim[i][x] * sizeof(float));
+          memcpy(saved[last][i][x], f[x], dim[i][x] * dim[i][x] * sizeof(float));
+        }
+      const float *e = f[1] + dim[i][1] * dim[i][1];
+      for (int section = 0; section < 2; section++) {
+        int from = section == 0 ? use : last, want = section == 0 ? 1 : pending;
+        CHECK(*e == (float)want);
+        e++;
+        for (int x = 0; x < 2; x++) {
+          size_t nd = dim[i][x];
+          if (want) {
+            CHECK_OK(tide__kfac_eigen(saved[from][i][x], (int)nd, q, d));
+            CHECK(memcmp(e, q, nd * nd * sizeof(float)) == 0 && memcmp(e + nd * nd, d, nd * sizeof(float)) == 0);
+          }
+          e += nd * nd + nd;
+        }
+        checked_pending += section == 1 && want;
+      }
+    }
+    free(state);
+  }
+  CHECK(want_pending > 0 && checked_pending == want_pending * NL);
+  for (int s = 0; s <= STEPS / I; s++)
+    for (int i = 0; i < NL; i++) free(saved[s][i][0]), free(saved[s][i][1]);
+  free(q);
+  tide_trainer_destroy(tr);
+  nn_model_destroy(m);
+  tide_comm_destroy(comm);
+  fprintf(stderr, "staleness %d, inverse_every %d, np %d: step t used the factors of step %d max(0, floor((t - %d) / "
+          "%d)), bit for bit, steps 0-%d\n", staleness, I, size, I, S, I, STEPS - 1);
+  return 0;
 }
 
 /* The rows config.sample takes, written out independently: n = ceil(f *
@@ -414,6 +565,7 @@ static int sample_trainer(int rank, int size, void *arg) {
     tide_kfac_config_default(&kc);
     kc.factor_every = kc.inverse_every = 1;
     kc.factor_decay = 0;
+    kc.staleness = 0; /* the state's layout below: no pending decompositions */
     kc.sample = t == 0 ? 0.5f : 1.0f;
     CHECK_OK(tide_trainer_kfac(tr[t], &kc, layers, 3));
   }
@@ -550,6 +702,7 @@ static int bad_options(int rank, int size, void *arg) {
   EXPECT_BAD("sample", sample = NAN);
   EXPECT_BAD("max_dim", max_dim = -1);
   EXPECT_BAD("diag_dim", diag_dim = -2);
+  EXPECT_BAD("staleness", staleness = -1);
   /* The option string. */
   kc = d;
   CHECK_OK(tide_kfac_config_parse("damping=0.003,inverse_every=50:factor_every=5", &kc));
@@ -568,6 +721,10 @@ static int bad_options(int rank, int size, void *arg) {
   CHECK_RC(tide_kfac_config_parse("max_dim=-3", &kc), TIDE_EINVAL);
   CHECK_RC(tide_kfac_config_parse("diag_dim=x", &kc), TIDE_EINVAL);
   CHECK_OK(tide_kfac_config_parse("diag_dim=512", &kc));
+  CHECK_RC(tide_kfac_config_parse("staleness=1.5", &kc), TIDE_EINVAL);
+  CHECK_RC(tide_kfac_config_parse("staleness=-3", &kc), TIDE_EINVAL);
+  CHECK_OK(tide_kfac_config_parse("staleness=70", &kc)); /* above inverse_every 50: acts as 50 (swap_rank) */
+  CHECK(kc.staleness == 70);
   CHECK(kc.diag_dim == 512);
   CHECK_OK(tide_kfac_config_parse("sample=0.5,max_dim=100", &kc));
   CHECK(kc.sample == 0.5f && kc.max_dim == 100 && kc.spread == 1);
@@ -715,10 +872,16 @@ static void test_tide_train(void) {
            "--kfac sample=2 --name bad3 --runs %s 2>&1", tools, tools, dir);
   rc = harness_shell(cmd, out, sizeof out);
   CHECK(rc != 0 && strstr(out, "kfac.sample") != NULL);
-  /* Sampled factors and a layer left out, end to end: the replicas agree. */
+  snprintf(cmd, sizeof cmd, "%s/tiderun -np 1 %s/tide-train --model mlp --epochs 1 --subset 500 --optim kfac "
+           "--kfac inverse_every=20,staleness=-1 --name bad4 --runs %s 2>&1", tools, tools, dir);
+  rc = harness_shell(cmd, out, sizeof out);
+  CHECK(rc != 0 && strstr(out, "kfac.staleness") != NULL);
+  /* Sampled factors, a layer left out and background decompositions, end
+   * to end: the replicas agree. */
   snprintf(cmd, sizeof cmd,
            "%s/tiderun -np 2 %s/tide-train --model mlp --epochs 1 --batch 32 --subset 1000 --optim kfac "
-           "--kfac factor_every=2,inverse_every=6,sample=0.5,max_dim=300 --threads 1 --name ks --runs %s 2>&1",
+           "--kfac factor_every=2,inverse_every=6,sample=0.5,max_dim=300,staleness=4 --threads 1 --name ks --runs %s "
+           "2>&1",
            tools, tools, dir);
   rc = harness_shell(cmd, out, sizeof out);
   if (rc != 0 || strstr(out, "replicas identical: yes") == NULL) {
@@ -747,6 +910,12 @@ int main(int argc, char **argv) {
   CHECK(harness_run(&one, sample_trainer, NULL) == 0);
   test_distributed();
   test_resume();
+  test_async_replicas();
+  harness_opts_t two = {.np = 2, .timeout_s = 120};
+  int stale2 = 2, stale5 = 5; /* 5 > inverse_every 3: acts as 3 */
+  CHECK(harness_run(&one, swap_rank, &stale2) == 0);
+  CHECK(harness_run(&two, swap_rank, &stale2) == 0);
+  CHECK(harness_run(&one, swap_rank, &stale5) == 0);
   test_skip();
   test_tide_train();
   fprintf(stderr, "test_kfac: ok\n");

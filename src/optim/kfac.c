@@ -123,6 +123,11 @@ void tide__kfac_blend(float *running, int dim, const float *packed, float scale,
 }
 
 int tide__kfac_eigen(const float *f, int dim, float *q, float *d) {
+  memcpy(q, f, (size_t)dim * dim * sizeof *q);
+  return tide__kfac_eigen_inplace(q, dim, d);
+}
+
+int tide__kfac_eigen_inplace(float *q, int dim, float *d) {
   /* LAPACKE_ssyevd's own workspace query rounds its size through a float,
    * which comes out too small past dim ~ 3000: size it here. */
   lapack_int n = dim, lwork = 1 + 6 * n + 2 * n * n, liwork = 3 + 5 * n;
@@ -133,7 +138,6 @@ int tide__kfac_eigen(const float *f, int dim, float *q, float *d) {
     tide__free(iwork);
     return TIDE_ENOMEM;
   }
-  memcpy(q, f, (size_t)dim * dim * sizeof *q);
   /* f is symmetric, so its row-major storage is its column-major one; the
    * column-major eigenvectors read row-major are Q^T. */
   lapack_int info = LAPACKE_ssyevd_work(LAPACK_COL_MAJOR, 'V', 'U', n, q, n, d, work, lwork, iwork, liwork);

@@ -61,6 +61,10 @@ static inline size_t tide__kfac_packed(int dim) { return (size_t)dim * ((size_t)
  * eigenvalue, clamped to >= 0. Allocates LAPACK's workspace for the call.
  * 0, TIDE_ENOMEM, or TIDE_EINVAL when LAPACK fails (non-finite input). */
 int tide__kfac_eigen(const float *f, int dim, float *q, float *d);
+/* The same with f in q on entry (overwritten by the eigenvectors): the
+ * trainer's background decompositions (tide_kfac_config_t.staleness) copy
+ * the factor there themselves. Same bits as tide__kfac_eigen. */
+int tide__kfac_eigen_inplace(float *q, int dim, float *d);
 
 /* p (dim_g x dim_a) = Q_G ((Q_G^T m Q_A) ./ (d_G d_A^T + damping)) Q_A^T
  * for the layer gradient m (dim_g x dim_a); qg, qa as tide__kfac_eigen

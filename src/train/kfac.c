@@ -5,6 +5,7 @@
  * gradient and shares the result (KAISA's layer-wise distribution, or every
  * rank doing every layer). The arithmetic is src/optim/kfac.c. */
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -31,6 +32,13 @@ typedef struct {
    * owner decomposes and broadcasts, and pw holds the whole W, then P. */
   int spread, row0, row1;
   float *pw;
+  /* Background decompositions (config.staleness > 0): at an inverse step
+   * the owner copies the factors into qn (d_A into dn for a diagonal A) and
+   * its job decomposes them there; staleness steps later they are swapped
+   * with q, d. pending: in that job (on every rank for a spread layer, whose
+   * owner broadcasts at the swap); qn, dn only where ours. */
+  float *qn[2], *dn[2];
+  int pending;
 } layer_t;
 
 struct tide__kfac {
@@ -55,6 +63,15 @@ struct tide__kfac {
    * stage"): seconds per stage summed over the run, logged at the end. */
   double prof[KFAC_STAGES];
   long prof_steps, prof_factor_steps, prof_inverse_steps;
+  /* The background job: one thread per inverse step, decomposing this
+   * rank's pending layers; joined at the swap (or by state_get and
+   * destroy). job_rc and job_s are the job's, read after the join.
+   * swap_step: the step that swaps the pending decompositions in; -1 after
+   * a restore, derived from the step at the next stage. */
+  pthread_t job;
+  int job_started, job_rc;
+  long swap_step, jobs;
+  double job_s, wait_s;
 };
 
 enum { STATS, ALLREDUCE, BLEND, EIGEN, PRECOND, ALLGATHER, APPLY };
@@ -69,6 +86,12 @@ static void lap(tide__kfac_t *k, int s, int64_t *t) {
   *t = now;
 }
 
+/* Steps between an inverse step and the swap: config.staleness, at most
+ * inverse_every (one job at a time). */
+static long stale(const tide__kfac_t *k) {
+  return k->config.staleness < k->config.inverse_every ? k->config.staleness : k->config.inverse_every;
+}
+
 static int mine(const tide__kfac_t *k, const layer_t *l) { return !k->config.distribute || l->owner == k->rank; }
 
 static size_t layer_floats(const layer_t *l) { return (size_t)l->dim_g * l->dim_a; }
@@ -80,7 +103,8 @@ static size_t a_packed(const layer_t *l) { return l->diag ? (size_t)l->dim_a : t
 void tide_kfac_config_default(tide_kfac_config_t *out) {
   if (out == NULL) return;
   *out = (tide_kfac_config_t){.factor_every = 10, .inverse_every = 100, .damping = 0.001f, .factor_decay = 0.95f,
-                              .kl_clip = 0.001f, .distribute = 1, .sample = 0.25f, .max_dim = 0};
+                              .kl_clip = 0.001f, .distribute = 1, .sample = 0.25f, .max_dim = 0,
+                              .staleness = 0};
 }
 
 /* The first field of c out of range, and why; NULL when all are fine. */
@@ -97,6 +121,9 @@ static const char *config_problem(const tide_kfac_config_t *c, const char **why)
   if (!(c->sample > 0 && c->sample <= 1)) return *why = "must be in (0, 1] (1: every row)", "sample";
   if (c->max_dim < 0) return *why = "must be >= 0 (0: no layer is skipped)", "max_dim";
   if (c->diag_dim < 0) return *why = "must be >= 0 (0: every A whole)", "diag_dim";
+  if (c->staleness < 0)
+    return *why = "must be >= 0 (0: decompositions in the step that is due; above inverse_every: inverse_every)",
+           "staleness";
   return NULL;
 }
 
@@ -125,7 +152,7 @@ int tide_kfac_config_parse(const char *text, tide_kfac_config_t *inout) {
     double v = strtod(p + eq + 1, &end);
     int is_int = strcmp(key, "factor_every") == 0 || strcmp(key, "inverse_every") == 0 || strcmp(key, "distribute") == 0 ||
                  strcmp(key, "spread") == 0 || strcmp(key, "max_dim") == 0 ||
-                 strcmp(key, "diag_dim") == 0;
+                 strcmp(key, "diag_dim") == 0 || strcmp(key, "staleness") == 0;
     if (end != p + n || end == p + eq + 1 || !isfinite(v) || (is_int && (v != floor(v) || fabs(v) > 1e9))) {
       TIDE_ERROR("K-FAC options: kfac.%s: \"%.*s\" is not a%s number", key, (int)(n - eq - 1), p + eq + 1,
                  is_int ? "n integer" : "");
@@ -143,6 +170,8 @@ int tide_kfac_config_parse(const char *text, tide_kfac_config_t *inout) {
       c.max_dim = (int)v;
     else if (strcmp(key, "diag_dim") == 0)
       c.diag_dim = (int)v;
+    else if (strcmp(key, "staleness") == 0)
+      c.staleness = (int)v;
     else if (strcmp(key, "sample") == 0)
       c.sample = (float)v;
     else if (strcmp(key, "damping") == 0)
@@ -153,7 +182,7 @@ int tide_kfac_config_parse(const char *text, tide_kfac_config_t *inout) {
       c.kl_clip = (float)v;
     else {
       TIDE_ERROR("K-FAC options: unknown key \"%s\" (use factor_every, inverse_every, damping, factor_decay, "
-                 "kl_clip, distribute, spread, sample, max_dim, diag_dim)", key);
+                 "kl_clip, distribute, spread, sample, max_dim, diag_dim, staleness)", key);
       return TIDE_EINVAL;
     }
     p += n;
@@ -179,14 +208,118 @@ static void log_profile(const tide__kfac_t *k) {
                   1e3 * k->prof[s] / (double)k->prof_steps);
   }
   if (n > 0 && (size_t)n < sizeof line)
-    snprintf(line + n, sizeof line - (size_t)n, "; total %.3f; eigendecompositions per inverse step %.1f",
-             1e3 * total / (double)k->prof_steps,
-             k->prof_inverse_steps ? 1e3 * k->prof[EIGEN] / (double)k->prof_inverse_steps : 0.0);
+    n += snprintf(line + n, sizeof line - (size_t)n, "; total %.3f; eigendecompositions per inverse step %.1f",
+                  1e3 * total / (double)k->prof_steps,
+                  k->prof_inverse_steps ? 1e3 * k->prof[EIGEN] / (double)k->prof_inverse_steps : 0.0);
+  /* staleness > 0: the background jobs' own time (off the step), and the
+   * part of the eigendecompositions stage spent waiting for them at a swap */
+  if (k->jobs > 0 && n > 0 && (size_t)n < sizeof line)
+    snprintf(line + n, sizeof line - (size_t)n, "; background decompositions %ld, %.1f each (%.3f per step), "
+             "waited for at the swap %.3f per step", k->jobs, 1e3 * k->job_s / (double)k->jobs,
+             1e3 * k->job_s / (double)k->prof_steps, 1e3 * k->wait_s / (double)k->prof_steps);
   TIDE_INFO("%s", line);
+}
+
+/* ---- background decompositions (config.staleness > 0) --------------------- */
+
+/* Decomposes this rank's pending layers in qn, dn: the job's body, or the
+ * caller's when no thread could be started. */
+static int decompose_pending(tide__kfac_t *k) {
+  int64_t t0 = tide__now_ns();
+  int rc = 0;
+  for (size_t i = 0; i < k->nlayers && rc == 0; i++) {
+    layer_t *l = &k->layers[i];
+    if (!l->pending || !mine(k, l)) continue;
+    if (!l->diag) rc = tide__kfac_eigen_inplace(l->qn[TIDE_KFAC_A], l->dim_a, l->dn[TIDE_KFAC_A]);
+    if (rc == 0) rc = tide__kfac_eigen_inplace(l->qn[TIDE_KFAC_G], l->dim_g, l->dn[TIDE_KFAC_G]);
+    if (rc != 0) TIDE_ERROR("K-FAC: background eigendecomposition of layer %zu's factors failed", i);
+  }
+  k->job_s += (double)(tide__now_ns() - t0) * 1e-9;
+  return rc;
+}
+
+static void *job_main(void *arg) {
+  tide__kfac_t *k = arg;
+  k->job_rc = decompose_pending(k);
+  return NULL;
+}
+
+/* Waits for the job, if one runs; its result. The job is arithmetic on
+ * buffers it alone touches until then, so it ends on its own (no deadline
+ * or abort flag to poll). */
+static int finish_job(tide__kfac_t *k) {
+  if (k->job_started) {
+    int64_t t0 = tide__now_ns();
+    pthread_join(k->job, NULL);
+    k->job_started = 0;
+    k->wait_s += (double)(tide__now_ns() - t0) * 1e-9;
+  }
+  return k->job_rc;
+}
+
+/* At inverse step `step`: copies the pending layers' factors (this rank's)
+ * into qn, dn and starts the job, to be swapped in at step + staleness.
+ * Where the thread cannot start, decomposes here: the same bits, on the
+ * step's time. */
+static void start_job(tide__kfac_t *k, long step) {
+  int ours = 0;
+  for (size_t i = 0; i < k->nlayers; i++) {
+    layer_t *l = &k->layers[i];
+    if (!l->pending || !mine(k, l)) continue;
+    ours = 1;
+    if (l->diag) /* A's eigenvalues are its diagonal */
+      for (int j = 0; j < l->dim_a; j++) l->dn[TIDE_KFAC_A][j] = l->a[j] > 0 ? l->a[j] : 0.0f;
+    else
+      memcpy(l->qn[TIDE_KFAC_A], l->a, a_floats(l) * sizeof(float));
+    memcpy(l->qn[TIDE_KFAC_G], l->g, (size_t)l->dim_g * l->dim_g * sizeof(float));
+  }
+  k->swap_step = step + stale(k);
+  k->job_rc = 0;
+  if (!ours) return; /* only spread layers, whose owners decompose */
+  k->jobs++;
+  if (pthread_create(&k->job, NULL, job_main, k) == 0) {
+    k->job_started = 1;
+    return;
+  }
+  static tide__ratelimit_t limit;
+  TIDE_WARN_RATELIMITED(&limit, "K-FAC: no thread for the background decompositions: decomposing in the step");
+  k->job_rc = decompose_pending(k);
+}
+
+static int share_spread(tide_trainer_t *tr, tide__kfac_t *k, size_t i);
+
+/* Swaps the pending decompositions in (every rank, at the same step). */
+static int swap_in(tide_trainer_t *tr, tide__kfac_t *k) {
+  int rc = finish_job(k);
+  if (rc != 0)
+    return tide__trainer_fail(tr, rc, "K-FAC: a background eigendecomposition started at step %ld failed",
+                              k->swap_step - stale(k));
+  for (size_t i = 0; i < k->nlayers; i++) {
+    layer_t *l = &k->layers[i];
+    if (!l->pending) continue;
+    l->pending = 0;
+    if (mine(k, l))
+      for (int f = 0; f < 2; f++) {
+        float *q = l->q[f], *d = l->d[f];
+        l->q[f] = l->qn[f], l->d[f] = l->dn[f];
+        l->qn[f] = q, l->dn[f] = d;
+      }
+    if (l->spread && (rc = share_spread(tr, k, i)) != 0) return rc;
+    if (mine(k, l)) l->decomposed = 1;
+  }
+  k->swap_step = -1;
+  return 0;
+}
+
+static int any_pending(const tide__kfac_t *k) {
+  for (size_t i = 0; i < k->nlayers; i++)
+    if (k->layers[i].pending) return 1;
+  return 0;
 }
 
 void tide__kfac_destroy(tide__kfac_t *k) {
   if (k == NULL) return;
+  (void)finish_job(k);
   log_profile(k);
   for (size_t i = 0; k->layers != NULL && i < k->nlayers; i++) {
     layer_t *l = &k->layers[i];
@@ -196,6 +329,8 @@ void tide__kfac_destroy(tide__kfac_t *k) {
       tide__free(l->sum[f]);
       tide__free(l->q[f]);
       tide__free(l->d[f]);
+      tide__free(l->qn[f]);
+      tide__free(l->dn[f]);
     }
     tide__free(l->pw);
   }
@@ -407,6 +542,14 @@ int tide_trainer_kfac(tide_trainer_t *tr, const tide_kfac_config_t *config, cons
       l->d[TIDE_KFAC_G] = tide__malloc((size_t)l->dim_g * sizeof(float));
       if ((l->q[0] == NULL && !l->diag) || l->q[1] == NULL || l->d[0] == NULL || l->d[1] == NULL) rc = TIDE_ENOMEM;
     }
+    if (mine(k, l) && config->staleness > 0) {
+      l->qn[TIDE_KFAC_A] = l->diag ? NULL : tide__malloc(na * sizeof(float));
+      l->qn[TIDE_KFAC_G] = tide__malloc(ng * sizeof(float));
+      l->dn[TIDE_KFAC_A] = tide__malloc((size_t)l->dim_a * sizeof(float));
+      l->dn[TIDE_KFAC_G] = tide__malloc((size_t)l->dim_g * sizeof(float));
+      if ((l->qn[0] == NULL && !l->diag) || l->qn[1] == NULL || l->dn[0] == NULL || l->dn[1] == NULL)
+        rc = TIDE_ENOMEM;
+    }
     if (l->spread && (l->pw = tide__malloc(layer_floats(l) * sizeof *l->pw)) == NULL) rc = TIDE_ENOMEM;
     if (l->a == NULL || l->g == NULL || l->sum[0] == NULL || l->sum[1] == NULL) rc = TIDE_ENOMEM;
     if (rc != 0) break;
@@ -434,6 +577,7 @@ int tide_trainer_kfac(tide_trainer_t *tr, const tide_kfac_config_t *config, cons
     return rc == TIDE_ENOMEM ? tide__trainer_fail(tr, rc, "tide_trainer_kfac: out of memory for the factors") : rc;
   }
   for (int r = 0; r < k->ranks; r++) k->counts[r] = rank_floats(k, r);
+  k->swap_step = -1;
   tr->kfac = k;
   if (tr->rank == 0)
     for (size_t i = 0; i < nlayers; i++) {
@@ -575,6 +719,21 @@ static int update_factors(tide_trainer_t *tr, tide__kfac_t *k) {
   return 0;
 }
 
+/* A spread layer's owner broadcasts the decomposition in use to every rank. */
+static int share_spread(tide_trainer_t *tr, tide__kfac_t *k, size_t i) {
+  layer_t *l = &k->layers[i];
+  const size_t n[4] = {(size_t)l->dim_a * l->dim_a, (size_t)l->dim_a, (size_t)l->dim_g * l->dim_g, (size_t)l->dim_g};
+  float *bufs[4] = {l->q[TIDE_KFAC_A], l->d[TIDE_KFAC_A], l->q[TIDE_KFAC_G], l->d[TIDE_KFAC_G]};
+  for (int j = 0; j < 4; j++) {
+    int rc = tide_broadcast(tr->comm, bufs[j], n[j], TIDE_F32, l->owner);
+    if (rc != 0)
+      return tide__trainer_fail(tr, rc, "K-FAC: broadcast of layer %zu's decomposition: %s", i,
+                                tide_comm_last_error(tr->comm));
+  }
+  l->decomposed = 1;
+  return 0;
+}
+
 /* The layer's gradient as [out, in | bias] from the flat buffer, and back. */
 static void gather(const layer_t *l, const float *grad, float *m) {
   int in = l->desc.in_dim;
@@ -617,12 +776,22 @@ int tide__kfac_stage(tide_trainer_t *tr, tide__kfac_t *k, const tide__mean_t *me
   int rc;
   float *grad = mean->whole;
   if (factor_step(tr) && (rc = update_factors(tr, k)) != 0) return rc;
-  int refresh = tr->step % k->config.inverse_every == 0, eigen = 0;
+  long every = k->config.inverse_every, lag = stale(k);
+  int refresh = tr->step % every == 0, eigen = 0, later = 0;
   t = tide__now_ns();
+  if (any_pending(k)) {
+    /* After a restore: the job was started at the last inverse step before this one. */
+    if (k->swap_step < 0) k->swap_step = (tr->step > 0 ? (tr->step - 1) / every * every : 0) + lag;
+    if (tr->step >= k->swap_step && (rc = swap_in(tr, k)) != 0) return rc;
+  }
   for (size_t i = 0; i < k->nlayers; i++) {
     layer_t *l = &k->layers[i];
     /* decomposed is the same on every rank for a spread layer */
     int due = refresh || !l->decomposed;
+    if (due && l->decomposed && lag > 0) { /* to the background job, swapped in at step + staleness */
+      if (mine(k, l) || l->spread) l->pending = later = 1;
+      continue;
+    }
     if (mine(k, l) && due && l->diag) /* A's eigenvalues are its diagonal */
       for (int j = 0; j < l->dim_a; j++) l->d[TIDE_KFAC_A][j] = l->a[j] > 0 ? l->a[j] : 0.0f;
     if (mine(k, l) && due) {
@@ -633,17 +802,9 @@ int tide__kfac_stage(tide_trainer_t *tr, tide__kfac_t *k, const tide__mean_t *me
       l->decomposed = 1;
       eigen = 1;
     }
-    if (l->spread && due) {
-      const size_t n[4] = {(size_t)l->dim_a * l->dim_a, (size_t)l->dim_a, (size_t)l->dim_g * l->dim_g,
-                           (size_t)l->dim_g};
-      float *bufs[4] = {l->q[TIDE_KFAC_A], l->d[TIDE_KFAC_A], l->q[TIDE_KFAC_G], l->d[TIDE_KFAC_G]};
-      for (int j = 0; j < 4; j++)
-        if ((rc = tide_broadcast(tr->comm, bufs[j], n[j], TIDE_F32, l->owner)) != 0)
-          return tide__trainer_fail(tr, rc, "K-FAC: broadcast of layer %zu's decomposition: %s", i,
-                                    tide_comm_last_error(tr->comm));
-      l->decomposed = 1;
-    }
+    if (l->spread && due && (rc = share_spread(tr, k, i)) != 0) return rc;
   }
+  if (later) start_job(k, tr->step);
   lap(k, EIGEN, &t);
   k->prof_inverse_steps += eigen;
   if (k->config.distribute && k->ranks > 1) {
@@ -732,8 +893,10 @@ int tide__kfac_stage(tide_trainer_t *tr, tide__kfac_t *k, const tide__mean_t *me
 /* ---- state (tide_trainer_state_get/set) ----------------------------------- */
 
 /* Per layer, in layer order: A, G, then the decomposition the layer's
- * preconditioning uses: a 0/1 flag (decomposed yet), Q_A, d_A, Q_G, d_G.
- * The decompositions live on their owners; get gathers them, so the state
+ * preconditioning uses: a 0/1 flag (decomposed yet), Q_A, d_A, Q_G, d_G;
+ * with config.staleness > 0 then the pending one the same way (flag 1: in
+ * the background job, to be swapped in; get waits for the job). The
+ * decompositions live on their owners; get gathers them, so the state
  * does not depend on the rank count and restores on any. */
 static size_t eigen_floats(const layer_t *l) {
   return 1 + (l->diag ? 0 : (size_t)l->dim_a * l->dim_a) + (size_t)l->dim_a + (size_t)l->dim_g * ((size_t)l->dim_g + 1);
@@ -743,9 +906,13 @@ static size_t factor_floats(const layer_t *l) {
   return a_floats(l) + (size_t)l->dim_g * l->dim_g;
 }
 
+/* The decompositions a layer's state holds: in use, and pending. */
+static size_t sections(const tide__kfac_t *k) { return k->config.staleness > 0 ? 2 : 1; }
+
 size_t tide__kfac_state_floats(const tide__kfac_t *k) {
   size_t n = 0;
-  for (size_t i = 0; k != NULL && i < k->nlayers; i++) n += factor_floats(&k->layers[i]) + eigen_floats(&k->layers[i]);
+  for (size_t i = 0; k != NULL && i < k->nlayers; i++)
+    n += factor_floats(&k->layers[i]) + sections(k) * eigen_floats(&k->layers[i]);
   return n;
 }
 
@@ -754,39 +921,52 @@ static float *put(float *out, const float *src, size_t n) {
   return out + n;
 }
 
-static void eigen_pack(const layer_t *l, float *out) {
+/* The layer's decompositions (sections of them) from its owner. */
+static void eigen_pack(const tide__kfac_t *k, const layer_t *l, float *out) {
   size_t na = (size_t)l->dim_a, ng = (size_t)l->dim_g;
-  *out++ = l->decomposed ? 1.0f : 0.0f;
-  if (!l->decomposed) {
-    memset(out, 0, (eigen_floats(l) - 1) * sizeof *out);
-    return;
+  for (size_t s = 0; s < sections(k); s++) {
+    int have = s == 0 ? l->decomposed : l->pending;
+    float *const *q = s == 0 ? l->q : l->qn, *const *d = s == 0 ? l->d : l->dn;
+    float *next = out + eigen_floats(l);
+    *out++ = have ? 1.0f : 0.0f;
+    if (!have) {
+      memset(out, 0, (eigen_floats(l) - 1) * sizeof *out);
+    } else {
+      if (!l->diag) out = put(out, q[TIDE_KFAC_A], na * na);
+      out = put(out, d[TIDE_KFAC_A], na);
+      out = put(out, q[TIDE_KFAC_G], ng * ng);
+      put(out, d[TIDE_KFAC_G], ng);
+    }
+    out = next;
   }
-  if (!l->diag) out = put(out, l->q[TIDE_KFAC_A], na * na);
-  out = put(out, l->d[TIDE_KFAC_A], na);
-  out = put(out, l->q[TIDE_KFAC_G], ng * ng);
-  put(out, l->d[TIDE_KFAC_G], ng);
 }
 
 int tide__kfac_state_get(const tide_trainer_t *tr, void *out) {
-  const tide__kfac_t *k = tr->kfac;
+  tide__kfac_t *k = tr->kfac;
   if (k == NULL) return 0;
-  size_t total = tide__kfac_state_floats(k), own = 0;
+  /* The pending decompositions go into the state done (the same bits as
+   * when they are swapped in); a failed one fails the swap later too. */
+  int rc = finish_job(k);
+  if (rc != 0) {
+    TIDE_ERROR("tide_trainer_state_get: a background K-FAC eigendecomposition failed");
+    return rc;
+  }
+  size_t total = tide__kfac_state_floats(k), own = 0, per = sections(k);
   for (size_t i = 0; i < k->nlayers; i++)
-    if (mine(k, &k->layers[i])) own += eigen_floats(&k->layers[i]);
+    if (mine(k, &k->layers[i])) own += per * eigen_floats(&k->layers[i]);
   int gather = k->config.distribute && k->ranks > 1;
   size_t *counts = gather ? tide__calloc((size_t)k->ranks, sizeof *counts) : NULL;
   float *state = tide__malloc(total * sizeof *state), *send = gather ? tide__malloc(own * sizeof *send) : NULL,
         *recv = gather ? tide__malloc((total ? total : 1) * sizeof *recv) : NULL;
-  int rc = 0;
   if (state == NULL || (gather && (counts == NULL || send == NULL || recv == NULL))) rc = TIDE_ENOMEM;
   if (rc == 0 && gather) {
     float *s = send;
     for (size_t i = 0; i < k->nlayers; i++) {
       const layer_t *l = &k->layers[i];
-      counts[l->owner] += eigen_floats(l);
+      counts[l->owner] += per * eigen_floats(l);
       if (l->owner != k->rank) continue;
-      eigen_pack(l, s);
-      s += eigen_floats(l);
+      eigen_pack(k, l, s);
+      s += per * eigen_floats(l);
     }
     rc = tide_allgatherv(tr->comm, send, own, recv, counts, TIDE_F32);
     if (rc != 0)
@@ -803,16 +983,16 @@ int tide__kfac_state_get(const tide_trainer_t *tr, void *out) {
       p = put(p, l->a, a_floats(l));
       p = put(p, l->g, (size_t)l->dim_g * l->dim_g);
       at[i] = (size_t)(p - state);
-      if (!gather) eigen_pack(l, p);
-      p += eigen_floats(l);
+      if (!gather) eigen_pack(k, l, p);
+      p += per * eigen_floats(l);
     }
     size_t offset = 0;
     for (int r = 0; rc == 0 && gather && r < k->ranks; r++)
       for (size_t i = 0; i < k->nlayers; i++) {
         const layer_t *l = &k->layers[i];
         if (l->owner != r) continue;
-        memcpy(state + at[i], recv + offset, eigen_floats(l) * sizeof *state);
-        offset += eigen_floats(l);
+        memcpy(state + at[i], recv + offset, per * eigen_floats(l) * sizeof *state);
+        offset += per * eigen_floats(l);
       }
     tide__free(at);
   }
@@ -832,10 +1012,12 @@ const char *tide__kfac_state_check(const tide__kfac_t *k, const void *in, size_t
   for (size_t i = 0; i < k->nlayers; i++) {
     const layer_t *l = &k->layers[i];
     p += factor_floats(l) * sizeof(float);
-    float flag;
-    memcpy(&flag, p, sizeof flag);
-    if (flag != 0.0f && flag != 1.0f) return "the state's K-FAC part is damaged";
-    p += eigen_floats(l) * sizeof(float);
+    for (size_t s = 0; s < sections(k); s++) {
+      float flag;
+      memcpy(&flag, p, sizeof flag);
+      if (flag != 0.0f && flag != 1.0f) return "the state's K-FAC part is damaged";
+      p += eigen_floats(l) * sizeof(float);
+    }
   }
   return NULL;
 }
@@ -847,23 +1029,29 @@ static const char *take(float *dst, const char *src, size_t n) {
 
 void tide__kfac_state_set(tide__kfac_t *k, const void *in, size_t floats) {
   if (k == NULL || floats == 0) return;
+  (void)finish_job(k); /* its results are replaced */
+  k->job_rc = 0;
+  k->swap_step = -1; /* derived from the restored step at the next stage */
   const char *p = in;
   for (size_t i = 0; i < k->nlayers; i++) {
     layer_t *l = &k->layers[i];
     size_t na = (size_t)l->dim_a, ng = (size_t)l->dim_g;
     p = take(l->a, p, a_floats(l));
     p = take(l->g, p, ng * ng);
-    float flag;
-    memcpy(&flag, p, sizeof flag);
-    if (!mine(k, l) && !l->spread) {
-      p += eigen_floats(l) * sizeof(float);
-      continue;
+    for (size_t s = 0; s < sections(k); s++) {
+      float flag, **q = s == 0 ? l->q : l->qn, **d = s == 0 ? l->d : l->dn;
+      const char *next = p + eigen_floats(l) * sizeof(float);
+      memcpy(&flag, p, sizeof flag);
+      if (s == 1) l->pending = (mine(k, l) || l->spread) && flag == 1.0f;
+      if (mine(k, l) || (l->spread && s == 0)) {
+        if (s == 0) l->decomposed = flag == 1.0f;
+        p += sizeof flag;
+        if (!l->diag) p = take(q[TIDE_KFAC_A], p, na * na);
+        p = take(d[TIDE_KFAC_A], p, na);
+        p = take(q[TIDE_KFAC_G], p, ng * ng);
+        take(d[TIDE_KFAC_G], p, ng);
+      }
+      p = next;
     }
-    l->decomposed = flag == 1.0f;
-    p += sizeof flag;
-    if (!l->diag) p = take(l->q[TIDE_KFAC_A], p, na * na);
-    p = take(l->d[TIDE_KFAC_A], p, na);
-    p = take(l->q[TIDE_KFAC_G], p, ng * ng);
-    p = take(l->d[TIDE_KFAC_G], p, ng);
   }
 }
