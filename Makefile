@@ -24,8 +24,10 @@ test: build
 	$(MAKE) test-tsan
 
 # The same suite built with AddressSanitizer + UndefinedBehaviorSanitizer,
-# the multi-host scheduler runs included (sched_hosts*, sched_slurm: they poll
-# the jobs' state with generous deadlines instead of fixed sleeps).
+# the multi-host scheduler runs included (sched_hosts, sched_slurm: they poll
+# the jobs' state with generous deadlines instead of fixed sleeps). What runs
+# in the Release build only (docs/testing.md, "Keeping make test short"):
+# test/CMakeLists.txt's `if(NOT TIDE_SANITIZE)` blocks.
 test-asan: deps
 	cmake -S . -B $(ASAN_BUILD) -DCMAKE_BUILD_TYPE=Debug -DTIDE_SANITIZE=ON \
 	  -DTIDE_BUILD_BENCH_PEERS=OFF >/dev/null
@@ -47,7 +49,7 @@ test-tsan: deps
 	  ctest --output-on-failure -j $(JOBS) -R '^(test_store|test_coll/.*|test_fault|test_sparse|test_compress)$$'
 
 # The libFuzzer harnesses (fuzz/, docs/security.md), each for FUZZ_SECONDS.
-# make test runs them for 20 s each (ctest's fuzz_* tests).
+# make test runs them for 5 s each (ctest's fuzz_* tests).
 FUZZ_SECONDS ?= 300
 FUZZ_BUILD ?= build-fuzz
 fuzz: deps

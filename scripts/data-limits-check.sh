@@ -20,6 +20,9 @@ export TIDE_TEST_BOMB_SIDE=${TIDE_TEST_BOMB_SIDE:-20000} TIDE_TEST_SERVER_MAX_MB
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 shm() { ls /dev/shm 2> /dev/null | grep '^tide' | sort; }
+# A new name that a live process still maps or holds open is another test's (ctest -j runs this
+# beside others), not one this section's processes left: they are gone by then.
+in_use() { grep -qsF "/dev/shm/$1" /proc/[0-9]*/maps || find /proc/[0-9]*/fd -lname "/dev/shm/$1" 2> /dev/null | grep -q .; }
 fail=0
 printf '%-9s %5s %8s %12s %10s %s\n' section exit wall_s peak_rss_MB bound_MB "left behind"
 for s in bombs cache cachedir listing local http shm; do
@@ -28,9 +31,10 @@ for s in bombs cache cachedir listing local http shm; do
   rc=$?
   sleep 0.5
   shm > "$tmp/shm-after"
-  left=$(comm -13 "$tmp/shm-before" "$tmp/shm-after" | tr '\n' ' ')
-  procs=$(pgrep -f "$bin" | tr '\n' ' ')
-  ports=$(ss -ltnpH 2> /dev/null | grep -c test_data_limit)
+  left=$(comm -13 "$tmp/shm-before" "$tmp/shm-after" | while read -r n; do in_use "$n" || echo "$n"; done | tr '\n' ' ')
+  procs=$(pgrep -f "$bin $s\$" | tr '\n' ' ') # this section's, not the ctest entry test_data_limits'
+  ports=0 # listening sockets of this section's processes (those of the ctest entry's are not)
+  for p in $procs; do ports=$((ports + $(ss -ltnpH 2> /dev/null | grep -c "pid=$p,"))); done
   read -r rss wall < <(tail -1 "$tmp/time")
   what=""
   [ -n "$left" ] && what+="shm: $left"

@@ -56,12 +56,12 @@ state_of() { sed -n 's/^state //p' "$dir/jobs/$1/state"; }
 is_state() { [ "$(state_of "$1")" = "$2" ]; }
 ended() { grep -q '^state \(done\|failed\|cancelled\)' "$dir/jobs/$1/state"; }
 rc=0
-a=$(replay a 0.1) || { echo "FAIL: submit a"; rc=1; }
+a=$(replay a 0.035) || { echo "FAIL: submit a"; rc=1; }
 # Generous deadlines: each wait ends as soon as its condition holds.
 wait_for 120 grep -q "job $a (a) runs on 2 2 worker(s)" "$tmp/sched.log" || { echo "FAIL: a never ran on both hosts (2 2)"; rc=1; }
 # b comes once a has stepped on 4 workers (slow runs would shrink it first).
 wait_for 120 grep -q "workers 4 batch" "$dir/jobs/$a/log" || { echo "FAIL: a never stepped on 4 workers"; rc=1; }
-b=$(replay b 0.03) || { echo "FAIL: submit b"; rc=1; }
+b=$(replay b 0.01) || { echo "FAIL: submit b"; rc=1; }
 wait_for 120 grep -Eq "job $a \(a\): 2 2 -> [0-9] [0-9]" "$tmp/sched.log" || { echo "FAIL: a was never shrunk for b"; rc=1; }
 echo "$a $b" > "$tmp/ids"
 wait_for 240 ended "$b" && is_state "$b" done || { echo "FAIL: b is $(state_of "$b")"; rc=1; }
@@ -94,6 +94,8 @@ echo "$host0 $victim" > "$tmp/victim"
 survivor=$((1 - victim))
 agent_v=$(cat "$tmp/agent$victim.pid" 2> /dev/null)
 # That host's agent and its workers die. The scheduler itself stays up on host 0.
+# (a's progress then, printed at the end: its work must leave it running up to here.)
+grep '^tide-replay' "$dir/jobs/$a/log" | tail -1 > "$tmp/at_kill"
 [ -n "$agent_v" ] && kill -STOP "$agent_v" && pkill -9 -P "$agent_v" && kill -9 "$agent_v" ||
   { echo "FAIL: no agent on host $victim"; rc=1; }
 wait_for 60 grep -q "host $victim (10.213.0.$((victim + 1))) is lost" "$tmp/sched.log" ||
@@ -140,4 +142,5 @@ cat "$tmp/sched.log"
 echo "--- a's recovery (its workers' warnings)"
 grep -E "tide (warn|error)" "$dir/jobs/$a/log" | grep -Ev "watcher|sampler" | cut -c1-300 | head -12
 read -r host0 victim < "$tmp/victim"
+echo "a at the kill: $(sed 's/^tide-replay [^ ]*: //' "$tmp/at_kill" 2> /dev/null)"
 echo "sched_hosts: ok (a's rank 0 was on host $host0; host $victim was killed)"
