@@ -383,7 +383,6 @@ __device__ void hist_pass(const void *x, const uint2 *list, tide__gpu_state_t *s
 }
 
 #define STAGED 1024 /* list entries a block of the collection holds in shared memory */
-#define DEPTH 1     /* groups of VEC keys a thread of the collection loads at once */
 
 /* Appends (key, index) of every element of x with key >= list_cut to the
  * list, when a previous pass asked for it (collect) and no list is in use;
@@ -413,16 +412,14 @@ __device__ void collect_pass(const void *x, uint2 *list, tide__gpu_state_t *s, u
   __syncthreads();
   const u32 lane = threadIdx.x & 31u;
   u64 bad = TIDE__GPU_NONE;
-  /* A thread loads DEPTH groups of VEC keys (a block's groups back to
-   * back) before it looks at any: more bytes in flight per warp. */
-  const u64 group = (u64)THREADS * VEC, step = (u64)gridDim.x * group * DEPTH;
-  for (u64 base = (u64)blockIdx.x * group * DEPTH; base < n; base += step) {
-    u32 key[DEPTH * VEC], take = 0;
+  const u64 step = (u64)gridDim.x * THREADS * VEC;
+  for (u64 base = (u64)blockIdx.x * THREADS * VEC; base < n; base += step) {
+    const u64 i0 = base + (u64)threadIdx.x * VEC;
+    u32 key[VEC], take = 0;
+    load_keys<DT>(x, i0, n, vec, key);
 #pragma unroll
-    for (int g = 0; g < DEPTH; g++) load_keys<DT>(x, base + g * group + threadIdx.x * VEC, n, vec, key + g * VEC);
-#pragma unroll
-    for (int j = 0; j < DEPTH * VEC; j++)
-      if (base + j / VEC * group + threadIdx.x * VEC + j % VEC < n && key[j] >= cut) take |= 1u << j;
+    for (int j = 0; j < VEC; j++)
+      if (i0 + j < n && key[j] >= cut) take |= 1u << j;
     if (!__any_sync(FULL, take != 0)) continue;
     const u32 count = (u32)__popc(take);
     u32 inc = count; /* inclusive scan of the counts over the warp */
@@ -444,10 +441,10 @@ __device__ void collect_pass(const void *x, uint2 *list, tide__gpu_state_t *s, u
     }
     u32 p = first + inc - count;
 #pragma unroll
-    for (int j = 0; j < DEPTH * VEC; j++) {
+    for (int j = 0; j < VEC; j++) {
       if (!(take >> j & 1u)) continue;
       const u32 kj = key[j];
-      const u64 idx = base + j / VEC * group + threadIdx.x * VEC + j % VEC;
+      const u64 idx = i0 + j;
       const uint2 e = make_uint2(kj, (u32)idx);
       if (p < STAGED) {
         staged[p] = e;
@@ -490,8 +487,7 @@ __device__ void collect_pass(const void *x, uint2 *list, tide__gpu_state_t *s, u
   }
 }
 
-#define SAMPLE_RUNS 4   /* runs a thread of the sample holds: tide__sample_plan's at most 1024 */
-#define SAMPLE_COPIES 4 /* copies of the sample's first histogram */
+#define SAMPLE_RUNS 4 /* runs a thread of the sample holds: tide__sample_plan's at most 1024 */
 
 /* The sampled selector's cut, by one block: a stratified sample of `runs`
  * runs of 16 elements, run r at (r * stride / 16) * 16, held in
@@ -504,7 +500,7 @@ __device__ void collect_pass(const void *x, uint2 *list, tide__gpu_state_t *s, u
 template <int DT>
 __device__ void sample_cut(const void *x, tide__gpu_state_t *s, const tide__gpu_state_t &init, u64 runs, u64 stride,
                            int vec) {
-  __shared__ u32 sh[SAMPLE_COPIES * TIDE__GPU_BINS]; /* copy 0 holds the sums */
+  __shared__ u32 sh[TIDE__GPU_BINS];
   if (threadIdx.x == 0) *s = init; /* the selection's first kernel: no copy of the state before it */
   const u64 n = runs * 16, d = init.d, k = init.k;
   double e = (double)k * (double)n / (double)d;
@@ -513,7 +509,7 @@ __device__ void sample_cut(const void *x, tide__gpu_state_t *s, const tide__gpu_
     if (threadIdx.x == 0) s->fallback = 1;
     return;
   }
-  for (u32 b = threadIdx.x; b < SAMPLE_COPIES * TIDE__GPU_BINS; b += THREADS) sh[b] = 0;
+  for (u32 b = threadIdx.x; b < TIDE__GPU_BINS; b += THREADS) sh[b] = 0;
   __syncthreads();
   u32 key[SAMPLE_RUNS][16];
 #pragma unroll
@@ -523,18 +519,11 @@ __device__ void sample_cut(const void *x, tide__gpu_state_t *s, const tide__gpu_
     load_keys<DT>(x, start, d, vec, key[q]);
     load_keys<DT>(x, start + VEC, d, vec, key[q] + VEC);
   }
-  /* Gradients' keys crowd a few top buckets, and lanes adding to the same
-   * shared counter serialise: each lane adds to one of SAMPLE_COPIES copies
-   * of the histogram, summed after. */
-  u32 *mine = sh + (threadIdx.x % SAMPLE_COPIES) * TIDE__GPU_BINS;
 #pragma unroll
   for (int q = 0; q < SAMPLE_RUNS; q++)
     if (threadIdx.x + (u64)q * THREADS < runs)
 #pragma unroll
-      for (int j = 0; j < 16; j++) atomicAdd(&mine[key[q][j] >> 20], 1u);
-  __syncthreads();
-  for (u32 b = threadIdx.x; b < TIDE__GPU_BINS; b += THREADS)
-    for (int c = 1; c < SAMPLE_COPIES; c++) sh[b] += sh[c * TIDE__GPU_BINS + b];
+      for (int j = 0; j < 16; j++) atomicAdd(&sh[key[q][j] >> 20], 1u);
   __syncthreads();
   u32 b1, b2 = 0;
   u64 above, count;
