@@ -525,18 +525,13 @@ int tide_plan_create(const tide_profile_t *p, const tide_plan_options_t *o, tide
     budget = t * o->time_slack * (1 + 1e-12);
     best_w = w;
     double lo = 0, hi = 1e-3;
-    for (int i = 0; i < 80; i++) {
-      int found = 0;
+    for (int i = 0; i < 80; i++, hi *= 4) {
       m.lambda = hi;
       TIDE_CHECK_GOTO(solve(&m, try), rc, out);
       TIDE_CHECK_GOTO(plan_costs(&m, o, try, &t, &w), rc, out);
-      if (t <= budget) {
-        found = 1;
-        if (w < best_w) best_w = w, memcpy(ks, try, (size_t)m.n * sizeof(int));
-        lo = hi;
-      }
-      if (!found) break;
-      hi *= 4;
+      if (t > budget) break;
+      if (w < best_w) best_w = w, memcpy(ks, try, (size_t)m.n * sizeof(int));
+      lo = hi;
     }
     for (int i = 0; i < 30 && hi > lo * (1 + 1e-6); i++) {
       m.lambda = lo > 0 ? sqrt(lo * hi) : hi / 4;
