@@ -22,6 +22,11 @@ case $kill_which in rank0|newest) ;; *) echo "KILL=$kill_which: expected rank0 o
 tmp=$(mktemp -d /tmp/tide-sched-hosts.XXXXXX)
 trap 'rm -rf "$tmp"' EXIT
 chmod 755 "$tmp"
+# The segments the killed host's workers had not yet unlinked would go with
+# that host's /dev/shm; emulated hosts share this machine's, so the test
+# removes them itself at the end (those created during the run, at most the
+# victim's 2 slots).
+touch "$tmp/start"
 mark=sh$$x
 printf '10.213.0.1 2\n10.213.0.2 2\n' > "$tmp/hosts"
 # Runs on each emulated host (one rank per host): the agent everywhere, the
@@ -102,12 +107,19 @@ wait_for 60 grep -q "host $victim (10.213.0.$((victim + 1))) is lost" "$tmp/sche
   { echo "FAIL: host $victim was not seen lost"; rc=1; }
 on_survivor="runs on 0 [12] worker"
 [ $survivor = 0 ] && on_survivor="runs on [12] 0 worker"
-wait_for 120 grep -q "job $a (a) .*$on_survivor" <(grep -A100 "is lost" "$tmp/sched.log") ||
+# (A function, not grep on <(...): a process substitution is read once, so
+# every later poll would read an empty pipe and wait out the deadline.)
+goes_on() { grep -A100 "is lost" "$tmp/sched.log" | grep -q "job $a (a) .*$on_survivor"; }
+wait_for 120 goes_on ||
   is_state "$a" done || { echo "FAIL: a did not go on on host $survivor"; rc=1; }
 wait_for 300 ended "$a" && is_state "$a" done || { echo "FAIL: a is $(state_of "$a")"; rc=1; }
 "$tools/tide" jobs --dir "$dir" > "$tmp/jobs.txt" 2>&1
 echo "$a $b" > "$tmp/ids"
-kill "$daemon"; wait "$daemon" "$agent" 2> /dev/null
+# The agents wait for a new tide sched to take their jobs over: every job
+# has ended, so the test stops them (the other host's driver waits on its own).
+kill "$daemon"
+for f in "$tmp"/agent*.pid; do kill "$(cat "$f")" 2> /dev/null; done
+wait "$daemon" "$agent" 2> /dev/null
 exit $rc
 DRIVER
 chmod +x "$tmp/driver.sh"
@@ -118,6 +130,9 @@ rc=$?
 [ $rc -eq 77 ] && { cat "$tmp/emu.log"; echo "SKIP: no emulated hosts"; exit 77; }
 fails=0
 fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
+left=$(find /dev/shm -maxdepth 1 -name 'tide-*-x*' -newer "$tmp/start" 2> /dev/null)
+[ -n "$left" ] && echo "the killed host's segments, removed:" $left && rm -f $left
+[ "$(echo "$left" | grep -c .)" -le 2 ] || fail "more segments left in /dev/shm than the killed host's 2 slots"
 [ $rc -eq 0 ] || fail "the run exited $rc"
 read -r a b < "$tmp/ids" 2> /dev/null || fail "no job ids"
 dir=$tmp/d

@@ -9,6 +9,7 @@
  * indices...") and what completed ("S membership-epoch step") in one file
  * each; the parent checks coverage from them. */
 #include <dirent.h>
+#include <limits.h>
 #include <math.h>
 #include <pthread.h>
 #include <signal.h>
@@ -382,14 +383,39 @@ static int check_records(const scenario_t *sc, int want_end_size) {
   return 0;
 }
 
+/* Elastic epochs' communicators name their segments tide-<job>-x<epoch>-<rank>;
+ * nobody else's do. A machine may hold some from before this test (another
+ * suite's killed host: its /dev/shm would have gone with it), so the test
+ * counts only the names that were not there when it started. */
+enum { SHM_SEEN_MAX = 256 };
+static char shm_seen[SHM_SEEN_MAX][NAME_MAX + 1];
+static int shm_nseen;
+
+static int is_epoch_segment(const char *name) { return strncmp(name, "tide-", 5) == 0 && strstr(name, "-x") != NULL; }
+
+static void shm_snapshot(void) {
+  DIR *d = opendir("/dev/shm");
+  if (d == NULL) return;
+  struct dirent *e;
+  while ((e = readdir(d)) != NULL && shm_nseen < SHM_SEEN_MAX)
+    if (is_epoch_segment(e->d_name)) snprintf(shm_seen[shm_nseen++], sizeof shm_seen[0], "%s", e->d_name);
+  closedir(d);
+}
+
 static int shm_leftovers(void) {
   DIR *d = opendir("/dev/shm");
   if (d == NULL) return 0;
   int n = 0;
   struct dirent *e;
-  /* Elastic epochs' communicators are named x<epoch>; nobody else's are. */
-  while ((e = readdir(d)) != NULL)
-    if (strncmp(e->d_name, "tide-", 5) == 0 && strstr(e->d_name, "-x") != NULL) n++;
+  while ((e = readdir(d)) != NULL) {
+    if (!is_epoch_segment(e->d_name)) continue;
+    int seen = 0;
+    for (int i = 0; i < shm_nseen && !seen; i++) seen = strcmp(shm_seen[i], e->d_name) == 0;
+    if (!seen) {
+      fprintf(stderr, "left in /dev/shm: %s\n", e->d_name);
+      n++;
+    }
+  }
   closedir(d);
   return n;
 }
@@ -478,6 +504,7 @@ static int run_tiderun(const char *self, const char *name, const char *launch, i
  * lost, a member lost while the next epoch's communicator connects, and
  * while it takes the training state over. */
 static int faults(void) {
+  shm_snapshot();
   int failed = 0;
   setenv("TIDE_ELASTIC_MAX", "4", 1);
   /* Rank 0 alone (shm, TCP), then rank 0's whole host (ranks 0 and 1 of
@@ -521,6 +548,7 @@ int main(int argc, char **argv) {
   setenv("TIDE_TIMEOUT_MS", "20000", 1);
   setenv("TIDE_ELASTIC_TIMEOUT_MS", "5000", 1);
   if (argc == 2 && strcmp(argv[1], "faults") == 0) return faults();
+  shm_snapshot();
   int failed = 0;
   /* A peer hello of another epoch's communicator is refused. */
   tide__peer_hello_t hello = {TIDE__PEER_HELLO_MAGIC, tide__fnv1a_str("x1"), 2, 0};
