@@ -43,6 +43,7 @@ typedef struct {
   int tiderun;                /* started by tiderun --elastic: it starts the joiners */
   int slow_rank, slow_step;   /* a rank that computes 20x slower from this step (0: none) */
   int momentum, pto;          /* momentum-SGD (0.5) instead of SGD; config.pto */
+  int proposer_dies;          /* kill_rank arrives first at the next epoch (its proposer), then dies */
   char dir[256];
 } scenario_t;
 
@@ -95,6 +96,25 @@ static void *killer_main(void *arg) {
   usleep((useconds_t)k->delay_ms * 1000);
   raise(SIGKILL);
   return NULL;
+}
+
+/* What the library's arrival at the next epoch does (comm/elastic.c: its
+ * here key, the proposer counter, e<N>/by/1), then death before the epoch
+ * is sealed: the survivors must see the proposer lost and one of them
+ * propose in its place. */
+static void arrive_and_die(int rank, long next) {
+  tide_store_t *store = connect_store(getenv("TIDE_JOB_TOKEN"));
+  char key[64], id[16];
+  snprintf(id, sizeof id, "r%d", rank);
+  snprintf(key, sizeof key, "elastic/e%ld/here/%s", next, id);
+  CHECK_OK(tide_store_set(store, key, "1", 1));
+  int64_t order;
+  snprintf(key, sizeof key, "elastic/e%ld/proposer", next);
+  CHECK_OK(tide_store_add(store, key, 1, &order));
+  CHECK(order == 1);
+  snprintf(key, sizeof key, "elastic/e%ld/by/1", next);
+  CHECK_OK(tide_store_set(store, key, id, strlen(id)));
+  raise(SIGKILL);
 }
 
 static int kills(const scenario_t *sc, int rank) {
@@ -217,7 +237,10 @@ static int worker(int rank, int size, void *arg) {
       for (size_t j = 0; j < b.count; j++) fprintf(rec, " %llu", (unsigned long long)b.indices[j]);
       fprintf(rec, "\n");
       fflush(rec);
-      if (kills(sc, rank) && !joiner && b.step == sc->kill_step) raise(SIGKILL);
+      if (kills(sc, rank) && !joiner && b.step == sc->kill_step) {
+        if (sc->proposer_dies) arrive_and_die(rank, epoch + 1);
+        raise(SIGKILL);
+      }
       if (rank == sc->hang_rank && b.step == sc->hang_step && !joiner) sleep(3);
       if (sc->slow_rank > 0) {
         /* Everyone "computes" 5 ms, the straggler 60 ms from slow_step on.
@@ -561,6 +584,11 @@ int main(int argc, char **argv) {
     scenario_t kill = {.name = "kill 1 of 4", .kill_rank = 3, .kill_step = 25, .initial = 4, .join_step = -1,
                        .shrink_step = -1, .hang_rank = -1, .bad_token_rank = -1};
     failed |= run(&kill, 4, t, 3);
+    if (t == 0) {
+      kill.name = "kill 1 of 4, the next epoch's proposer, before it seals the epoch";
+      kill.proposer_dies = 1;
+      failed |= run(&kill, 4, t, 3);
+    }
     if (t == 1) continue;
     setenv("TIDE_ELASTIC_MIN", "2", 1);
     scenario_t grow = {.name = "grow 2 to 4, shrink to 3", .kill_rank = -1, .initial = 2, .join_step = 5,

@@ -13,6 +13,8 @@
  *   epoch                 the newest sealed epoch
  *   e<N>/here/<id>        member id arrived at the change to epoch N
  *   e<N>/proposer         counter: the first member to arrive proposes epoch N
+ *   e<N>/by/<g>           the id proposing epoch N, generation g (1: the first to arrive)
+ *   e<N>/claim/<g>        counter: the first member to see proposer g dead proposes as g + 1
  *   e<N>/members          "id id ..." in rank order, or "! why" when the job cannot go on
  *   target                the requested number of workers (tide_elastic_request)
  *   done                  training finished: waiting joiners give up
@@ -197,17 +199,19 @@ static int propose(tide_store_t *store, const struct tide__membership *m, const 
   for (int left = n; left > 0;) {
     for (int r = 0; r < n; r++) {
       if (state[r] != 0) continue;
+      /* One that arrived and died since (a proposer killed while it
+       * proposed, whose place a survivor took: await_members) is gone. */
       snprintf(key, sizeof key, "elastic/e%ld/here/%s", next, m->ids[r]);
       int here = peek(store, key, value, sizeof value);
       snprintf(key, sizeof key, "event/lost/%s:%d", ns != NULL ? ns : "-", r);
-      int lost = here == 0 && ns != NULL ? peek(store, key, value, sizeof value) : 0;
-      if (here == 0 && lost == 0) lost = member_lost(store, m->ids[r]);
+      int lost = here >= 0 && ns != NULL ? peek(store, key, value, sizeof value) : 0;
+      if (here >= 0 && lost == 0) lost = member_lost(store, m->ids[r]);
       if (here < 0 || lost < 0) {
         rc = here < 0 ? here : lost;
         goto out;
       }
       if (here || lost) {
-        state[r] = here ? 1 : 2;
+        state[r] = lost ? 2 : 1;
         left--;
       }
     }
@@ -290,41 +294,95 @@ out:
   return rc;
 }
 
-/* Marks `me` (a member of epoch m, whose communicator is named ns, or
- * NULL) arrived at epoch next; the first to arrive proposes it. */
-static int arrive(tide_store_t *store, const struct tide__membership *m, const char *ns, const char *me, long next,
-                  int size, int exclude) {
+/* What a member that arrived at an epoch needs to propose it: the epoch it
+ * comes from (m, its communicator named ns, or NULL) and the change asked
+ * (size, exclude: as tide_comm_resize). */
+typedef struct {
+  const struct tide__membership *m;
+  const char *ns;
+  int size, exclude;
+} proposal_t;
+
+/* Marks `me` arrived at epoch next; the first to arrive proposes it (the
+ * proposer of generation 1: e<next>/by/1). */
+static int arrive(tide_store_t *store, const proposal_t *p, const char *me, long next) {
   char key[200];
   snprintf(key, sizeof key, "elastic/e%ld/here/%s", next, me);
   TIDE_CHECK(put(store, key, "1"));
   snprintf(key, sizeof key, "elastic/e%ld/proposer", next);
   int64_t order;
   TIDE_CHECK(tide_store_add(store, key, 1, &order));
-  if (order == 1) TIDE_CHECK(propose(store, m, ns, next, size, exclude));
-  return 0;
+  if (order != 1) return 0;
+  snprintf(key, sizeof key, "elastic/e%ld/by/1", next);
+  TIDE_CHECK(put(store, key, me));
+  return propose(store, p->m, p->ns, next, p->size, p->exclude);
+}
+
+/* Waits for the members of epoch into *value (the timeout: twice
+ * TIDE_ELASTIC_TIMEOUT_MS, the proposer's own wait and as much again). A
+ * proposer can die before it seals the epoch (a host lost during a change
+ * takes the member that failed first, and arrived first, with it): a
+ * member that arrived (p; NULL for a joiner) sees it lost, and the first
+ * to claim its place (e<epoch>/claim/<g>) proposes as generation g + 1. */
+static int await_members(tide_store_t *store, long epoch, const char *me, const proposal_t *p, void **value,
+                         size_t *len) {
+  int64_t limit = tide__param_int(TIDE__PARAM_ELASTIC_TIMEOUT_MS);
+  int64_t deadline = tide__deadline_after_ms(2 * limit);
+  char key[96], by[ID_CAP];
+  long gen = 1;
+  for (;;) {
+    int64_t left_ms = (deadline - tide__now_ns()) / 1000000;
+    if (left_ms <= 0) return TIDE_ETIMEDOUT;
+    snprintf(key, sizeof key, "elastic/e%ld/members", epoch);
+    int rc = tide_store_get(store, key, (int)(p != NULL && left_ms > 200 ? 200 : left_ms), value, len);
+    if (rc != TIDE_ETIMEDOUT || p == NULL) return rc;
+    for (;;) {
+      snprintf(key, sizeof key, "elastic/e%ld/by/%ld", epoch, gen);
+      int have = peek(store, key, by, sizeof by);
+      int lost = have > 0 ? member_lost(store, by) : have;
+      if (lost <= 0) {
+        if (lost < 0) return lost;
+        break; /* no proposer of this generation yet, or it lives */
+      }
+      snprintf(key, sizeof key, "elastic/e%ld/claim/%ld", epoch, gen);
+      int64_t claim;
+      TIDE_CHECK(tide_store_add(store, key, 1, &claim));
+      gen++;
+      if (claim != 1) continue; /* another survivor took the place */
+      TIDE_WARN("elastic: %s died while it proposed epoch %ld; %s proposes it instead", by, epoch, me);
+      snprintf(key, sizeof key, "elastic/e%ld/by/%ld", epoch, gen);
+      TIDE_CHECK(put(store, key, me));
+      TIDE_CHECK(propose(store, p->m, p->ns, epoch, p->size, p->exclude));
+      deadline = tide__deadline_after_ms(2 * limit);
+      break;
+    }
+  }
 }
 
 /* Waits for the members of epoch (written by its proposer) and connects to
  * them: *out is the new communicator, or NULL when this process is not a
  * member. *alive (this process's liveness watch) passes to the new
- * communicator's membership. When the members cannot connect (one died
- * after the epoch was sealed), those alive go on to the next epoch over
- * the same list, without the dead. */
+ * communicator's membership. p: the change this process arrived with (NULL
+ * for a joiner). When the members cannot connect (one died after the epoch
+ * was sealed), those alive go on to the next epoch over the same list,
+ * without the dead. */
 static int enter_epoch(tide_store_t *store, const char *host, int port, const char *token, long epoch,
-                       const char *me, int joined, tide__store_watch_t **alive, tide_comm_t **out) {
+                       const char *me, int joined, const proposal_t *p, tide__store_watch_t **alive,
+                       tide_comm_t **out) {
   int64_t limit = tide__param_int(TIDE__PARAM_ELASTIC_TIMEOUT_MS);
-  char key[96], text[4096];
+  char text[4096];
+  struct tide__membership *failed = NULL; /* the epoch that could not connect, which the retry comes from */
+  proposal_t retry;
+  int rc = 0;
   for (int attempt = 1;; attempt++, epoch++) {
-    snprintf(key, sizeof key, "elastic/e%ld/members", epoch);
     void *value;
     size_t len;
-    /* The proposer waits up to the limit for members that neither arrive nor
-     * die; give it that and as much again. */
-    int rc = tide_store_get(store, key, (int)(2 * limit < 2147483647 ? 2 * limit : limit), &value, &len);
+    rc = await_members(store, epoch, me, p, &value, &len);
     if (rc != 0) {
-      TIDE_ERROR("elastic: no membership for epoch %ld appeared (did the proposing member die?): %s", epoch,
-                 tide_strerror(rc));
-      return rc;
+      TIDE_ERROR("elastic: no membership for epoch %ld appeared (its proposer and every member that could "
+                 "take its place died, or the store is gone): %s",
+                 epoch, tide_strerror(rc));
+      break;
     }
     size_t n = len < sizeof text - 1 ? len : sizeof text - 1;
     memcpy(text, value, n);
@@ -332,16 +390,19 @@ static int enter_epoch(tide_store_t *store, const char *host, int port, const ch
     tide__free(value);
     if (text[0] == '!') {
       TIDE_ERROR("elastic: epoch %ld cannot start: %s", epoch, text + 1);
-      return TIDE_EPEER;
+      rc = TIDE_EPEER;
+      break;
     }
     struct tide__membership *m;
     int my_rank;
-    TIDE_CHECK(parse_members(text, epoch, me, &m, &my_rank));
+    if ((rc = parse_members(text, epoch, me, &m, &my_rank)) != 0) break;
+    tide__membership_free(failed);
+    failed = NULL;
     if (my_rank < 0) {
       TIDE_INFO("elastic: %s is not a member of epoch %ld (%s): it leaves the job", me, epoch, text);
       tide__membership_free(m);
       *out = NULL;
-      return 0;
+      break;
     }
     char ns[32];
     snprintf(ns, sizeof ns, "x%ld", epoch);
@@ -354,22 +415,25 @@ static int enter_epoch(tide_store_t *store, const char *host, int port, const ch
       *alive = NULL;
       comm->membership = m;
       *out = comm;
-      return 0;
+      break;
     }
     if (attempt == CONNECT_ATTEMPTS) {
       TIDE_ERROR("elastic: %s could not connect to the %d members of epoch %ld, the %d%s attempt in a row: %s", me,
                  m->count, epoch, attempt, attempt == 2 ? "nd" : attempt == 3 ? "rd" : "th", tide_strerror(rc));
       tide__membership_free(m);
-      return rc;
+      break;
     }
     TIDE_WARN("elastic: %s could not connect to the %d members of epoch %ld (%s: a member died or is stuck); the "
               "members that are alive go on to epoch %ld without the others",
               me, m->count, epoch, tide_strerror(rc), epoch + 1);
     alive_drain(*alive);
-    rc = arrive(store, m, NULL, me, epoch + 1, m->count, -1);
-    tide__membership_free(m);
-    if (rc != 0) return rc;
+    failed = m;
+    retry = (proposal_t){failed, NULL, failed->count, -1};
+    p = &retry;
+    if ((rc = arrive(store, p, me, epoch + 1)) != 0) break;
   }
+  tide__membership_free(failed);
+  return rc;
 }
 
 long tide_comm_epoch(const tide_comm_t *comm) {
@@ -409,8 +473,10 @@ int tide_comm_resize(tide_comm_t *comm, int size, int exclude, tide_comm_t **out
     }
   }
   alive_drain(m->alive);
-  TIDE_CHECK(arrive(comm->store, m, comm->ns, m->id, next, size, exclude));
-  return enter_epoch(comm->store, comm->store_host, comm->store_port, comm->token, next, m->id, 0, &m->alive, out);
+  proposal_t p = {m, comm->ns, size, exclude};
+  TIDE_CHECK(arrive(comm->store, &p, m->id, next));
+  return enter_epoch(comm->store, comm->store_host, comm->store_port, comm->token, next, m->id, 0, &p, &m->alive,
+                     out);
 }
 
 /* ---- joining a running job --------------------------------------------------------- */
@@ -479,7 +545,7 @@ int tide__elastic_join(tide_comm_t **out) {
     }
   }
   tide_comm_t *comm = NULL;
-  rc = enter_epoch(store, host, port, token, epoch, id, 1, &watch, &comm);
+  rc = enter_epoch(store, host, port, token, epoch, id, 1, NULL, &watch, &comm);
   if (rc == 0 && comm == NULL) {
     /* Admitted, but a retry after an epoch that could not connect went on
      * without it (it failed later than the others). */
