@@ -35,9 +35,9 @@ static void test_speedup(void) {
   tide_sched_hints_t none = {.fitted = 0, .max_replicas_seen = 3};
   tide_speedup_t *sp;
   CHECK_OK(tide_speedup_create(&none, &sp));
-  CHECK(tide_speedup_max_slots(sp) == 6);
-  for (int k = 1; k <= 6; k++) CHECK(tide_speedup_eval(sp, 1, k) == k && tide_speedup_eval(sp, k, k) == k);
-  CHECK(tide_speedup_eval(sp, 2, 10) == 6); /* capped at twice the largest measured */
+  CHECK(tide_speedup_max_slots(sp) == 12);
+  for (int k = 1; k <= 12; k++) CHECK(tide_speedup_eval(sp, 1, k) == k && tide_speedup_eval(sp, k, k) == k);
+  CHECK(tide_speedup_eval(sp, 2, 20) == 12); /* capped at 4x the largest measured */
   CHECK(tide_speedup_eval(sp, 1, 0) == 0 && tide_speedup_eval(sp, 3, 2) == 0);
   tide_speedup_destroy(sp);
   none.max_replicas_seen = 0; /* a new job: one slot */
@@ -53,16 +53,16 @@ static void test_speedup(void) {
   tide_pollux_choice_t one, c;
   CHECK_OK(tide_pollux_optimize(&h.model, &h.limits, 1, 1, phi, &one));
   for (int round = 0; round < 2; round++) /* the second round reads the memo */
-    for (int k = 1; k <= 40; k++)
+    for (int k = 1; k <= 72; k++)
       for (int n = 1; n <= k && n <= 8; n++) {
         CHECK_OK(tide_speedup_create(&h, &fresh));
         double v = tide_speedup_eval(sp, n, k), w = tide_speedup_eval(fresh, n, k);
         tide_speedup_destroy(fresh);
-        int kk = k > 32 ? 32 : k;
+        int kk = k > 64 ? 64 : k; /* 4 x the 16 measured */
         CHECK_OK(tide_pollux_optimize(&h.model, &h.limits, n, kk, phi, &c));
         CHECK(v == w && close_to(v, c.goodput / one.goodput, 1e-12));
       }
-  CHECK(tide_speedup_eval(sp, 2, 40) == tide_speedup_eval(sp, 2, 32));
+  CHECK(tide_speedup_eval(sp, 2, 72) == tide_speedup_eval(sp, 2, 64));
   tide_speedup_destroy(sp);
   h.grad_sqr = 0;
   CHECK_RC(tide_speedup_create(&h, &sp), TIDE_EINVAL);
