@@ -334,7 +334,8 @@ static int await_members(tide_store_t *store, long epoch, const char *me, const 
     int64_t left_ms = (deadline - tide__now_ns()) / 1000000;
     if (left_ms <= 0) return TIDE_ETIMEDOUT;
     snprintf(key, sizeof key, "elastic/e%ld/members", epoch);
-    int rc = tide_store_get(store, key, (int)(p != NULL && left_ms > 200 ? 200 : left_ms), value, len);
+    int64_t wait_ms = p != NULL && left_ms > 200 ? 200 : left_ms < 2147483647 ? left_ms : 2147483647;
+    int rc = tide_store_get(store, key, (int)wait_ms, value, len);
     if (rc != TIDE_ETIMEDOUT || p == NULL) return rc;
     for (;;) {
       snprintf(key, sizeof key, "elastic/e%ld/by/%ld", epoch, gen);
