@@ -12,7 +12,11 @@ Student-t with 3 degrees of freedom for heavy tails), times:
                 synchronised)
 Each is the median of --repeats calls after --warmup, wall-clock per call
 with a stream synchronisation after each (the same for torch and tide);
-the GPU-side time by CUDA events is reported too. "mass" is the sum of
+the GPU-side time by CUDA events is reported too. The calls interleave:
+each repeat times torch.topk, then each of tide's selectors, so that
+every one of them meets the same state of the machine (clocks, the host's
+load). tide replays a repeated selection as a CUDA graph from its second
+call on unless TIDE_GPU_GRAPHS=0 (reported as "graphs"). "mass" is the sum of
 |selected| over the sum of the exact top k's. One JSON line per
 measurement (--json), else a table.
 
@@ -21,6 +25,7 @@ measurement (--json), else a table.
 import argparse
 import ctypes
 import json
+import os
 import statistics
 import time
 
@@ -31,22 +36,24 @@ from tide import _lib
 from tide._lib import lib
 
 
-def timed(fn, warmup, repeats):
-    """(median wall s, median event s) of fn() with a synchronisation after each."""
-    wall, ev = [], []
+def timed(fns, warmup, repeats):
+    """[(median wall s, median event s)] of each fn() with a synchronisation
+    after each call; the functions take turns in every repeat."""
+    wall, ev = [[] for _ in fns], [[] for _ in fns]
     for i in range(warmup + repeats):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        a.record()
-        fn()
-        b.record()
-        torch.cuda.synchronize()
-        t1 = time.perf_counter()
-        if i >= warmup:
-            wall.append(t1 - t0)
-            ev.append(a.elapsed_time(b) * 1e-3)
-    return statistics.median(wall), statistics.median(ev)
+        for j, fn in enumerate(fns):
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            a.record()
+            fn()
+            b.record()
+            torch.cuda.synchronize()
+            t1 = time.perf_counter()
+            if i >= warmup:
+                wall[j].append(t1 - t0)
+                ev[j].append(a.elapsed_time(b) * 1e-3)
+    return [(statistics.median(w), statistics.median(e)) for w, e in zip(wall, ev)]
 
 
 def main():
@@ -54,8 +61,10 @@ def main():
     ap.add_argument("--sizes", default="1000000,25500000,100000000")
     ap.add_argument("--density", default="0.0001,0.001,0.01")
     ap.add_argument("--dists", default="normal,t3")
-    ap.add_argument("--warmup", type=int, default=3)
-    ap.add_argument("--repeats", type=int, default=15)
+    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--repeats", type=int, default=41)
+    ap.add_argument("--settle", type=float, default=3.0,
+                    help="seconds of calls before the first measurement (the process's and the GPU's start-up)")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--profile", action="store_true",
                     help="print each kernel's GPU time (torch.profiler) for one call per selector, size, density")
@@ -66,6 +75,19 @@ def main():
     name = torch.cuda.get_device_name(0)
     g = torch.Generator(device="cuda").manual_seed(1)
     stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
+    if a.settle > 0:  # both libraries' first calls and the clocks' ramp, out of the measurements
+        x = torch.randn(25500000, device="cuda", generator=g)
+        values, indices = torch.empty(25500, device="cuda"), torch.empty(25500, dtype=torch.int64, device="cuda")
+        kind = ctypes.c_int()
+        lib.tide_topk_parse(b"sampled", ctypes.byref(kind))
+        t_end = time.perf_counter() + a.settle
+        while time.perf_counter() < t_end:
+            torch.topk(x.abs(), 25500, sorted=False)
+            lib.tide_gpu_topk_select(kind.value, None, ctypes.c_void_p(x.data_ptr()), _lib.F32, x.numel(), 25500, b"x",
+                                     ctypes.c_void_p(values.data_ptr()), ctypes.c_void_p(indices.data_ptr()), _lib.I64,
+                                     stream, None)
+            torch.cuda.synchronize()
+        del x, values, indices
     rows = []
     for d in (int(s) for s in a.sizes.split(",")):
         for dist in a.dists.split(","):
@@ -74,33 +96,40 @@ def main():
                 chi = (torch.randn(3, d, device="cuda", generator=g) ** 2).sum(0) / 3
                 x = x / chi.sqrt()
             ax = x.abs()
-            read_w, read_e = timed(lambda: x.sum(), a.warmup, a.repeats)
+            (read_w, read_e), = timed([lambda: x.sum()], a.warmup, a.repeats)
             for density in (float(s) for s in a.density.split(",")):
                 k = max(1, int(round(density * d)))
                 ref_v, _ = torch.topk(ax, k, sorted=False)
                 exact_mass = ref_v.double().sum().item()
                 res = {"device": name, "d": d, "dist": dist, "density": density, "k": k,
+                       "graphs": os.environ.get("TIDE_GPU_GRAPHS", "1"),
                        "read_ms": round(read_w * 1e3, 4), "read_gpu_ms": round(read_e * 1e3, 4)}
-                w, e = timed(lambda: torch.topk(ax, k, sorted=False), a.warmup, a.repeats)
-                res["torch_ms"], res["torch_gpu_ms"] = round(w * 1e3, 4), round(e * 1e3, 4)
-                w, e = timed(lambda: torch.topk(x.abs(), k, sorted=False), a.warmup, a.repeats)
-                res["torch_abs_ms"] = round(w * 1e3, 4)
-                values = torch.empty(k, device="cuda")
-                indices = torch.empty(k, dtype=torch.int64, device="cuda")
-                for sel in ("exact", "sampled", "mstopk"):
+                sels = ("exact", "sampled", "mstopk")
+                out = {s: (torch.empty(k, device="cuda"), torch.empty(k, dtype=torch.int64, device="cuda"))
+                       for s in sels}
+                calls, stats = [], {}
+                for sel in sels:
                     kind = ctypes.c_int()
                     lib.tide_topk_parse(sel.encode(), ctypes.byref(kind))
                     opts = _lib.TopkOpts(seed=1, mstopk_rounds=0, num_threads=0)
-                    st = _lib.TopkStats()
+                    st = stats[sel] = _lib.TopkStats()
+                    values, indices = out[sel]
                     args = (kind.value, ctypes.byref(opts), ctypes.c_void_p(x.data_ptr()), _lib.F32, d, k, b"x",
                             ctypes.c_void_p(values.data_ptr()), ctypes.c_void_p(indices.data_ptr()), _lib.I64,
                             stream, ctypes.byref(st))
 
-                    def call():
+                    def call(args=args):
                         rc = lib.tide_gpu_topk_select(*args)
                         if rc < 0:
                             raise RuntimeError("tide_gpu_topk_select: %s" % lib.tide_strerror(rc).decode())
-                    w, e = timed(call, a.warmup, a.repeats)
+                    calls.append(call)
+                times = timed([lambda: torch.topk(ax, k, sorted=False), lambda: torch.topk(x.abs(), k, sorted=False)]
+                              + calls, a.warmup, a.repeats)
+                res["torch_ms"], res["torch_gpu_ms"] = round(times[0][0] * 1e3, 4), round(times[0][1] * 1e3, 4)
+                res["torch_abs_ms"] = round(times[1][0] * 1e3, 4)
+                for sel, call, (w, e) in zip(sels, calls, times[2:]):
+                    values, indices = out[sel]
+                    st = stats[sel]
                     if a.profile:
                         from torch.profiler import profile, ProfilerActivity
                         with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:

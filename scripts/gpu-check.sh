@@ -3,7 +3,7 @@
 # test_gpu (the kernels against the CPU selectors), test/torch/test_cuda.py
 # (tide.torch.topk against torch.topk, collectives and DistributedOptimizer on
 # CUDA tensors from 2 processes sharing the GPU), bench/topk_gpu.py against
-# torch.topk (3 launches), and the Fashion-MNIST example with hitopk on CUDA
+# torch.topk (5 launches), and the Fashion-MNIST example with hitopk on CUDA
 # against the same run on the CPU; then a table. About 3-5 minutes on one GPU.
 #
 #   scripts/gpu-check.sh                 on a GPU machine with tide's Debian
@@ -116,11 +116,19 @@ step() { # name, command...
 }
 
 step "test_gpu (kernels against the CPU selectors)" "$bin/test_gpu"
+step "test_gpu with TIDE_GPU_GRAPHS=0 (every kernel launched by itself)" env TIDE_GPU_GRAPHS=0 "$bin/test_gpu"
 step "test_cuda.py (tide.torch on CUDA tensors)" $py test/torch/test_cuda.py
 
 : >"$out/topk_gpu.jsonl"
-for launch in 1 2 3; do
+for launch in 1 2 3 4 5; do
   step "topk_gpu launch $launch" sh -c "$py bench/topk_gpu.py --json >> '$out/topk_gpu.jsonl'"
+done
+
+# The same at 25.5M with graphs off: what the graph replay is worth.
+: >"$out/topk_gpu_nographs.jsonl"
+for launch in 1 2 3; do
+  step "topk_gpu launch $launch at 25.5M, TIDE_GPU_GRAPHS=0" sh -c "TIDE_GPU_GRAPHS=0 $py bench/topk_gpu.py \
+    --sizes 25500000 --json >> '$out/topk_gpu_nographs.jsonl'"
 done
 
 step "topk_gpu kernel profile at 25.5M, 0.1%" $py bench/topk_gpu.py --sizes 25500000 --density 0.001 --dists normal \
@@ -138,7 +146,7 @@ for device in cpu cuda; do
     --device $device --compression hitopk:0.01 --epochs 2 --data "$data" --threads 4 --json
 done
 
-echo "== topk_gpu: median over calls per launch; min-max over the 3 launches"
+echo "== topk_gpu: median over calls per launch; min-max over the 5 launches"
 $py - "$out/topk_gpu.jsonl" <<'EOF'
 import json, sys, collections
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
@@ -163,19 +171,22 @@ for (d, dist, density), rs in groups.items():
         d, dist, density, span(rs, "read_ms"), span(rs, "torch_ms"), span(rs, "exact_ms"), span(rs, "sampled_ms"),
         span(rs, "mstopk_ms"), span(rs, "mstopk_mass", "%.4f"), min(speed), max(speed), min(read), max(read)))
 EOF
-if [ -s "$out/topk_gpu_baseline.jsonl" ]; then
-  echo "== baseline ($BASELINE) at 25.5M: fastest exact-k selector vs torch.topk, min-max over 3 launches"
-  $py - "$out/topk_gpu_baseline.jsonl" <<'EOF2'
+for f in nographs baseline; do
+  [ -s "$out/topk_gpu_$f.jsonl" ] || continue
+  echo "== $f at 25.5M: fastest exact-k selector vs torch.topk, and sampled ms, min-max over 3 launches"
+  $py - "$out/topk_gpu_$f.jsonl" <<'EOF2'
 import json, sys, collections
 g = collections.OrderedDict()
 for l in open(sys.argv[1]):
     if l.strip():
         r = json.loads(l)
-        g.setdefault((r["dist"], r["density"]), []).append(r["torch_ms"] / min(r["exact_ms"], r["sampled_ms"]))
-for (dist, density), v in g.items():
-    print("| %s | %g | %.1f-%.1fx |" % (dist, density, min(v), max(v)))
+        g.setdefault((r["dist"], r["density"]), []).append(r)
+for (dist, density), rs in g.items():
+    v = [r["torch_ms"] / min(r["exact_ms"], r["sampled_ms"]) for r in rs]
+    s = [r["sampled_ms"] for r in rs]
+    print("| %s | %g | %.1f-%.1fx | sampled %.3f-%.3f ms |" % (dist, density, min(v), max(v), min(s), max(s)))
 EOF2
-fi
+done
 grep -h '"final_accuracy"' "$out/gpu-check.log" | sed 's/^\[[0-9]*\] //' || true
 echo "== gpu-check: $([ $status = 0 ] && echo all passed || echo FAILURES above)"
 exit $status

@@ -235,6 +235,67 @@ static void test_mstopk(void) {
   CHECK(same * 10 >= cases * 8); /* the mean's summation order may move a probe by an ulp */
 }
 
+/* A selection repeated with the same buffers runs one by one, then is
+ * captured as a graph, then replays it (TIDE_GPU_GRAPHS): each call's
+ * pairs follow x's contents of that call. Two contents alternate, so a
+ * replay is compared bit for bit with the first, eager call on the same
+ * contents, and exact and sampled with the CPU's exact selection too. */
+static void test_graphs(void) {
+  const size_t sizes[] = {100003, 1u << 20};
+  const tide_topk_kind_t kinds[] = {TIDE_TOPK_EXACT, TIDE_TOPK_SAMPLED, TIDE_TOPK_MSTOPK};
+  int calls = 0;
+  for (size_t s = 0; s < 2; s++) {
+    size_t d = sizes[s], k = tide_topk_count(0.001, d);
+    float *x[2] = {malloc(d * 4), malloc(d * 4)};
+    fill(x[0], d, D_NORMAL, 71);
+    fill(x[1], d, D_NORMAL, 72);
+    uint32_t *ref[2] = {malloc(k * 4), malloc(k * 4)};
+    float *rv = malloc(k * 4);
+    for (int c = 0; c < 2; c++) {
+      CHECK_OK(tide_topk_select(TIDE_TOPK_EXACT, x[c], d, k, "x", rv, ref[c], NULL));
+      qsort(ref[c], k, 4, by_u32);
+    }
+    void *xd = dev_alloc(d * 4), *vd = dev_alloc(k * 4), *id = dev_alloc(k * 4);
+    for (int q = 0; q < 3; q++) {
+      tide_topk_opts_t opts = {.seed = 9};
+      uint32_t *first[2] = {malloc(k * 4), malloc(k * 4)}, *got = malloc(k * 4);
+      float *vals = malloc(k * 4);
+      for (int call = 0; call < 6; call++) {
+        int c = call % 2;
+        to_dev(xd, x[c], d * 4);
+        CHECK_OK(tide_gpu_topk_select(kinds[q], &opts, xd, TIDE_F32, d, k, "x", vd, id, TIDE_I32, NULL, NULL));
+        to_host(got, id, k * 4);
+        to_host(vals, vd, k * 4);
+        for (size_t j = 0; j < k; j++) CHECK(got[j] < d && vals[j] == x[c][got[j]]);
+        qsort(got, k, 4, by_u32); /* the pairs' order is the device's */
+        if (call < 2) memcpy(first[c], got, k * 4);
+        if (memcmp(got, first[c], k * 4) != 0) {
+          fprintf(stderr, "%s d=%zu call %d: pairs differ from call %d's on the same x\n", tide_topk_name(kinds[q]),
+                  d, call, c);
+          CHECK(0);
+        }
+        if (kinds[q] != TIDE_TOPK_MSTOPK) CHECK(memcmp(got, ref[c], k * 4) == 0);
+        calls++;
+      }
+      free(first[0]);
+      free(first[1]);
+      free(got);
+      free(vals);
+    }
+    dev_free(xd);
+    dev_free(vd);
+    dev_free(id);
+    free(x[0]);
+    free(x[1]);
+    free(ref[0]);
+    free(ref[1]);
+    free(rv);
+  }
+  const char *graphs = getenv("TIDE_GPU_GRAPHS");
+  printf("repeated selections (graphs %s): %d calls follow x's contents\n",
+         graphs != NULL && strcmp(graphs, "0") == 0 ? "off" : "on", calls);
+}
+
 static void test_nonfinite(void) {
   size_t d = 200003, k = 100;
   float *x = malloc(d * sizeof *x);
@@ -293,7 +354,7 @@ static void test_compressor(void) {
     float *grad = malloc(d * 4), *cv = malloc(k * 4), *gv = malloc(k * 4), *cr = malloc(d * 4), *gr = malloc(d * 4);
     uint32_t *ci = malloc(k * 4), *gi = malloc(k * 4);
     float *gd = dev_alloc(d * 4);
-    for (int step = 0; step < 4; step++) {
+    for (int step = 0; step < 6; step++) { /* two buffers: eager, captured, replayed */
       fill(grad, d, step % 2 ? D_NORMAL : D_SPIKES, 100 + (uint64_t)step);
       size_t kc, kg;
       CHECK_OK(tide_compressor_compress(cpu, grad, d, cv, ci, &kc));
@@ -344,7 +405,7 @@ static void test_compressor(void) {
     tide_compressor_destroy(cpu);
     tide_compressor_destroy(gc);
   }
-  printf("GPU compressor: pairs and residual identical to the CPU's over 4 steps\n");
+  printf("GPU compressor: pairs and residual identical to the CPU's over 6 steps\n");
 }
 
 static int compile_check(void) {
@@ -387,6 +448,7 @@ int main(int argc, char **argv) {
   test_nonfinite();
   test_selectors();
   test_mstopk();
+  test_graphs();
   test_compressor();
   printf("test_gpu: all passed\n");
   return 0;

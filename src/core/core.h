@@ -164,6 +164,9 @@ int tide__array_bytes(const char *fn, const char *arg, size_t count, size_t size
      "tide/gpu, else ~/.cache/tide/gpu; none: compile in every process)")               \
   XX(NVRTC_LIBRARY, STR, "", 0, 0,                                                       \
      "path of libnvrtc.so, tried before libnvrtc.so, .so.13 and .so.12 (GPU top-k)")     \
+  XX(GPU_GRAPHS, INT, "1", 0, 1,                                                         \
+     "1: a GPU selection repeated with the same tensors and k replays its kernels as one " \
+     "CUDA graph from its second call on (docs/algorithms.md); 0: one launch per kernel") \
   XX(STRAGGLER, ENUM, "report", 0, 0,                                                    \
      "an elastic trainer's answer to a rank whose compute is persistently slow: off, "   \
      "report (log it, tide_trainer_straggler) or remove (also take it out of the job)")    \

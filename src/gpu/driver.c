@@ -21,7 +21,7 @@
 /* ---- the driver API, as much of it as tide calls ---------------------------------------- */
 
 typedef int cu_result_t; /* CUresult: 0 is CUDA_SUCCESS */
-typedef void *cu_context_t, *cu_module_t, *cu_function_t, *cu_stream_t;
+typedef void *cu_context_t, *cu_module_t, *cu_function_t, *cu_stream_t, *cu_graph_t, *cu_graph_exec_t;
 
 #define CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT 16
 #define CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR 75
@@ -30,6 +30,8 @@ typedef void *cu_context_t, *cu_module_t, *cu_function_t, *cu_stream_t;
 #define CU_POINTER_ATTRIBUTE_MEMORY_TYPE 2
 #define CU_MEMORYTYPE_DEVICE 2
 #define CU_MEMORYTYPE_UNIFIED 4
+#define CU_STREAM_NON_BLOCKING 1
+#define CU_STREAM_CAPTURE_MODE_THREAD_LOCAL 1
 
 #define CU_FUNCTIONS(X)                                                                                       \
   X(cuInit, "cuInit", (unsigned flags))                                                                       \
@@ -56,6 +58,15 @@ typedef void *cu_context_t, *cu_module_t, *cu_function_t, *cu_stream_t;
   X(cuMemsetD32Async, "cuMemsetD32Async", (tide__cu_ptr_t p, unsigned value, size_t n, cu_stream_t s))        \
   X(cuMemcpyAsync, "cuMemcpyAsync", (tide__cu_ptr_t dst, tide__cu_ptr_t src, size_t bytes, cu_stream_t s))    \
   X(cuStreamSynchronize, "cuStreamSynchronize", (cu_stream_t s))                                              \
+  X(cuStreamCreate, "cuStreamCreate", (cu_stream_t * s, unsigned flags))                                      \
+  X(cuStreamDestroy, "cuStreamDestroy_v2", (cu_stream_t s))                                                   \
+  X(cuStreamBeginCapture, "cuStreamBeginCapture_v2", (cu_stream_t s, int mode))                               \
+  X(cuStreamEndCapture, "cuStreamEndCapture", (cu_stream_t s, cu_graph_t * graph))                            \
+  X(cuGraphInstantiate, "cuGraphInstantiateWithFlags", (cu_graph_exec_t * exec, cu_graph_t graph,             \
+                                                        unsigned long long flags))                            \
+  X(cuGraphLaunch, "cuGraphLaunch", (cu_graph_exec_t exec, cu_stream_t s))                                    \
+  X(cuGraphExecDestroy, "cuGraphExecDestroy", (cu_graph_exec_t exec))                                         \
+  X(cuGraphDestroy, "cuGraphDestroy", (cu_graph_t graph))                                                     \
   X(cuGetErrorString, "cuGetErrorString", (cu_result_t r, const char **str))
 
 static struct {
@@ -323,6 +334,17 @@ struct tide__gpu {
   size_t list_entries;
   tide__gpu_state_t *host_state; /* pinned */
   int hist_dirty;                /* the bins need zeroing before the next selection */
+  /* graphs of repeated selections (TIDE_GPU_GRAPHS), least recently used replaced */
+  struct {
+    unsigned char key[TIDE__GPU_GRAPH_KEY];
+    size_t len; /* 0: a free slot */
+    cu_graph_t graph;
+    cu_graph_exec_t exec; /* NULL: the key was seen once, not captured yet */
+    uint64_t used;
+  } graphs[8];
+  uint64_t clock;
+  cu_stream_t capture; /* the stream captures are made on */
+  int graphs_off;      /* the driver refused a capture: one launch per kernel from then on */
 };
 
 #define MAX_CONTEXTS 16
@@ -463,6 +485,89 @@ void tide__gpu_free(tide__gpu_t *g, tide__cu_ptr_t p) {
   if (p != 0) cu.cuMemFree(p);
 }
 
+/* ---- graphs -------------------------------------------------------------------------------- */
+
+static void graphs_clear(tide__gpu_t *g) {
+  for (size_t i = 0; i < sizeof g->graphs / sizeof *g->graphs; i++) {
+    if (g->graphs[i].exec != NULL) cu.cuGraphExecDestroy(g->graphs[i].exec);
+    if (g->graphs[i].graph != NULL) cu.cuGraphDestroy(g->graphs[i].graph);
+    memset(&g->graphs[i], 0, sizeof g->graphs[i]);
+  }
+}
+
+/* Refuses graphs for the rest of the process's use of g (a driver that
+ * cannot capture is only slower). */
+static void graphs_off(tide__gpu_t *g, const char *what, cu_result_t r) {
+  const char *s = NULL;
+  if (cu.cuGetErrorString(r, &s) != 0 || s == NULL) s = "unknown CUDA error";
+  TIDE_INFO("gpu: %s: CUDA error %d (%s); selections launch their kernels one by one", what, r, s);
+  g->graphs_off = 1;
+  graphs_clear(g);
+}
+
+int tide__gpu_graph_find(tide__gpu_t *g, const void *key, size_t len, void **exec) {
+  *exec = NULL;
+  if (g->graphs_off || len > TIDE__GPU_GRAPH_KEY || tide__param_int(TIDE__PARAM_GPU_GRAPHS) == 0) return 0;
+  size_t n = sizeof g->graphs / sizeof *g->graphs, victim = 0;
+  for (size_t i = 0; i < n; i++) {
+    if (g->graphs[i].len == len && memcmp(g->graphs[i].key, key, len) == 0) {
+      g->graphs[i].used = ++g->clock;
+      *exec = g->graphs[i].exec;
+      return *exec != NULL ? 2 : 1;
+    }
+    if (g->graphs[i].used < g->graphs[victim].used) victim = i;
+  }
+  if (g->graphs[victim].exec != NULL) cu.cuGraphExecDestroy(g->graphs[victim].exec);
+  if (g->graphs[victim].graph != NULL) cu.cuGraphDestroy(g->graphs[victim].graph);
+  memset(&g->graphs[victim], 0, sizeof g->graphs[victim]);
+  memcpy(g->graphs[victim].key, key, len);
+  g->graphs[victim].len = len;
+  g->graphs[victim].used = ++g->clock;
+  return 0;
+}
+
+int tide__gpu_capture_begin(tide__gpu_t *g, void **stream) {
+  cu_result_t r = 0;
+  if (g->capture == NULL) r = cu.cuStreamCreate(&g->capture, CU_STREAM_NON_BLOCKING);
+  if (r == 0) r = cu.cuStreamBeginCapture(g->capture, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL);
+  if (r != 0) {
+    graphs_off(g, "cuStreamBeginCapture", r);
+    return TIDE_EIO;
+  }
+  *stream = g->capture;
+  return 0;
+}
+
+void tide__gpu_capture_end(tide__gpu_t *g, const void *key, size_t len, int queued, void **exec) {
+  *exec = NULL;
+  cu_graph_t graph = NULL;
+  cu_graph_exec_t e = NULL;
+  cu_result_t r = cu.cuStreamEndCapture(g->capture, &graph);
+  if (r == 0 && queued == 0) r = cu.cuGraphInstantiate(&e, graph, 0);
+  if (r != 0 || queued != 0) {
+    if (graph != NULL) cu.cuGraphDestroy(graph);
+    if (r != 0) graphs_off(g, "capturing a selection as a graph", r);
+    return; /* a launch refused while capturing: the eager launch will say why */
+  }
+  for (size_t i = 0; i < sizeof g->graphs / sizeof *g->graphs; i++) {
+    if (g->graphs[i].len == len && memcmp(g->graphs[i].key, key, len) == 0 && g->graphs[i].exec == NULL) {
+      g->graphs[i].graph = graph;
+      g->graphs[i].exec = e;
+      *exec = e;
+      TIDE_DEBUG("gpu: a repeated selection captured as a graph (slot %zu)", i);
+      return;
+    }
+  }
+  cu.cuGraphExecDestroy(e); /* the key's slot is gone (not under the lock): launch one by one */
+  cu.cuGraphDestroy(graph);
+}
+
+int tide__gpu_graph_launch(tide__gpu_t *g, void *exec, void *stream) {
+  (void)g;
+  cu_result_t r = cu.cuGraphLaunch(exec, stream);
+  return r == 0 ? 0 : cu_fail("cuGraphLaunch", r);
+}
+
 int tide__gpu_scratch(tide__gpu_t *g, size_t list_entries, tide__cu_ptr_t *state, tide__cu_ptr_t *hist,
                       tide__cu_ptr_t *partials, tide__cu_ptr_t *list, tide__gpu_state_t **host_state,
                       int **hist_dirty) {
@@ -478,6 +583,7 @@ int tide__gpu_scratch(tide__gpu_t *g, size_t list_entries, tide__cu_ptr_t *state
       return cu_fail("cuMemAllocHost", r);
   }
   if (list_entries > g->list_entries) {
+    graphs_clear(g); /* they name the list */
     size_t want = list_entries + list_entries / 4; /* room to grow before the next reallocation */
     tide__gpu_free(g, g->list);
     g->list = 0;

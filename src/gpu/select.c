@@ -15,7 +15,11 @@
  * when not needed: the host waits once, at the end, to read the state (a
  * NaN/Inf, the counts for the stats), and queues a second round only when
  * that is rare: ties at the k-th key to break by index, or digits left
- * because a collection missed. */
+ * because a collection missed. The first round is the same sequence for
+ * every call with the same arguments, so a repeated call (a compressor's
+ * buffers, a training loop's tensors) replays it as one CUDA graph
+ * (TIDE_GPU_GRAPHS): one launch instead of four to thirty, and shorter
+ * gaps between the kernels on the device. */
 #include <math.h>
 #include <string.h>
 
@@ -47,6 +51,122 @@ typedef struct {
 
 static void run(queue_t *q, tide__gpu_kernel_t kernel, unsigned blocks, void **args) {
   if (q->rc == 0) q->rc = tide__gpu_launch_typed(q->g, kernel, q->type, blocks, q->stream, args);
+}
+
+/* One selection's queued work: the kernels' arguments (launches take their
+ * addresses) and the histogram slots taken so far. */
+typedef struct {
+  queue_t q;
+  tide_topk_kind_t kind;
+  size_t k;
+  int sampled, rounds;
+  tide__sample_plan_t plan;
+  tide__cu_ptr_t hist;
+  tide__gpu_state_t *hs;
+  void *xp, *lp, *sp, *pp, *values, *indices, *chp;
+  int vec, index64, emit_kind, ties_done, slot;
+} sel_t;
+
+/* One histogram pass: its own zeroed slot of bins (stage MAG: the next
+ * digit, whatever pass says). */
+static void hist_pass(sel_t *s, int stage, int pass) {
+  void *hp = (void *)(uintptr_t)(s->hist + (tide__cu_ptr_t)s->slot++ * TIDE__GPU_BINS * 4);
+  void *args[] = {&s->xp, &s->lp, &s->sp, &hp, &stage, &pass, &s->vec};
+  run(&s->q, TIDE__K_HIST, GRID, args);
+}
+
+/* The emission, then the state back to the host. */
+static void emit(sel_t *s) {
+  void *args[] = {&s->xp, &s->lp, &s->sp, &s->values, &s->indices, &s->pp, &s->index64, &s->emit_kind, &s->vec,
+                  &s->ties_done};
+  run(&s->q, TIDE__K_EMIT, GRID, args);
+  if (s->q.rc == 0) s->q.rc = tide__gpu_copy(s->q.g, s->hs, s->sp, sizeof *s->hs, s->q.stream);
+}
+
+/* The first round, the same sequence for every call with the same
+ * arguments: what a graph holds. */
+static void first_round(sel_t *s) {
+  queue_t *q = &s->q;
+  /* The state to the device: the sampled selector's first kernel takes it
+   * as an argument (one queued operation fewer); the others copy it. */
+  if (!s->sampled) q->rc = tide__gpu_copy(q->g, s->sp, s->hs, sizeof *s->hs, q->stream);
+  /* The collection counts a digit too: its own slot of bins. */
+  s->chp = (void *)(uintptr_t)(s->hist + (tide__cu_ptr_t)s->slot++ * TIDE__GPU_BINS * 4);
+  void *collect_args[] = {&s->xp, &s->lp, &s->sp, &s->chp, &s->vec};
+  void *list_args[] = {&s->xp, &s->lp, &s->sp, &s->vec}; /* probe, band */
+  if (s->k == 0) {
+    void *args[] = {&s->xp, &s->sp, &s->vec};
+    run(q, TIDE__K_CHECK, GRID, args);
+    if (q->rc == 0) q->rc = tide__gpu_copy(q->g, s->hs, s->sp, sizeof *s->hs, q->stream);
+  } else if (s->kind != TIDE_TOPK_MSTOPK) {
+    if (s->sampled) { /* digit 0 in the collection; when the cut misses, the digits read x */
+      unsigned long long runs = s->plan.runs, stride = s->plan.stride;
+      void *args[] = {&s->xp, &s->sp, s->hs, &runs, &stride, &s->vec};
+      run(q, TIDE__K_SAMPLE, 1, args);
+      run(q, TIDE__K_COLLECT, GRID, collect_args);
+      hist_pass(s, TIDE__GPU_STAGE_MAG, 0);
+    } else { /* digit 1 in the collection of the bucket and above */
+      hist_pass(s, TIDE__GPU_STAGE_MAG, 0);
+      run(q, TIDE__K_COLLECT, GRID, collect_args);
+    }
+    /* The last digit in the emission (ranked), unless its bucket is too
+     * full or a collection missed: then the host queues the digits left. */
+    emit(s);
+  } else {
+    void *mean_args[] = {&s->xp, &s->sp, &s->pp, &s->vec};
+    run(q, TIDE__K_MEAN, GRID, mean_args);
+    for (int r = 0; r < s->rounds; r++) run(q, TIDE__K_PROBE, GRID, list_args);
+    run(q, TIDE__K_BAND, GRID, list_args);
+    for (int p = 0; p < 3; p++) hist_pass(s, TIDE__GPU_STAGE_BAND_HI, p);
+    for (int p = 0; p < 3; p++) hist_pass(s, TIDE__GPU_STAGE_BAND_LO, p);
+    emit(s);
+  }
+}
+
+/* The first round as a graph when the same selection repeats
+ * (TIDE_GPU_GRAPHS), else launched one by one. */
+static void queue_first_round(sel_t *s, const void *x, tide_dtype_t dtype, size_t d, tide_dtype_t index_dtype,
+                              uint64_t seed) {
+  struct {
+    const void *x, *values, *indices;
+    uint64_t d, k, seed, hist, list, state, partials;
+    int32_t kind, dtype, index_dtype, rounds;
+  } key;
+  memset(&key, 0, sizeof key); /* no padding bytes left unset in the comparison */
+  key.x = x;
+  key.values = s->values;
+  key.indices = s->indices;
+  key.d = d;
+  key.k = s->k;
+  key.seed = seed;
+  key.hist = s->hist;
+  key.list = (uint64_t)(uintptr_t)s->lp;
+  key.state = (uint64_t)(uintptr_t)s->sp;
+  key.partials = (uint64_t)(uintptr_t)s->pp;
+  key.kind = (int32_t)s->kind;
+  key.dtype = (int32_t)dtype;
+  key.index_dtype = (int32_t)index_dtype;
+  key.rounds = s->rounds;
+  void *exec = NULL, *capture;
+  int found = tide__gpu_graph_find(s->q.g, &key, sizeof key, &exec);
+  int slot = s->slot;
+  if (found == 1 && tide__gpu_capture_begin(s->q.g, &capture) == 0) {
+    void *stream = s->q.stream;
+    s->q.stream = capture;
+    first_round(s);
+    s->q.stream = stream;
+    tide__gpu_capture_end(s->q.g, &key, sizeof key, s->q.rc, &exec);
+    s->q.rc = 0;
+    if (exec == NULL) s->slot = slot; /* not made: launch one by one */
+  }
+  if (exec != NULL) {
+    /* The slots the graph's histograms take: the collection's, then one
+     * (exact, sampled) or six (MSTopK's band). */
+    s->slot = slot + 1 + (s->k == 0 ? 0 : s->kind == TIDE_TOPK_MSTOPK ? 6 : 1);
+    s->q.rc = tide__gpu_graph_launch(s->q.g, exec, s->q.stream);
+  } else {
+    first_round(s);
+  }
 }
 
 int tide__gpu_select(tide_topk_kind_t kind, const tide_topk_opts_t *opts, const void *x, tide_dtype_t dtype,
@@ -113,86 +233,50 @@ int tide__gpu_select(tide_topk_kind_t kind, const tide_topk_opts_t *opts, const 
   hs->seed = opts != NULL ? opts->seed : 0;
   hs->bad_index = TIDE__GPU_NONE;
   hs->min_taken = 0xffffffffu;
-  queue_t q = {g, stream, dtype == TIDE_F32 ? 0 : dtype == TIDE_F16 ? 1 : 2, 0};
-  /* The state to the device: the sampled selector's first kernel takes it
-   * as an argument (one queued operation fewer); the others copy it. */
-  if (!sampled) q.rc = tide__gpu_copy(g, (void *)(uintptr_t)state, hs, sizeof *hs, stream);
+  sel_t sel = {.q = {g, stream, dtype == TIDE_F32 ? 0 : dtype == TIDE_F16 ? 1 : 2, 0},
+               .kind = kind,
+               .k = k,
+               .sampled = sampled,
+               .rounds = rounds,
+               .plan = plan,
+               .hist = hist,
+               .hs = hs,
+               .xp = (void *)x,
+               .lp = (void *)(uintptr_t)list,
+               .sp = (void *)(uintptr_t)state,
+               .pp = (void *)(uintptr_t)partials,
+               .values = values,
+               .indices = indices,
+               .vec = ((uintptr_t)x % 16) == 0,
+               .index64 = index_dtype == TIDE_I64,
+               .emit_kind = kind == TIDE_TOPK_MSTOPK ? TIDE__GPU_MSTOPK : TIDE__GPU_EXACT};
+  queue_t *q = &sel.q;
   /* Each histogram pass zeroes its bins when done; after a failed call
    * (or the first) they are zeroed here. */
-  if (q.rc == 0 && *hist_dirty) q.rc = tide__gpu_memset32(g, hist, 0, (size_t)TIDE__GPU_HISTS * TIDE__GPU_BINS, stream);
+  if (*hist_dirty) q->rc = tide__gpu_memset32(g, hist, 0, (size_t)TIDE__GPU_HISTS * TIDE__GPU_BINS, stream);
   *hist_dirty = 1;
-
-  int vec = ((uintptr_t)x % 16) == 0;
-  int index64 = index_dtype == TIDE_I64;
-  void *xp = (void *)x, *lp = (void *)(uintptr_t)list, *sp = (void *)(uintptr_t)state;
-  void *pp = (void *)(uintptr_t)partials;
-  int slot = 0;
-  /* One histogram pass: its own zeroed slot of bins (stage MAG: the next
-   * digit, whatever pass_ says). */
-#define HIST(stage_, pass_)                                                              \
-  do {                                                                                   \
-    void *hp = (void *)(uintptr_t)(hist + (tide__cu_ptr_t)slot++ * TIDE__GPU_BINS * 4);  \
-    int stage = (stage_), pass = (pass_);                                                \
-    void *args[] = {&xp, &lp, &sp, &hp, &stage, &pass, &vec};                            \
-    run(&q, TIDE__K_HIST, GRID, args);                                                   \
-  } while (0)
-  void *list_args[] = {&xp, &lp, &sp, &vec}; /* probe, band */
-  /* The collection counts a digit too: its own slot of bins. */
-  void *chp = (void *)(uintptr_t)(hist + (tide__cu_ptr_t)slot++ * TIDE__GPU_BINS * 4);
-  void *collect_args[] = {&xp, &lp, &sp, &chp, &vec};
-  int emit_kind = kind == TIDE_TOPK_MSTOPK ? TIDE__GPU_MSTOPK : TIDE__GPU_EXACT, ties_done = 0;
-  void *emit_args[] = {&xp, &lp, &sp, &values, &indices, &pp, &index64, &emit_kind, &vec, &ties_done};
-  if (k == 0) {
-    void *args[] = {&xp, &sp, &vec};
-    run(&q, TIDE__K_CHECK, GRID, args);
-  } else if (kind != TIDE_TOPK_MSTOPK) {
-    if (sampled) { /* digit 0 in the collection; when the cut misses, the digits read x */
-      unsigned long long runs = plan.runs, stride = plan.stride;
-      void *args[] = {&xp, &sp, hs, &runs, &stride, &vec};
-      run(&q, TIDE__K_SAMPLE, 1, args);
-      run(&q, TIDE__K_COLLECT, GRID, collect_args);
-      HIST(TIDE__GPU_STAGE_MAG, 0);
-    } else { /* digit 1 in the collection of the bucket and above */
-      HIST(TIDE__GPU_STAGE_MAG, 0);
-      run(&q, TIDE__K_COLLECT, GRID, collect_args);
-    }
-    /* The last digit in the emission (ranked), unless its bucket is too
-     * full or a collection missed: then the host queues the digits left. */
-    run(&q, TIDE__K_EMIT, GRID, emit_args);
-  } else {
-    void *mean_args[] = {&xp, &sp, &pp, &vec};
-    run(&q, TIDE__K_MEAN, GRID, mean_args);
-    for (int r = 0; r < rounds; r++) run(&q, TIDE__K_PROBE, GRID, list_args);
-    run(&q, TIDE__K_BAND, GRID, list_args);
-    for (int p = 0; p < 3; p++) HIST(TIDE__GPU_STAGE_BAND_HI, p);
-    for (int p = 0; p < 3; p++) HIST(TIDE__GPU_STAGE_BAND_LO, p);
-    run(&q, TIDE__K_EMIT, GRID, emit_args);
-  }
-  if (q.rc == 0) q.rc = tide__gpu_copy(g, hs, (void *)(uintptr_t)state, sizeof *hs, stream);
-  if (q.rc == 0) q.rc = tide__gpu_sync(g, stream);
-  int more = k > 0 && emit_kind == TIDE__GPU_EXACT && hs->bad_index == TIDE__GPU_NONE && !hs->failed;
-  if (q.rc == 0 && more && hs->digits < 3) {
+  if (q->rc == 0) queue_first_round(&sel, x, dtype, d, index_dtype, hs->seed);
+  if (q->rc == 0) q->rc = tide__gpu_sync(g, stream);
+  int more = k > 0 && sel.emit_kind == TIDE__GPU_EXACT && hs->bad_index == TIDE__GPU_NONE && !hs->failed;
+  if (q->rc == 0 && more && hs->digits < 3) {
     /* A collection that missed (sampled: the cut was too high or too
      * low; exact: the bucket too full for the list): the digits left,
      * over x. */
-    for (unsigned p = hs->digits; p < 3; p++) HIST(TIDE__GPU_STAGE_MAG, 0);
-    run(&q, TIDE__K_EMIT, GRID, emit_args);
-    if (q.rc == 0) q.rc = tide__gpu_copy(g, hs, (void *)(uintptr_t)state, sizeof *hs, stream);
-    if (q.rc == 0) q.rc = tide__gpu_sync(g, stream);
+    for (unsigned p = hs->digits; p < 3; p++) hist_pass(&sel, TIDE__GPU_STAGE_MAG, 0);
+    emit(&sel);
+    if (q->rc == 0) q->rc = tide__gpu_sync(g, stream);
   }
   more = more && hs->bad_index == TIDE__GPU_NONE && !hs->failed;
-  if (q.rc == 0 && more && hs->tie_needed) {
+  if (q->rc == 0 && more && hs->tie_needed) {
     /* Ties at the k-th key, more than are taken: the lowest indices among
      * them (three more passes). Rare in gradients; a second round keeps the
      * common case free of them. */
-    for (int p = 0; p < 3; p++) HIST(TIDE__GPU_STAGE_TIE, p);
-    ties_done = 1;
-    run(&q, TIDE__K_EMIT, GRID, emit_args);
-    if (q.rc == 0) q.rc = tide__gpu_copy(g, hs, (void *)(uintptr_t)state, sizeof *hs, stream);
-    if (q.rc == 0) q.rc = tide__gpu_sync(g, stream);
+    for (int p = 0; p < 3; p++) hist_pass(&sel, TIDE__GPU_STAGE_TIE, p);
+    sel.ties_done = 1;
+    emit(&sel);
+    if (q->rc == 0) q->rc = tide__gpu_sync(g, stream);
   }
-#undef HIST
-  rc = q.rc;
+  rc = q->rc;
   if (rc < 0) goto out;
   *hist_dirty = hs->failed != 0; /* a failed pass leaves its bins */
   if (hs->bad_index != TIDE__GPU_NONE) {
