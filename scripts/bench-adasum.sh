@@ -3,17 +3,19 @@
 # side by side: every round runs `tide bench --op allreduce,adasum` once per
 # rank count and size (a launch of its own), so the two measurements of a
 # size follow each other and see the same machine state; rounds repeat that.
-# Prints a markdown table of the medians over rounds of each p50 and of the
-# per-round ratios adasum/allreduce of the p50s and of the fastest
-# iterations, and the spread of the p50 ratio over the launches (lowest and
-# highest round: the 1.3x bar holds only if the highest is under it); every
-# JSON line goes to OUT.
+# Each round is one launch of `tiderun` per rank count and size, so ROUNDS
+# (or LAUNCHES, the same) counts the launches behind every row. Prints a
+# markdown table of the medians over rounds of each p50 and of the per-round
+# ratios adasum/allreduce of the p50s and of the fastest iterations, and the
+# spread of the p50 ratio over the launches (lowest and highest round: the
+# 1.3x bar holds only if the highest is under it), then the worst launch and
+# how many rows have every launch within BAR; every JSON line goes to OUT.
 #
 #   scripts/bench-adasum.sh [BUILD_DIR]        (default: build)
 #
 # Environment (all optional):
-#   NPS="2 4"  ROUNDS=5  SIZES="1M 4M 16M 64M"  ITERS=30
-#   OUT=BUILD_DIR/bench-adasum.jsonl  RUN_TIMEOUT=300 (seconds per run)
+#   NPS="2 4"  ROUNDS=5 (or LAUNCHES=5)  SIZES="1M 4M 16M 64M"  ITERS=30
+#   BAR=1.3  OUT=BUILD_DIR/bench-adasum.jsonl  RUN_TIMEOUT=300 (seconds per run)
 set -uo pipefail
 
 build=${1:-build}
@@ -23,10 +25,12 @@ if [ ! -x "$build/tools/tide" ] || [ ! -x "$build/tools/tiderun" ]; then
 fi
 build=$(cd "$build" && pwd)
 nps=${NPS:-2 4}
-rounds=${ROUNDS:-5}
+rounds=${LAUNCHES:-${ROUNDS:-5}}
 out=${OUT:-$build/bench-adasum.jsonl}
 : >"$out"
 status=0
+# The machine's load, before and after: the ratios mean little on a busy one.
+echo "Started $(date -u '+%Y-%m-%d %H:%M:%S UTC'), load average$(uptime | sed 's/.*load average//')"
 for ((round = 1; round <= rounds; round++)); do
   for np in $nps; do
     for size in ${SIZES:-1M 4M 16M 64M}; do
@@ -42,7 +46,8 @@ for ((round = 1; round <= rounds; round++)); do
 done
 
 # One row per (np, bytes): medians over rounds.
-awk '
+echo "Finished $(date -u '+%Y-%m-%d %H:%M:%S UTC'), load average$(uptime | sed 's/.*load average//')"
+awk -v bar="${BAR:-1.3}" '
   function field(name,   m) {
     if (match($0, "\"" name "\":\"?[^,\"}]*")) { m = substr($0, RSTART, RLENGTH); sub(/.*:"?/, "", m); return m }
     return ""
@@ -78,8 +83,10 @@ awk '
       printf "| %d | %d MiB | %.2f | %.2f | %.2f | %.2f | %.2f-%.2f (%d) |\n", x[1], x[2] / 1048576, median(a) * 1e3,
         median(d) * 1e3, median(q), median(qm), lo, hi, m
       if (hi > worst) { worst = hi; worst_key = x[1] " " x[2] / 1048576 }
+      if (hi <= bar) within++
     }
     if (n > 0) printf "\nWorst launch: adasum / allreduce p50 %.2f (np = %d, %d MiB)\n", worst, substr(worst_key, 1, index(worst_key, " ") - 1), substr(worst_key, index(worst_key, " ") + 1)
+    if (n > 0) printf "Rows with every launch within %sx: %d of %d\n", bar, within, n
     if (bad) print "bench-adasum: a --check failed (ok=false)" > "/dev/stderr"
   }' "$out"
 exit $status

@@ -193,9 +193,14 @@ static void check_layout(tide_comm_t *comm, int rank, int size, tide_dtype_t dt,
   char *in = malloc(bytes), *out = malloc(bytes), *again = malloc(bytes);
   CHECK(in != NULL && out != NULL && again != NULL);
 
-  /* random: against the reference, identical everywhere */
+  /* random: against the reference, identical everywhere; out of place,
+   * the peer's first half lands in out mid-call, so out starts as NaNs and
+   * in must come back untouched */
   fill(in, dt, RANDOM, rank, l->count, size, 1);
+  memset(out, 0xff, bytes);
   CHECK_OK(tide_adasum_allreduce(comm, in, out, l->count, dt, t, nt));
+  fill(again, dt, RANDOM, rank, l->count, size, 1);
+  CHECK(memcmp(again, in, bytes) == 0);
   double *want = reference(RANDOM, dt, l, size, 1, 1);
   check_close(out, dt, want, l, "flat vs reference");
   check_identical(comm, out, bytes);

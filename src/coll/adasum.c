@@ -21,7 +21,11 @@
  * receive), and a level's combination is not made in a pass of its own but
  * piece by piece while the next swap moves it (a producer on the send for
  * the half given away, the consumer for the half kept; the last level's in
- * the first gather swap).
+ * the first gather swap). The first level's incoming half, which must be
+ * kept until the dot products are summed, lands in the part of the result
+ * where its combination goes (unless in place), so that combination is
+ * made where it lies rather than read from a scratch buffer into fresh
+ * lines of the result (docs/algorithms.md, "Memory traffic").
  *
  * Every element of the result is computed on one rank and copied to the
  * others, and every rank of a group adds the group's partial dot products
@@ -50,7 +54,8 @@ typedef struct {
   double *sums;               /* SUMS * nseg: the running lanes of a level's dot products */
   int cores_first;            /* pair ranks bound to the same CPUs first (TIDE__ALGO_VHDD_CORES) */
   int stream;                 /* how make() writes into the transport (see choose_stores) */
-  int64_t made_ns, made_bytes; /* time make() took for those bytes */
+  int64_t made_bytes;          /* bytes make() wrote into a transport's memory */
+  int64_t swap_ns, swap_bytes; /* the swaps that made them: time, bytes sent and received */
 } adasum_t;
 
 static int lift(tide_comm_t *comm, tide_comm_t *sub, int rc) {
@@ -350,10 +355,15 @@ typedef struct {
  * when kept, then memcpy). Which is cheaper depends on the machine and on
  * how busy its memory is (docs/performance.md, "Adasum's stores into the
  * ring"), so each process measures the two: the cheaper per byte so far,
- * and the other every eighth call, so a change in the machine is seen. The
- * choice is this rank's alone: the bytes are the same either way. */
+ * and the other every eighth call, so a change in the machine is seen. What
+ * is timed is the whole swap a producer takes part in, not make() alone:
+ * non-temporal stores are cheap to make but leave the lines out of the
+ * cache the peer reads them from, which only its side of the swap pays
+ * (ranks choose alike, calling alike). The first call of each kind is not
+ * counted: it touches the buffers' pages for the first time. The choice is
+ * this rank's alone: the bytes are the same either way. */
 static _Atomic int64_t store_ps_per_byte[2]; /* smoothed, 0 = not measured yet */
-static atomic_uint store_calls;
+static atomic_uint store_calls, store_seen[2];
 
 static int choose_stores(void) {
   unsigned call = atomic_fetch_add(&store_calls, 1);
@@ -363,8 +373,8 @@ static int choose_stores(void) {
 }
 
 static void stores_measured(const adasum_t *x) {
-  if (x->made_bytes < 65536) return;
-  int64_t ps = x->made_ns * 1000 / x->made_bytes, old = atomic_load(&store_ps_per_byte[x->stream]);
+  if (x->made_bytes < 65536 || atomic_fetch_add(&store_seen[x->stream], 1) == 0) return;
+  int64_t ps = x->swap_ns * 1000 / x->swap_bytes, old = atomic_load(&store_ps_per_byte[x->stream]);
   atomic_store(&store_ps_per_byte[x->stream], old == 0 ? ps : (3 * old + ps) / 4);
 }
 
@@ -380,7 +390,6 @@ static void make(void *ctx, size_t at, void *out, size_t len) {
     combine_pending(x, o->pend, NULL, out, lo, hi, 0);
     return;
   }
-  int64_t t0 = tide__now_ns();
   if (x->stream) {
     combine_pending(x, o->pend, o->keep ? kept : NULL, out, lo, hi, 1);
   } else if (o->keep) {
@@ -389,7 +398,6 @@ static void make(void *ctx, size_t at, void *out, size_t len) {
   } else {
     combine_pending(x, o->pend, NULL, out, lo, hi, 0);
   }
-  x->made_ns += tide__now_ns() - t0;
   x->made_bytes += (int64_t)len;
 }
 
@@ -441,7 +449,13 @@ static int exchange(adasum_t *x, int peer, const void *out, size_t n_out, side_t
     n++;
   }
   if (n == 0) return 0;
-  return lift(x->parent, x->comm, tide__comm_run(x->comm, ops, n, "adasum_allreduce"));
+  int64_t t0 = tide__now_ns(), made = x->made_bytes;
+  TIDE_CHECK(lift(x->parent, x->comm, tide__comm_run(x->comm, ops, n, "adasum_allreduce")));
+  if (x->made_bytes > made) {
+    x->swap_ns += tide__now_ns() - t0;
+    x->swap_bytes += (int64_t)((n_out + n_in) * esize);
+  }
+  return 0;
 }
 
 /* The real rank of virtual rank v (folded pairs count once). */
@@ -580,7 +594,7 @@ static int vhdd(adasum_t *x, const void *in, void *buf, size_t count) {
   uint8_t *region[2] = {scratch, scratch + half * esize};
   int64_t t_reduce = 0, t_sum = 0, t0 = tide__now_ns(), t1;
   x->stream = choose_stores();
-  x->made_ns = x->made_bytes = 0;
+  x->made_bytes = x->swap_ns = x->swap_bytes = 0;
   if (r < 2 * extra) {
     side_t fold = {.x = x, .lo = 0, .mine = src, .theirs = scratch};
     if (r % 2 == 0) { /* folded: the odd neighbour combines for both of us */
@@ -608,8 +622,11 @@ static int vhdd(adasum_t *x, const void *in, void *buf, size_t count) {
     size_t give_lo = upper ? lo : mid, give_hi = upper ? mid : hi;
     prev = pend;
     side_t give = {.x = x, .lo = give_lo, .pend = &prev, .base = base};
+    /* Not in place, the first level's incoming half lands where its
+     * combination goes (buf is free until then; see the top of the file). */
+    uint8_t *theirs = first && src != base ? base + keep_lo * esize : region[l % 2];
     side_t keep = {.x = x, .lo = keep_lo, .pend = first ? NULL : &prev, .mine = (first ? src : base) + keep_lo * esize,
-                   .theirs = region[l % 2]};
+                   .theirs = theirs};
     TIDE_CHECK(swap_and_dot(x, real_rank(v ^ d, extra), first ? src + give_lo * esize : base + give_lo * esize,
                             give_hi - give_lo, first ? NULL : &give, keep_hi - keep_lo, &keep, upper));
     t_reduce += (t1 = tide__now_ns()) - t0;
@@ -638,9 +655,9 @@ static int vhdd(adasum_t *x, const void *in, void *buf, size_t count) {
   }
   stores_measured(x);
   TIDE_DEBUG("adasum of %zu elements: reduce phase %.3f ms, summing dot products %.3f ms, gather phase %.3f ms; "
-             "%s stores into the transport, %.1f ps per byte",
+             "%s stores into the transport, the swaps that made them %.1f ps per byte",
              count, t_reduce / 1e6, t_sum / 1e6, (tide__now_ns() - t0) / 1e6, x->stream ? "non-temporal" : "plain",
-             x->made_bytes > 0 ? 1000.0 * (double)x->made_ns / (double)x->made_bytes : 0.0);
+             x->swap_bytes > 0 ? 1000.0 * (double)x->swap_ns / (double)x->swap_bytes : 0.0);
   if (r < 2 * extra) TIDE_CHECK(exchange(x, r - 1, buf, count, NULL, NULL, 0, NULL));
   return 0;
 }
