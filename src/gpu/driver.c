@@ -59,7 +59,6 @@ typedef void *cu_context_t, *cu_module_t, *cu_function_t, *cu_stream_t, *cu_grap
   X(cuMemcpyAsync, "cuMemcpyAsync", (tide__cu_ptr_t dst, tide__cu_ptr_t src, size_t bytes, cu_stream_t s))    \
   X(cuStreamSynchronize, "cuStreamSynchronize", (cu_stream_t s))                                              \
   X(cuStreamCreate, "cuStreamCreate", (cu_stream_t * s, unsigned flags))                                      \
-  X(cuStreamDestroy, "cuStreamDestroy_v2", (cu_stream_t s))                                                   \
   X(cuStreamBeginCapture, "cuStreamBeginCapture_v2", (cu_stream_t s, int mode))                               \
   X(cuStreamEndCapture, "cuStreamEndCapture", (cu_stream_t s, cu_graph_t * graph))                            \
   X(cuGraphInstantiate, "cuGraphInstantiateWithFlags", (cu_graph_exec_t * exec, cu_graph_t graph,             \
@@ -321,6 +320,8 @@ static const char *const kernel_names[TIDE__K_TYPED_COUNT] = {"hist", "collect",
 static const char *const type_suffix[3] = {"f32", "f16", "bf16"};
 #define NFUNCS (TIDE__K_TYPED_COUNT * 3 + 2)
 
+#define GRAPHS 8 /* graphs kept per context */
+
 struct tide__gpu {
   cu_context_t ctx;
   cu_module_t module;
@@ -341,7 +342,7 @@ struct tide__gpu {
     cu_graph_t graph;
     cu_graph_exec_t exec; /* NULL: the key was seen once, not captured yet */
     uint64_t used;
-  } graphs[8];
+  } graphs[GRAPHS];
   uint64_t clock;
   cu_stream_t capture; /* the stream captures are made on */
   int graphs_off;      /* the driver refused a capture: one launch per kernel from then on */
@@ -487,12 +488,14 @@ void tide__gpu_free(tide__gpu_t *g, tide__cu_ptr_t p) {
 
 /* ---- graphs -------------------------------------------------------------------------------- */
 
+static void graph_slot_clear(tide__gpu_t *g, int i) {
+  if (g->graphs[i].exec != NULL) cu.cuGraphExecDestroy(g->graphs[i].exec);
+  if (g->graphs[i].graph != NULL) cu.cuGraphDestroy(g->graphs[i].graph);
+  memset(&g->graphs[i], 0, sizeof g->graphs[i]);
+}
+
 static void graphs_clear(tide__gpu_t *g) {
-  for (size_t i = 0; i < sizeof g->graphs / sizeof *g->graphs; i++) {
-    if (g->graphs[i].exec != NULL) cu.cuGraphExecDestroy(g->graphs[i].exec);
-    if (g->graphs[i].graph != NULL) cu.cuGraphDestroy(g->graphs[i].graph);
-    memset(&g->graphs[i], 0, sizeof g->graphs[i]);
-  }
+  for (int i = 0; i < GRAPHS; i++) graph_slot_clear(g, i);
 }
 
 /* Refuses graphs for the rest of the process's use of g (a driver that
@@ -505,21 +508,20 @@ static void graphs_off(tide__gpu_t *g, const char *what, cu_result_t r) {
   graphs_clear(g);
 }
 
-int tide__gpu_graph_find(tide__gpu_t *g, const void *key, size_t len, void **exec) {
+int tide__gpu_graph_find(tide__gpu_t *g, const void *key, size_t len, void **exec, int *slot) {
   *exec = NULL;
   if (g->graphs_off || len > TIDE__GPU_GRAPH_KEY || tide__param_int(TIDE__PARAM_GPU_GRAPHS) == 0) return 0;
-  size_t n = sizeof g->graphs / sizeof *g->graphs, victim = 0;
-  for (size_t i = 0; i < n; i++) {
+  int victim = 0;
+  for (int i = 0; i < GRAPHS; i++) {
     if (g->graphs[i].len == len && memcmp(g->graphs[i].key, key, len) == 0) {
       g->graphs[i].used = ++g->clock;
       *exec = g->graphs[i].exec;
+      *slot = i;
       return *exec != NULL ? 2 : 1;
     }
     if (g->graphs[i].used < g->graphs[victim].used) victim = i;
   }
-  if (g->graphs[victim].exec != NULL) cu.cuGraphExecDestroy(g->graphs[victim].exec);
-  if (g->graphs[victim].graph != NULL) cu.cuGraphDestroy(g->graphs[victim].graph);
-  memset(&g->graphs[victim], 0, sizeof g->graphs[victim]);
+  graph_slot_clear(g, victim);
   memcpy(g->graphs[victim].key, key, len);
   g->graphs[victim].len = len;
   g->graphs[victim].used = ++g->clock;
@@ -538,7 +540,7 @@ int tide__gpu_capture_begin(tide__gpu_t *g, void **stream) {
   return 0;
 }
 
-void tide__gpu_capture_end(tide__gpu_t *g, const void *key, size_t len, int queued, void **exec) {
+void tide__gpu_capture_end(tide__gpu_t *g, int slot, int queued, void **exec) {
   *exec = NULL;
   cu_graph_t graph = NULL;
   cu_graph_exec_t e = NULL;
@@ -549,17 +551,9 @@ void tide__gpu_capture_end(tide__gpu_t *g, const void *key, size_t len, int queu
     if (r != 0) graphs_off(g, "capturing a selection as a graph", r);
     return; /* a launch refused while capturing: the eager launch will say why */
   }
-  for (size_t i = 0; i < sizeof g->graphs / sizeof *g->graphs; i++) {
-    if (g->graphs[i].len == len && memcmp(g->graphs[i].key, key, len) == 0 && g->graphs[i].exec == NULL) {
-      g->graphs[i].graph = graph;
-      g->graphs[i].exec = e;
-      *exec = e;
-      TIDE_DEBUG("gpu: a repeated selection captured as a graph (slot %zu)", i);
-      return;
-    }
-  }
-  cu.cuGraphExecDestroy(e); /* the key's slot is gone (not under the lock): launch one by one */
-  cu.cuGraphDestroy(graph);
+  g->graphs[slot].graph = graph;
+  g->graphs[slot].exec = *exec = e;
+  TIDE_DEBUG("gpu: a repeated selection captured as a graph (slot %d)", slot);
 }
 
 int tide__gpu_graph_launch(tide__gpu_t *g, void *exec, void *stream) {

@@ -61,14 +61,15 @@ int tide__gpu_launch(tide__gpu_t *g, const char *fn, unsigned blocks, void *stre
 /* CUDA graphs of repeated selections (TIDE_GPU_GRAPHS). A key names a
  * selection's first round of queued work exactly (its tensors, k, the
  * scratch): tide__gpu_graph_find answers 0 the first time (launch one by
- * one), 1 the second (capture it: tide__gpu_capture_begin gives the stream
- * to queue on, tide__gpu_capture_end the graph, *exec NULL when it could
- * not be made), 2 with *exec after that. Under the context's lock. */
+ * one), 1 the second with the key's *slot (capture it:
+ * tide__gpu_capture_begin gives the stream to queue on,
+ * tide__gpu_capture_end the graph, *exec NULL when it could not be made),
+ * 2 with *exec after that. Under the context's lock. */
 #define TIDE__GPU_GRAPH_KEY 128
-int tide__gpu_graph_find(tide__gpu_t *g, const void *key, size_t len, void **exec);
+int tide__gpu_graph_find(tide__gpu_t *g, const void *key, size_t len, void **exec, int *slot);
 int tide__gpu_capture_begin(tide__gpu_t *g, void **stream);
 /* queued: the first failed queuing's code while capturing, else 0. */
-void tide__gpu_capture_end(tide__gpu_t *g, const void *key, size_t len, int queued, void **exec);
+void tide__gpu_capture_end(tide__gpu_t *g, int slot, int queued, void **exec);
 int tide__gpu_graph_launch(tide__gpu_t *g, void *exec, void *stream);
 int tide__gpu_memset32(tide__gpu_t *g, tide__cu_ptr_t p, unsigned value, size_t words, void *stream);
 int tide__gpu_copy(tide__gpu_t *g, void *dst, const void *src, size_t bytes, void *stream); /* any direction */

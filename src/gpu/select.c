@@ -123,6 +123,14 @@ static void first_round(sel_t *s) {
   }
 }
 
+/* The histogram slots first_round takes: the collection's, then one
+ * (exact, sampled) or six (MSTopK's band). A replayed graph takes them
+ * without first_round running; queue_first_round checks the count each
+ * time first_round does run. */
+static int first_round_slots(const sel_t *s) {
+  return 1 + (s->k == 0 ? 0 : s->kind == TIDE_TOPK_MSTOPK ? 6 : 1);
+}
+
 /* The first round as a graph when the same selection repeats
  * (TIDE_GPU_GRAPHS), else launched one by one. */
 static void queue_first_round(sel_t *s, const void *x, tide_dtype_t dtype, size_t d, tide_dtype_t index_dtype,
@@ -148,25 +156,28 @@ static void queue_first_round(sel_t *s, const void *x, tide_dtype_t dtype, size_
   key.index_dtype = (int32_t)index_dtype;
   key.rounds = s->rounds;
   void *exec = NULL, *capture;
-  int found = tide__gpu_graph_find(s->q.g, &key, sizeof key, &exec);
-  int slot = s->slot;
+  int graph_slot = 0, slot = s->slot;
+  int found = tide__gpu_graph_find(s->q.g, &key, sizeof key, &exec, &graph_slot);
   if (found == 1 && tide__gpu_capture_begin(s->q.g, &capture) == 0) {
     void *stream = s->q.stream;
     s->q.stream = capture;
     first_round(s);
     s->q.stream = stream;
-    tide__gpu_capture_end(s->q.g, &key, sizeof key, s->q.rc, &exec);
+    tide__gpu_capture_end(s->q.g, graph_slot, s->q.rc, &exec);
     s->q.rc = 0;
-    if (exec == NULL) s->slot = slot; /* not made: launch one by one */
+    s->slot = slot;
   }
   if (exec != NULL) {
-    /* The slots the graph's histograms take: the collection's, then one
-     * (exact, sampled) or six (MSTopK's band). */
-    s->slot = slot + 1 + (s->k == 0 ? 0 : s->kind == TIDE_TOPK_MSTOPK ? 6 : 1);
     s->q.rc = tide__gpu_graph_launch(s->q.g, exec, s->q.stream);
   } else {
     first_round(s);
+    if (s->q.rc == 0 && s->slot != slot + first_round_slots(s)) {
+      TIDE_ERROR("tide_gpu_topk_select: internal error: the first round took %d histogram slots, not %d: "
+                 "please report it", s->slot - slot, first_round_slots(s));
+      s->q.rc = TIDE_EIO;
+    }
   }
+  s->slot = slot + first_round_slots(s);
 }
 
 int tide__gpu_select(tide_topk_kind_t kind, const tide_topk_opts_t *opts, const void *x, tide_dtype_t dtype,
