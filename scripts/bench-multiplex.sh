@@ -33,7 +33,7 @@ bandwidth=100mbit
 latency=0.5ms
 only=fg-solo,fg-solo-block,bg-solo,bg-solo-idle,mux,mux-spin,mux-normal,equal
 fg_args=(--model mlp --epochs 2 --subset 60000 --threads 1)
-bg_args=(--model cnn --epochs 2 --subset 6400 --threads 1 --grad topk:0.01)
+bg_args=(--model cnn --epochs 2 --subset 6400 --threads 1 --grad topk:0.01 --sparse-warmup-epochs 0)
 while [ $# -gt 0 ]; do
   case "$1" in
     --build) build=$2; shift 2 ;;
@@ -42,7 +42,7 @@ while [ $# -gt 0 ]; do
     --latency) latency=$2; shift 2 ;;
     --only) only=$2; shift 2 ;;
     --quick) fg_args=(--model mlp --epochs 1 --subset 19200 --threads 1)
-             bg_args=(--model cnn --epochs 1 --subset 3200 --threads 1 --grad topk:0.01); shift ;;
+             bg_args=(--model cnn --epochs 1 --subset 3200 --threads 1 --grad topk:0.01 --sparse-warmup-epochs 0); shift ;;
     -h|--help) sed -n '2,27p' "$0"; exit 0 ;;
     *) echo "bench-multiplex: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
