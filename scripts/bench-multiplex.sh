@@ -4,9 +4,10 @@
 # (scripts/emulate-cluster.sh, 1 rank each, 100 Mbit/s, 0.5 ms):
 #   fg-solo       the foreground alone: tide-train MLP, dense allreduce
 #   fg-solo-block the same with its waits blocking (TIDE_SPIN_US=0)
-#   bg-solo       the background alone: tide-train CNN, topk:0.01, normal priority,
-#                 before the pairs and again after them (bg-solo-after): the
-#                 reference is their mean
+#   bg-solo       the background alone: tide-train CNN, topk:0.01 at that density
+#                 from the first step (no density warm-up, whose first epoch
+#                 sends 10x more), normal priority, before the pairs and again
+#                 after them (bg-solo-after): the reference is their mean
 #   bg-solo-idle  the same with tiderun --background (SCHED_IDLE)
 #   mux           both: fg --hosts-background (blocks while it waits), bg
 #                 --background --foreground (SCHED_IDLE, guarded at 110%)
@@ -43,7 +44,7 @@ while [ $# -gt 0 ]; do
     --only) only=$2; shift 2 ;;
     --quick) fg_args=(--model mlp --epochs 1 --subset 19200 --threads 1)
              bg_args=(--model cnn --epochs 1 --subset 3200 --threads 1 --grad topk:0.01 --sparse-warmup-epochs 0); shift ;;
-    -h|--help) sed -n '2,27p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,28p' "$0"; exit 0 ;;
     *) echo "bench-multiplex: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
 done
