@@ -172,6 +172,8 @@ static void script_start(run_t *r, const char *name, const char *const *env, con
   }
 }
 
+static void show(const run_t *r);
+
 /* Waits for the script; after timeout_s sends SIGTERM (it cleans up), then
  * fails the test. Returns the exit code (128+N for signal N). */
 static int script_wait(run_t *r, double timeout_s) {
@@ -181,7 +183,15 @@ static int script_wait(run_t *r, double timeout_s) {
     CHECK(p >= 0);
     if (p == r->pid) break;
     if (now_s() > end) {
-      fprintf(stderr, "script pid %d still running after %.0f s: sending SIGTERM\n", (int)r->pid, timeout_s);
+      /* What is still alive, thread by thread, and where it waits: a hang
+       * is then diagnosable from CI's log alone. */
+      fprintf(stderr, "script pid %d still running after %.0f s; its processes:\n", (int)r->pid, timeout_s);
+      fflush(NULL);
+      if (system("ps -eLo pid,lwp,ppid,stat,wchan:24,etimes,args | "
+                 "grep -e tiderun -e 'tide bench' -e emulate-cluster -e PID | grep -v grep >&2") != 0)
+        fprintf(stderr, "(ps failed)\n");
+      show(r);
+      fprintf(stderr, "sending SIGTERM to the script\n");
       kill(r->pid, SIGTERM);
       waitpid(r->pid, &r->status, 0);
       exit(1);
