@@ -188,7 +188,7 @@ static int script_wait(run_t *r, double timeout_s) {
       fprintf(stderr, "script pid %d still running after %.0f s; its processes:\n", (int)r->pid, timeout_s);
       fflush(NULL);
       if (system("ps -eLo pid,lwp,ppid,stat,wchan:24,etimes,args | "
-                 "grep -e tiderun -e 'tide bench' -e emulate-cluster -e PID | grep -v grep >&2") != 0)
+                 "grep -e tiderun -e 'tide bench' -e emulate-cluster -e netdelay -e 'sed -u' -e PID | grep -v grep >&2") != 0)
         fprintf(stderr, "(ps failed)\n");
       show(r);
       fprintf(stderr, "sending SIGTERM to the script\n");
