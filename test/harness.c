@@ -3,6 +3,8 @@
 #include <pthread.h>
 #include <signal.h>
 #include <stdint.h>
+#include <netinet/in.h>
+#include <stdlib.h>
 #include <sys/socket.h>
 #include <string.h>
 #include <sys/prctl.h>
@@ -163,11 +165,27 @@ int harness_http_serve(void *(*conn)(void *fd)) {
   return port;
 }
 
+/* A port below the kernel's ephemeral range (32768 on), which no outgoing
+ * connection and no bind to port 0 takes: a port the kernel handed out here
+ * could become another test's source port before this test listens on it
+ * (ctest runs tests side by side). Random in [20000, 29000), checked free. */
 int harness_free_port(void) {
-  int fd, port;
-  if (tide__tcp_listen("127.0.0.1", 0, &fd, &port) != 0) abort(); /* its log says why */
-  close(fd);
-  return port;
+  static unsigned seed;
+  if (seed == 0) seed = (unsigned)getpid() * 2654435761u ^ (unsigned)time(NULL);
+  for (int tries = 0; tries < 1000; tries++) {
+    int port = 20000 + (int)(rand_r(&seed) % 9000);
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    if (fd < 0) abort();
+    int one = 1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    int ok = bind(fd, (struct sockaddr *)&a, sizeof a) == 0;
+    close(fd);
+    if (ok) return port;
+  }
+  fprintf(stderr, "harness_free_port: no free port in [20000, 29000) after 1000 tries\n");
+  abort();
 }
 
 int harness_shell(const char *cmd, char *out, size_t cap) {
