@@ -1373,7 +1373,8 @@ int tide_trainer_adapt(tide_trainer_t *tr, const char *list);
  * approximation; a ones column when it has a bias), G that of the
  * gradients at its outputs. Factors are running averages,
  * F = decay*F + (1-decay)*F_step starting from I, averaged over the ranks;
- * every inverse_every steps each factor is eigendecomposed (LAPACK ssyevd),
+ * every inverse_every steps each factor is eigendecomposed (LAPACK ssyevd;
+ * a wide A at low rank, lowrank_dim below),
  * F = Q diag(d) Q^T, d clamped >= 0; every step the layer's gradient M
  * ([out, in (+1 bias column)]) becomes
  *   P = Q_G ((Q_G^T M Q_A) ./ (d_G d_A^T + damping)) Q_A^T
@@ -1385,7 +1386,7 @@ typedef struct {
   int factor_every;   /* steps between factor updates (>= 1, default 10); a step updates its
                          factors when step % factor_every == 0 */
   int inverse_every;  /* steps between eigendecompositions (a multiple of factor_every,
-                         default 100) */
+                         default 50) */
   float damping;      /* > 0, added to d_G d_A^T (default 0.001) */
   float factor_decay; /* running-average decay, [0, 1) (default 0.95) */
   float kl_clip;      /* > 0: KL clipping as above; 0: off (default 0.001) */
@@ -1437,6 +1438,18 @@ typedef struct {
                          bit for bit. tide_trainer_state_get and tide_trainer_destroy
                          wait for a running job (docs/adaptation.md, "Decompositions
                          off the critical path") */
+  int lowrank;        /* >= 1, default 128: the eigenpairs a low-rank A keeps (below) */
+  int lowrank_dim;    /* an A wider than this (and than lowrank) is decomposed at low
+                         rank: its top lowrank eigenpairs by randomized subspace
+                         iteration (a fixed seed: same bits on every rank and on
+                         resume), its other eigenvalues replaced by their mean, so
+                         A ~ U^T diag(d_U) U + c (I - U^T U). The decomposition costs
+                         about 4 (lowrank + 32) dim_A^2 multiply-adds instead of
+                         ssyevd's ~dim_A^3, the preconditioning 2 dim_G dim_A
+                         (dim_G + lowrank) instead of 2 dim_G dim_A (dim_G + dim_A).
+                         Such a layer is never spread. Default 512 (the CNN's fc1, A
+                         3137, and the MLP's, 785); 0: every A whole
+                         (docs/adaptation.md, "Low-rank A") */
 } tide_kfac_config_t;
 
 /* One dense or conv layer: its weight tensor [out, in] or [out, c, kh, kw]

@@ -48,6 +48,7 @@ typedef struct {
   int no_kfac;     /* 1: the same run without K-FAC */
   int diag_dim;    /* config.diag_dim */
   int staleness;   /* config.staleness */
+  int lowrank_dim, lowrank; /* config's; 0: every A whole */
   const char *out; /* each rank writes its final parameters to out.rankR */
   float *params0;  /* if non-NULL, gets the initial parameters (rank 0) */
 } run_t;
@@ -85,6 +86,8 @@ static int run_training(tide_comm_t *comm, const run_t *r, nn_model_t **model_ou
   if (r->max_dim != 0) kc.max_dim = r->max_dim;
   kc.diag_dim = r->diag_dim;
   kc.staleness = r->staleness;
+  kc.lowrank_dim = r->lowrank_dim;
+  if (r->lowrank > 0) kc.lowrank = r->lowrank;
   tide_kfac_layer_t layers[8];
   CHECK(nn_kfac_layer_count(m) == 3);
   CHECK_OK(nn_kfac_layers(m, layers));
@@ -238,31 +241,40 @@ static void test_distributed(void) {
   CHECK(mkdtemp(dir) != NULL);
   enum { GLOBAL = 12, CAP = 1 << 20 };
   struct {
-    int np, distribute, spread;
-  } cases[] = {{1, 1, 0}, {3, 1, 0}, {3, 0, 0}, {2, 1, 0}, {3, 1, 1}, {2, 1, 1}};
+    int np, distribute, spread, lowrank;
+  } cases[] = {{1, 1, 0, 0}, {3, 1, 0, 0}, {3, 0, 0, 0}, {2, 1, 0, 0}, {3, 1, 1, 0}, {2, 1, 1, 0},
+               {1, 1, 0, 1}, {3, 1, 0, 1}, {3, 0, 0, 1}, {2, 1, 1, 1}};
   float *ref = malloc(CAP * sizeof(float)), *got = malloc(CAP * sizeof(float));
   size_t n = 0;
   for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
     char out[256];
-    snprintf(out, sizeof out, "%s/np%d-d%d-s%d", dir, cases[c].np, cases[c].distribute, cases[c].spread);
+    snprintf(out, sizeof out, "%s/np%d-d%d-s%d%s", dir, cases[c].np, cases[c].distribute, cases[c].spread,
+             cases[c].lowrank ? "-low" : "");
     run_t r = {.batch = GLOBAL / cases[c].np, .steps = 4, .distribute = cases[c].distribute,
                .spread = cases[c].spread, .kl_clip = 0.001f,
                .factor_decay = 0.9f, .damping = 0.03f, .lr = 0.002f, .momentum = 0.9f, .factor_every = 1,
-               .inverse_every = 2, .out = out};
+               .inverse_every = 2, .out = out, .lowrank_dim = cases[c].lowrank ? 100 : 0, .lowrank = 16};
     harness_opts_t opts = {.np = cases[c].np, .timeout_s = 120};
     CHECK(harness_run(&opts, rank_main, &r) == 0);
     for (int rank = 0; rank < cases[c].np; rank++) {
       char path[300];
       snprintf(path, sizeof path, "%s.rank%d", out, rank);
-      size_t got_n = read_params(path, c == 0 && rank == 0 ? ref : got, CAP);
-      if (c == 0 && rank == 0) {
+      size_t got_n = read_params(path, got, CAP);
+      if (cases[c].np == 1) { /* the reference of the cases after it */
+        if (c > 0) { /* the low-rank A changes the run */
+          CHECK(got_n == n);
+          fprintf(stderr, "low-rank A (lowrank_dim 100, lowrank 16): max |diff| / max |w| = %.3g against whole\n",
+                  rel_diff(got, ref, n));
+          CHECK(rel_diff(got, ref, n) > 1e-4);
+        }
+        memcpy(ref, got, got_n * sizeof *ref);
         n = got_n;
         continue;
       }
       CHECK(got_n == n);
       double d = rel_diff(got, ref, n);
-      fprintf(stderr, "np %d distribute %d spread %d rank %d: max |diff| / max |w| = %.3g against np 1\n",
-              cases[c].np, cases[c].distribute, cases[c].spread, rank, d);
+      fprintf(stderr, "np %d distribute %d spread %d lowrank %d rank %d: max |diff| / max |w| = %.3g against np 1\n",
+              cases[c].np, cases[c].distribute, cases[c].spread, cases[c].lowrank, rank, d);
       /* The same arithmetic but for the order of the sums over ranks; the
        * steps (K-FAC's are large: up to 1/damping times the gradient's)
        * carry that rounding into the ReLU and max-pool choices, so it grows
@@ -274,6 +286,7 @@ static void test_distributed(void) {
    * replicated preconditioning on 3 ranks: the same bits. */
   same_as_replicated(dir, "np3-d1-s0", "np3-d0-s0", ref, got, n, "np 3: distributed (spread 0)");
   same_as_replicated(dir, "np3-d1-s1", "np3-d0-s0", ref, got, n, "np 3: distributed (spread 1)");
+  same_as_replicated(dir, "np3-d1-s0-low", "np3-d0-s0-low", ref, got, n, "np 3, low-rank A: distributed");
   remove_dir(dir);
   free(ref);
   free(got);
@@ -295,8 +308,9 @@ static void test_resume(void) {
    * with the diagonal of its A (diag_dim); then (4) background
    * decompositions (staleness 2) and (5) the same with the layer spread
    * and staleness 3, each saved after step 3 with step 3's decomposition
-   * pending (swapped in at step 5, 6) */
-  for (int spread = 0; spread < 6; spread++) {
+   * pending (swapped in at step 5, 6); then (6) the 785-wide A at rank 16
+   * (lowrank_dim), in the step, and (7) with staleness 2 */
+  for (int spread = 0; spread < 8; spread++) {
   snprintf(whole, sizeof whole, "%s/whole%d", dir, spread);
   snprintf(resumed, sizeof resumed, "%s/resumed%d", dir, spread);
   run_t r = {.batch = 6, .steps = 8, .distribute = 1, .spread = spread == 1, .kl_clip = 0.001f, .factor_decay = 0.9f,
@@ -305,6 +319,7 @@ static void test_resume(void) {
              .staleness = spread == 4 ? 2 : spread == 5 ? 3 : 0};
   if (spread == 4) r.diag_dim = 100;
   if (spread == 5) r.spread = 1;
+  if (spread >= 6) r.lowrank_dim = 100, r.lowrank = 16, r.staleness = spread == 7 ? 2 : 0;
   harness_opts_t opts = {.np = 2, .timeout_s = 120};
   CHECK(harness_run(&opts, rank_main, &r) == 0);
   r.out = resumed;
@@ -536,6 +551,75 @@ static void test_diag(void) {
   fprintf(stderr, "diagonal A: sums of squares = the SYRK's diagonal; preconditioner = the whole one with Q_A = I\n");
 }
 
+/* A low-rank A (config.lowrank_dim): the top eigenpairs against ssyevd's
+ * on a factor with a decaying spectrum, the tail the others' mean, the
+ * same bits in place and again; and the low-rank preconditioner against
+ * the whole one with the approximated A's own decomposition. In a child
+ * (harness_run): its refusal logs, and the log reads the parameters. */
+static int lowrank_main(int rank, int size, void *arg) {
+  (void)rank, (void)size, (void)arg;
+  enum { N = 300, R = 40, ROWS = 600, DG = 7 };
+  float *x = malloc(sizeof(float) * ROWS * N), *f = calloc((size_t)N * N, sizeof(float));
+  float *q = malloc(sizeof(float) * N * N), *d = malloc(sizeof(float) * N), *qt = malloc(sizeof(float) * N * N);
+  float *dt = malloc(sizeof(float) * N), *q2 = malloc(sizeof(float) * N * N), *d2 = malloc(sizeof(float) * N);
+  float *approx = calloc((size_t)N * N, sizeof(float));
+  CHECK(x && f && q && d && qt && dt && q2 && d2 && approx);
+  unsigned seed = 9;
+  /* ReLU-like inputs whose scale decays over the columns */
+  for (int r = 0; r < ROWS; r++)
+    for (int c = 0; c < N; c++) {
+      float v = ((float)(harness_rand(&seed) % 2001) / 1000.0f - 0.6f) * expf(-(float)c / 40.0f);
+      x[r * N + c] = v > 0 ? v : 0;
+    }
+  tide__kfac_syrk(f, N, 0, x, ROWS, N, 0, 1.0f / ROWS);
+  for (int i = 0; i < N; i++)
+    for (int j = 0; j < i; j++) f[i * N + j] = f[j * N + i];
+  CHECK_OK(tide__kfac_eigen(f, N, q, d));
+  CHECK_OK(tide__kfac_eigen_top(f, N, R, qt, dt));
+  double worst = 0, rest = 0, trace = 0, others = 0;
+  for (int j = 0; j < R; j++) worst = fmax(worst, fabs((double)dt[j] - d[N - R + j]) / d[N - 1]);
+  for (int j = 0; j < N; j++) trace += f[j * N + j];
+  for (int j = 0; j < R; j++) rest += dt[j];
+  for (int j = 0; j < N - R; j++) others += d[j];
+  fprintf(stderr, "low-rank A: top %d of %d eigenvalues within %.2g of ssyevd's (of the largest); tail %.4g, the "
+          "others' mean by ssyevd %.4g\n", R, N, worst, dt[R], others / (N - R));
+  CHECK(worst < 1e-3);
+  CHECK(fabs(dt[R] - (trace - rest) / (N - R)) <= 1e-5 * trace);
+  for (int j = R; j < N; j++) CHECK(dt[j] == dt[R]);
+  /* orthonormal rows, each an eigenvector: |F u - d u| small */
+  for (int a = 0; a < R; a++) {
+    for (int b = 0; b <= a; b++) {
+      double dot = 0;
+      for (int i = 0; i < N; i++) dot += (double)qt[a * N + i] * qt[b * N + i];
+      CHECK(fabs(dot - (a == b)) < 1e-4);
+    }
+  }
+  /* the same bits again, and in place */
+  memcpy(q2, f, sizeof(float) * N * N);
+  CHECK_OK(tide__kfac_eigen_top(q2, N, R, q2, d2));
+  CHECK(memcmp(q2, qt, sizeof(float) * R * N) == 0 && memcmp(d2, dt, sizeof(float) * N) == 0);
+  CHECK_RC(tide__kfac_eigen_top(f, N, N, q2, d2), TIDE_EINVAL);
+  /* approx = U^T diag(d_U) U + c (I - U^T U), decomposed whole */
+  for (int i = 0; i < N; i++) approx[i * N + i] = dt[R];
+  for (int k = 0; k < R; k++)
+    for (int i = 0; i < N; i++)
+      for (int j = 0; j < N; j++) approx[i * N + j] += (dt[k] - dt[R]) * qt[k * N + i] * qt[k * N + j];
+  CHECK_OK(tide__kfac_eigen(approx, N, q, d));
+  float g[DG * DG], qg[DG * DG], dg[DG], m[DG * N], p_whole[DG * N], p_low[DG * N];
+  float *work = malloc(sizeof(float) * DG * (N + R));
+  for (int i = 0; i < DG; i++)
+    for (int j = 0; j <= i; j++) g[i * DG + j] = g[j * DG + i] = (float)(harness_rand(&seed) % 2001) / 1000.0f + (i == j ? 5 : 0);
+  CHECK_OK(tide__kfac_eigen(g, DG, qg, dg));
+  for (int i = 0; i < DG * N; i++) m[i] = (float)(harness_rand(&seed) % 2001) / 1000.0f - 1.0f;
+  tide__kfac_precondition(qg, dg, DG, q, d, N, 0.1f, m, p_whole, work);
+  tide__kfac_precondition_lowrank(qg, dg, DG, qt, dt, R, N, 0.1f, m, p_low, work);
+  fprintf(stderr, "low-rank A: preconditioner vs the whole one of the approximated A: max rel diff %.3g\n",
+          rel_diff(p_low, p_whole, DG * (size_t)N));
+  CHECK(rel_diff(p_low, p_whole, DG * (size_t)N) < 1e-4);
+  free(x), free(f), free(q), free(d), free(qt), free(dt), free(q2), free(d2), free(approx), free(work);
+  return 0;
+}
+
 /* Through the trainer: with config.sample 0.5, what tide_trainer_kfac_add
  * makes of 10 rows is what a trainer taking every row makes of the 5 rows
  * the rule picks, given twice the weight; at step 0 (shift 0) and step 1
@@ -565,7 +649,8 @@ static int sample_trainer(int rank, int size, void *arg) {
     tide_kfac_config_default(&kc);
     kc.factor_every = kc.inverse_every = 1;
     kc.factor_decay = 0;
-    kc.staleness = 0; /* the state's layout below: no pending decompositions */
+    kc.staleness = 0; /* the state's layout below: no pending decompositions, */
+    kc.lowrank_dim = 0; /* every Q_A whole */
     kc.sample = t == 0 ? 0.5f : 1.0f;
     CHECK_OK(tide_trainer_kfac(tr[t], &kc, layers, 3));
   }
@@ -703,6 +788,8 @@ static int bad_options(int rank, int size, void *arg) {
   EXPECT_BAD("max_dim", max_dim = -1);
   EXPECT_BAD("diag_dim", diag_dim = -2);
   EXPECT_BAD("staleness", staleness = -1);
+  EXPECT_BAD("lowrank", lowrank = 0);
+  EXPECT_BAD("lowrank_dim", lowrank_dim = -1);
   /* The option string. */
   kc = d;
   CHECK_OK(tide_kfac_config_parse("damping=0.003,inverse_every=50:factor_every=5", &kc));
@@ -725,6 +812,11 @@ static int bad_options(int rank, int size, void *arg) {
   CHECK_RC(tide_kfac_config_parse("staleness=-3", &kc), TIDE_EINVAL);
   CHECK_OK(tide_kfac_config_parse("staleness=70", &kc)); /* above inverse_every 50: acts as 50 (swap_rank) */
   CHECK(kc.staleness == 70);
+  CHECK_RC(tide_kfac_config_parse("lowrank=12.5", &kc), TIDE_EINVAL);
+  CHECK_RC(tide_kfac_config_parse("lowrank=0", &kc), TIDE_EINVAL);
+  CHECK_RC(tide_kfac_config_parse("lowrank_dim=-1", &kc), TIDE_EINVAL);
+  CHECK_OK(tide_kfac_config_parse("lowrank=64,lowrank_dim=300", &kc));
+  CHECK(kc.lowrank == 64 && kc.lowrank_dim == 300);
   CHECK(kc.diag_dim == 512);
   CHECK_OK(tide_kfac_config_parse("sample=0.5,max_dim=100", &kc));
   CHECK(kc.sample == 0.5f && kc.max_dim == 100 && kc.spread == 1);
@@ -907,6 +999,7 @@ int main(int argc, char **argv) {
   CHECK(harness_run(&one, bad_options, NULL) == 0);
   test_sample_rows();
   test_diag();
+  CHECK(harness_run(&one, lowrank_main, NULL) == 0);
   CHECK(harness_run(&one, sample_trainer, NULL) == 0);
   test_distributed();
   test_resume();

@@ -66,6 +66,26 @@ int tide__kfac_eigen(const float *f, int dim, float *q, float *d);
  * the factor there themselves. Same bits as tide__kfac_eigen. */
 int tide__kfac_eigen_inplace(float *q, int dim, float *d);
 
+/* A low-rank decomposition for a wide factor (tide_kfac_config_t.lowrank):
+ * the top `rank` eigenpairs of the symmetric f (dim x dim) by randomized
+ * subspace iteration (a fixed seed: the same f gives the same bits), the
+ * other eigenvalues replaced by their mean (trace - the kept ones) /
+ * (dim - rank). q[j*dim ..] for j < rank are the kept eigenvectors
+ * (ascending eigenvalues), d[j] their eigenvalues, d[rank .. dim) the mean;
+ * all clamped >= 0. About 4 (rank + 32) dim^2 multiply-adds instead of
+ * ssyevd's ~dim^3 work. 1 <= rank < dim. q may be f (read before q is
+ * written). 0, TIDE_ENOMEM, or TIDE_EINVAL (LAPACK failed). */
+int tide__kfac_eigen_top(const float *f, int dim, int rank, float *q, float *d);
+
+/* p = the preconditioner with A = U^T diag(d_U) U + c (I - U^T U), U the
+ * rank rows of qa and d_U the first rank of da, c = da[rank], as
+ * tide__kfac_eigen_top writes them: equal to tide__kfac_precondition with
+ * that A's whole decomposition, at 2 dim_g dim_a (dim_g + rank)
+ * multiply-adds instead of 2 dim_g dim_a (dim_g + dim_a). work holds
+ * dim_g * (dim_a + rank) floats. */
+void tide__kfac_precondition_lowrank(const float *qg, const float *dg, int dim_g, const float *qa, const float *da,
+                                     int rank, int dim_a, float damping, const float *m, float *p, float *work);
+
 /* p (dim_g x dim_a) = Q_G ((Q_G^T m Q_A) ./ (d_G d_A^T + damping)) Q_A^T
  * for the layer gradient m (dim_g x dim_a); qg, qa as tide__kfac_eigen
  * writes them. work holds dim_g * dim_a floats. m and p may not alias. */
