@@ -1438,18 +1438,20 @@ typedef struct {
                          bit for bit. tide_trainer_state_get and tide_trainer_destroy
                          wait for a running job (docs/adaptation.md, "Decompositions
                          off the critical path") */
-  int lowrank;        /* >= 1, default 128: the eigenpairs a low-rank A keeps (below) */
-  int lowrank_dim;    /* an A wider than this (and than lowrank) is decomposed at low
-                         rank: its top lowrank eigenpairs by randomized subspace
-                         iteration (a fixed seed: same bits on every rank and on
-                         resume), its other eigenvalues replaced by their mean, so
-                         A ~ U^T diag(d_U) U + c (I - U^T U). The decomposition costs
-                         about 4 (lowrank + 32) dim_A^2 multiply-adds instead of
-                         ssyevd's ~dim_A^3, the preconditioning 2 dim_G dim_A
-                         (dim_G + lowrank) instead of 2 dim_G dim_A (dim_G + dim_A).
-                         Such a layer is never spread. Default 512 (the CNN's fc1, A
-                         3137, and the MLP's, 785); 0: every A whole
-                         (docs/adaptation.md, "Low-rank A") */
+  int lowrank;        /* >= 1, default 64: the eigenpairs a low-rank factor keeps (below) */
+  int lowrank_dim;    /* a factor (A or G) wider than this (and than lowrank) is
+                         decomposed at low rank: its top lowrank eigenpairs by
+                         randomized subspace iteration (a fixed seed: same bits on
+                         every rank and on resume), its other eigenvalues replaced by
+                         their mean, so F ~ U^T diag(d_U) U + c (I - U^T U). The
+                         decomposition costs about 4 (lowrank + 32) dim^2
+                         multiply-adds instead of ssyevd's ~dim^3, and the
+                         preconditioning shrinks with the kept ranks (the CNN's fc1,
+                         A 3137 at rank 64 and G 128: 1/17 of the multiply-adds).
+                         Such a layer is never spread; a diagonal A's layer keeps G
+                         whole. Default 200 (on the CNN: conv2's A 289 and fc1's A
+                         3137; on the MLP: fc1's A 785 and G 256, fc2's A 257);
+                         0: every factor whole (docs/adaptation.md, "Low-rank factors") */
 } tide_kfac_config_t;
 
 /* One dense or conv layer: its weight tensor [out, in] or [out, c, kh, kw]

@@ -253,7 +253,7 @@ static void test_distributed(void) {
     run_t r = {.batch = GLOBAL / cases[c].np, .steps = 4, .distribute = cases[c].distribute,
                .spread = cases[c].spread, .kl_clip = 0.001f,
                .factor_decay = 0.9f, .damping = 0.03f, .lr = 0.002f, .momentum = 0.9f, .factor_every = 1,
-               .inverse_every = 2, .out = out, .lowrank_dim = cases[c].lowrank ? 100 : 0, .lowrank = 16};
+               .inverse_every = 2, .out = out, .lowrank_dim = cases[c].lowrank ? 12 : 0, .lowrank = 4};
     harness_opts_t opts = {.np = cases[c].np, .timeout_s = 120};
     CHECK(harness_run(&opts, rank_main, &r) == 0);
     for (int rank = 0; rank < cases[c].np; rank++) {
@@ -263,7 +263,8 @@ static void test_distributed(void) {
       if (cases[c].np == 1) { /* the reference of the cases after it */
         if (c > 0) { /* the low-rank A changes the run */
           CHECK(got_n == n);
-          fprintf(stderr, "low-rank A (lowrank_dim 100, lowrank 16): max |diff| / max |w| = %.3g against whole\n",
+          fprintf(stderr, "low-rank factors (lowrank_dim 12, lowrank 4: fc1's A 785 and G 16, fc2's A 17): "
+                  "max |diff| / max |w| = %.3g against whole\n",
                   rel_diff(got, ref, n));
           CHECK(rel_diff(got, ref, n) > 1e-4);
         }
@@ -286,7 +287,7 @@ static void test_distributed(void) {
    * replicated preconditioning on 3 ranks: the same bits. */
   same_as_replicated(dir, "np3-d1-s0", "np3-d0-s0", ref, got, n, "np 3: distributed (spread 0)");
   same_as_replicated(dir, "np3-d1-s1", "np3-d0-s0", ref, got, n, "np 3: distributed (spread 1)");
-  same_as_replicated(dir, "np3-d1-s0-low", "np3-d0-s0-low", ref, got, n, "np 3, low-rank A: distributed");
+  same_as_replicated(dir, "np3-d1-s0-low", "np3-d0-s0-low", ref, got, n, "np 3, low-rank factors: distributed");
   remove_dir(dir);
   free(ref);
   free(got);
@@ -308,8 +309,9 @@ static void test_resume(void) {
    * with the diagonal of its A (diag_dim); then (4) background
    * decompositions (staleness 2) and (5) the same with the layer spread
    * and staleness 3, each saved after step 3 with step 3's decomposition
-   * pending (swapped in at step 5, 6); then (6) the 785-wide A at rank 16
-   * (lowrank_dim), in the step, and (7) with staleness 2 */
+   * pending (swapped in at step 5, 6); then (6) factors wider than 12 at
+   * rank 4 (lowrank_dim: fc1's A and G, fc2's A), in the step, and (7)
+   * with staleness 2 */
   for (int spread = 0; spread < 8; spread++) {
   snprintf(whole, sizeof whole, "%s/whole%d", dir, spread);
   snprintf(resumed, sizeof resumed, "%s/resumed%d", dir, spread);
@@ -319,7 +321,7 @@ static void test_resume(void) {
              .staleness = spread == 4 ? 2 : spread == 5 ? 3 : 0};
   if (spread == 4) r.diag_dim = 100;
   if (spread == 5) r.spread = 1;
-  if (spread >= 6) r.lowrank_dim = 100, r.lowrank = 16, r.staleness = spread == 7 ? 2 : 0;
+  if (spread >= 6) r.lowrank_dim = 12, r.lowrank = 4, r.staleness = spread == 7 ? 2 : 0;
   harness_opts_t opts = {.np = 2, .timeout_s = 120};
   CHECK(harness_run(&opts, rank_main, &r) == 0);
   r.out = resumed;
@@ -551,7 +553,17 @@ static void test_diag(void) {
   fprintf(stderr, "diagonal A: sums of squares = the SYRK's diagonal; preconditioner = the whole one with Q_A = I\n");
 }
 
-/* A low-rank A (config.lowrank_dim): the top eigenpairs against ssyevd's
+/* out (n x n) = U^T diag(d_U) U + c (I - U^T U): the factor that
+ * tide__kfac_eigen_top's q, d (rank r) stand for. */
+static void approximate(const float *q, const float *d, int n, int r, float *out) {
+  memset(out, 0, sizeof(float) * (size_t)n * n);
+  for (int i = 0; i < n; i++) out[i * n + i] = d[r];
+  for (int k = 0; k < r; k++)
+    for (int i = 0; i < n; i++)
+      for (int j = 0; j < n; j++) out[i * n + j] += (d[k] - d[r]) * q[k * n + i] * q[k * n + j];
+}
+
+/* A low-rank factor (config.lowrank_dim): the top eigenpairs against ssyevd's
  * on a factor with a decaying spectrum, the tail the others' mean, the
  * same bits in place and again; and the low-rank preconditioner against
  * the whole one with the approximated A's own decomposition. In a child
@@ -599,23 +611,44 @@ static int lowrank_main(int rank, int size, void *arg) {
   CHECK_OK(tide__kfac_eigen_top(q2, N, R, q2, d2));
   CHECK(memcmp(q2, qt, sizeof(float) * R * N) == 0 && memcmp(d2, dt, sizeof(float) * N) == 0);
   CHECK_RC(tide__kfac_eigen_top(f, N, N, q2, d2), TIDE_EINVAL);
-  /* approx = U^T diag(d_U) U + c (I - U^T U), decomposed whole */
-  for (int i = 0; i < N; i++) approx[i * N + i] = dt[R];
-  for (int k = 0; k < R; k++)
-    for (int i = 0; i < N; i++)
-      for (int j = 0; j < N; j++) approx[i * N + j] += (dt[k] - dt[R]) * qt[k * N + i] * qt[k * N + j];
+  /* The preconditioner, A and/or G low-rank, against the whole one with
+   * each approximated factor decomposed whole (approx = U^T diag(d_U) U +
+   * c (I - U^T U)). G: a 60-wide factor at rank 12, made the same way. */
+  enum { NG = 60, RG = 12 };
+  float *approx_g = calloc((size_t)NG * NG, sizeof(float)), *g = calloc((size_t)NG * NG, sizeof(float));
+  float *qg = malloc(sizeof(float) * NG * NG), *dg = malloc(sizeof(float) * NG), *qgt = malloc(sizeof(float) * NG * NG);
+  float *dgt = malloc(sizeof(float) * NG), *qga = malloc(sizeof(float) * NG * NG), *dga = malloc(sizeof(float) * NG);
+  float *m = malloc(sizeof(float) * NG * N), *p_whole = malloc(sizeof(float) * NG * N);
+  float *p_low = malloc(sizeof(float) * NG * N), *work = malloc(sizeof(float) * NG * (N + N) + sizeof(float) * N * N);
+  CHECK(approx_g && g && qg && dg && qgt && dgt && qga && dga && m && p_whole && p_low && work);
+  for (int r = 0; r < ROWS; r++)
+    for (int c = 0; c < NG; c++)
+      x[r * NG + c] = ((float)(harness_rand(&seed) % 2001) / 1000.0f - 1.0f) * expf(-(float)c / 8.0f);
+  tide__kfac_syrk(g, NG, 0, x, ROWS, NG, 0, 1.0f / ROWS);
+  for (int i = 0; i < NG; i++)
+    for (int j = 0; j < i; j++) g[i * NG + j] = g[j * NG + i];
+  CHECK_OK(tide__kfac_eigen(g, NG, qg, dg));
+  CHECK_OK(tide__kfac_eigen_top(g, NG, RG, qgt, dgt));
+  approximate(qt, dt, N, R, approx);
+  approximate(qgt, dgt, NG, RG, approx_g);
   CHECK_OK(tide__kfac_eigen(approx, N, q, d));
-  float g[DG * DG], qg[DG * DG], dg[DG], m[DG * N], p_whole[DG * N], p_low[DG * N];
-  float *work = malloc(sizeof(float) * DG * (N + R));
-  for (int i = 0; i < DG; i++)
-    for (int j = 0; j <= i; j++) g[i * DG + j] = g[j * DG + i] = (float)(harness_rand(&seed) % 2001) / 1000.0f + (i == j ? 5 : 0);
-  CHECK_OK(tide__kfac_eigen(g, DG, qg, dg));
-  for (int i = 0; i < DG * N; i++) m[i] = (float)(harness_rand(&seed) % 2001) / 1000.0f - 1.0f;
-  tide__kfac_precondition(qg, dg, DG, q, d, N, 0.1f, m, p_whole, work);
-  tide__kfac_precondition_lowrank(qg, dg, DG, qt, dt, R, N, 0.1f, m, p_low, work);
-  fprintf(stderr, "low-rank A: preconditioner vs the whole one of the approximated A: max rel diff %.3g\n",
-          rel_diff(p_low, p_whole, DG * (size_t)N));
-  CHECK(rel_diff(p_low, p_whole, DG * (size_t)N) < 1e-4);
+  CHECK_OK(tide__kfac_eigen(approx_g, NG, qga, dga));
+  for (int i = 0; i < NG * N; i++) m[i] = (float)(harness_rand(&seed) % 2001) / 1000.0f - 1.0f;
+  CHECK_OK(tide__kfac_eigen(f, N, q2, d2)); /* A whole */
+  static const char *const names[3] = {"A", "G", "A and G"};
+  for (int which = 0; which < 3; which++) {
+    int low_a = which != 1, low_g = which != 0;
+    tide__kfac_precondition(low_g ? qga : qg, low_g ? dga : dg, NG, low_a ? q : q2, low_a ? d : d2, N, 0.1f, m,
+                            p_whole, work);
+    tide__kfac_precondition_lowrank(low_g ? qgt : qg, low_g ? dgt : dg, low_g ? RG : NG, NG, low_a ? qt : q2,
+                                    low_a ? dt : d2, low_a ? R : N, N, 0.1f, m, p_low, work);
+    double diff = rel_diff(p_low, p_whole, NG * (size_t)N);
+    fprintf(stderr, "low-rank %s: preconditioner vs the whole one of the approximated factors: max rel diff %.3g\n",
+            names[which], diff);
+    CHECK(diff < 1e-4);
+  }
+  free(approx_g), free(g), free(qg), free(dg), free(qgt), free(dgt), free(qga), free(dga), free(m), free(p_whole);
+  free(p_low);
   free(x), free(f), free(q), free(d), free(qt), free(dt), free(q2), free(d2), free(approx), free(work);
   return 0;
 }

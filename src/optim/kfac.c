@@ -241,20 +241,49 @@ int tide__kfac_eigen_top(const float *f, int dim, int rank, float *q, float *d) 
   return rc;
 }
 
-void tide__kfac_precondition_lowrank(const float *qg, const float *dg, int dim_g, const float *qa, const float *da,
-                                     int rank, int dim_a, float damping, const float *m, float *p, float *work) {
-  /* X = Q_G^T M; Y = X U^T; W = D_c X + (Y ./ (d_G d_U^T + damping) - D_c Y) U,
-   * D_c = diag(1 / (d_G c + damping)) for the other eigenvalues' mean c;
-   * P = Q_G W. */
-  float *x = work, *y = work + (size_t)dim_g * dim_a, c = da[rank];
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, dim_g, dim_a, dim_g, 1.0f, qg, dim_g, m, dim_a, 0.0f, x,
+void tide__kfac_precondition_lowrank(const float *qg, const float *dg, int rank_g, int dim_g, const float *qa,
+                                     const float *da, int rank_a, int dim_a, float damping, const float *m, float *p,
+                                     float *work) {
+  /* With U_G, U_A the kept eigenvectors (rows), c_G, c_A the other
+   * eigenvalues' mean (a factor kept whole has none: its U is all of Q^T),
+   * Y = U_G M, C = Y U_A^T, Z = M U_A^T and
+   *   D_G = diag(1 / (d_G c_A + damping)), D_A = diag(1 / (c_G d_A + damping)),
+   *   e = 1 / (c_G c_A + damping),
+   * P sums the four blocks of M in the two eigenbases:
+   *   P = U_G^T T + [G low] (e M [A low] + Z (D_A - e [A low]) U_A),
+   *   T = [A low] (D_G - e [G low]) Y + K U_A,
+   *   K = C ./ (d_G d_A^T + damping) - [A low] D_G C - [G low] C D_A + [both low] e C. */
+  int low_g = rank_g < dim_g, low_a = rank_a < dim_a;
+  float cg = low_g ? dg[rank_g] : 0.0f, ca = low_a ? da[rank_a] : 0.0f, e = 1.0f / (cg * ca + damping);
+  float *y = work, *c = y + (size_t)rank_g * dim_a, *z = c + (size_t)rank_g * rank_a;
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rank_g, dim_a, dim_g, 1.0f, qg, dim_g, m, dim_a, 0.0f, y,
               dim_a);
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, dim_g, rank, dim_a, 1.0f, x, dim_a, qa, dim_a, 0.0f, y, rank);
-  for (int i = 0; i < dim_g; i++) {
-    float ci = 1.0f / (dg[i] * c + damping), *yi = y + (size_t)i * rank, *xi = x + (size_t)i * dim_a;
-    for (int j = 0; j < rank; j++) yi[j] = yi[j] / (dg[i] * da[j] + damping) - ci * yi[j];
-    for (int j = 0; j < dim_a; j++) xi[j] *= ci;
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rank_g, rank_a, dim_a, 1.0f, y, dim_a, qa, dim_a, 0.0f, c,
+              rank_a);
+  for (int i = 0; i < rank_g; i++) {
+    float gi = 1.0f / (dg[i] * ca + damping), *ci = c + (size_t)i * rank_a, *yi = y + (size_t)i * dim_a;
+    for (int j = 0; j < rank_a; j++) {
+      float aj = 1.0f / (cg * da[j] + damping), v = ci[j];
+      ci[j] = v / (dg[i] * da[j] + damping) - (low_a ? gi * v : 0.0f) - (low_g ? v * aj : 0.0f) +
+              (low_a && low_g ? e * v : 0.0f);
+    }
+    float scale = low_a ? gi - (low_g ? e : 0.0f) : 0.0f;
+    for (int j = 0; j < dim_a; j++) yi[j] *= scale;
   }
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, dim_g, dim_a, rank, 1.0f, y, rank, qa, dim_a, 1.0f, x, dim_a);
-  tide__kfac_precondition_finish(qg, dim_g, dim_a, x, p);
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rank_g, dim_a, rank_a, 1.0f, c, rank_a, qa, dim_a, 1.0f, y,
+              dim_a);
+  if (!low_g) {
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, dim_g, dim_a, rank_g, 1.0f, qg, dim_g, y, dim_a, 0.0f, p,
+                dim_a);
+    return;
+  }
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, dim_g, rank_a, dim_a, 1.0f, m, dim_a, qa, dim_a, 0.0f, z,
+              rank_a);
+  for (int i = 0; i < dim_g; i++)
+    for (int j = 0; j < rank_a; j++) z[(size_t)i * rank_a + j] *= 1.0f / (cg * da[j] + damping) - (low_a ? e : 0.0f);
+  for (size_t i = 0, n = (size_t)dim_g * dim_a; i < n; i++) p[i] = low_a ? e * m[i] : 0.0f;
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, dim_g, dim_a, rank_a, 1.0f, z, rank_a, qa, dim_a, 1.0f, p,
+              dim_a);
+  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, dim_g, dim_a, rank_g, 1.0f, qg, dim_g, y, dim_a, 1.0f, p,
+              dim_a);
 }

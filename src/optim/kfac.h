@@ -66,7 +66,7 @@ int tide__kfac_eigen(const float *f, int dim, float *q, float *d);
  * the factor there themselves. Same bits as tide__kfac_eigen. */
 int tide__kfac_eigen_inplace(float *q, int dim, float *d);
 
-/* A low-rank decomposition for a wide factor (tide_kfac_config_t.lowrank):
+/* A low-rank decomposition of a wide factor (tide_kfac_config_t.lowrank):
  * the top `rank` eigenpairs of the symmetric f (dim x dim) by randomized
  * subspace iteration (a fixed seed: the same f gives the same bits), the
  * other eigenvalues replaced by their mean (trace - the kept ones) /
@@ -77,14 +77,20 @@ int tide__kfac_eigen_inplace(float *q, int dim, float *d);
  * written). 0, TIDE_ENOMEM, or TIDE_EINVAL (LAPACK failed). */
 int tide__kfac_eigen_top(const float *f, int dim, int rank, float *q, float *d);
 
-/* p = the preconditioner with A = U^T diag(d_U) U + c (I - U^T U), U the
- * rank rows of qa and d_U the first rank of da, c = da[rank], as
- * tide__kfac_eigen_top writes them: equal to tide__kfac_precondition with
- * that A's whole decomposition, at 2 dim_g dim_a (dim_g + rank)
- * multiply-adds instead of 2 dim_g dim_a (dim_g + dim_a). work holds
- * dim_g * (dim_a + rank) floats. */
-void tide__kfac_precondition_lowrank(const float *qg, const float *dg, int dim_g, const float *qa, const float *da,
-                                     int rank, int dim_a, float damping, const float *m, float *p, float *work);
+/* p = the preconditioner with G and A each either whole (rank = dim: q
+ * and d as tide__kfac_eigen writes them) or low-rank (rank < dim: as
+ * tide__kfac_eigen_top writes them, F ~ U^T diag(d_U) U + c (I - U^T U) with
+ * U q's first rank rows and c = d[rank]): equal to tide__kfac_precondition
+ * with those factors' whole decompositions, at about 2 dim_a rank_g (dim_g +
+ * rank_a) + 2 dim_g dim_a rank_a (G low) multiply-adds instead of
+ * 2 dim_g dim_a (dim_g + dim_a). At least one factor low-rank. work holds
+ * rank_g (dim_a + rank_a) + dim_g rank_a floats. m and p may not alias. */
+void tide__kfac_precondition_lowrank(const float *qg, const float *dg, int rank_g, int dim_g, const float *qa,
+                                     const float *da, int rank_a, int dim_a, float damping, const float *m, float *p,
+                                     float *work);
+static inline size_t tide__kfac_lowrank_work(int rank_g, int dim_g, int rank_a, int dim_a) {
+  return (size_t)rank_g * ((size_t)dim_a + rank_a) + (size_t)dim_g * rank_a;
+}
 
 /* p (dim_g x dim_a) = Q_G ((Q_G^T m Q_A) ./ (d_G d_A^T + damping)) Q_A^T
  * for the layer gradient m (dim_g x dim_a); qg, qa as tide__kfac_eigen

@@ -20,8 +20,9 @@ typedef struct {
   size_t w_off, b_off; /* into the flat gradient */
   int dim_a, dim_g;
   int diag;            /* A is kept as its diagonal (config.diag_dim): a, sum[A] and d[A] hold dim_a floats, no q[A] */
-  int rank;            /* A's eigenvectors in use: dim_a, or config.lowrank for an A wider than
-                          config.lowrank_dim (q[A]'s first rank rows; d[A][rank..] their mean) */
+  int rank[2];         /* eigenvectors in use of A, G: the dimension, or config.lowrank for a factor
+                          wider than config.lowrank_dim (q[f]'s first rank rows; d[f][rank..] the
+                          others' mean); a diagonal A's layer keeps G whole */
   int owner;           /* the rank that decomposes and preconditions (distribute = 1) */
   float *a, *g;        /* running averages */
   float *sum[2];       /* this step's sums over micro-batches (upper triangles) */
@@ -102,22 +103,24 @@ static size_t layer_floats(const layer_t *l) { return (size_t)l->dim_g * l->dim_
 static size_t a_floats(const layer_t *l) { return l->diag ? (size_t)l->dim_a : (size_t)l->dim_a * l->dim_a; }
 static size_t a_packed(const layer_t *l) { return l->diag ? (size_t)l->dim_a : tide__kfac_packed(l->dim_a); }
 /* Floats of A's eigenvectors in use (none for a diagonal A). */
-static size_t qa_floats(const layer_t *l) { return l->diag ? 0 : (size_t)l->rank * l->dim_a; }
-static int low_rank(const layer_t *l) { return !l->diag && l->rank < l->dim_a; }
+static size_t qa_floats(const layer_t *l) { return l->diag ? 0 : (size_t)l->rank[TIDE_KFAC_A] * l->dim_a; }
+static size_t qg_floats(const layer_t *l) { return (size_t)l->rank[TIDE_KFAC_G] * l->dim_g; }
+static int low_rank(const layer_t *l) { return l->rank[TIDE_KFAC_A] < l->dim_a || l->rank[TIDE_KFAC_G] < l->dim_g; }
 
-/* A's decomposition into q, d: whole (ssyevd) or its top l->rank
- * eigenpairs; f may be q. */
-static int eigen_a(const layer_t *l, const float *f, float *q, float *d) {
-  if (low_rank(l)) return tide__kfac_eigen_top(f, l->dim_a, l->rank, q, d);
-  if (f != q) memcpy(q, f, (size_t)l->dim_a * l->dim_a * sizeof *q);
-  return tide__kfac_eigen_inplace(q, l->dim_a, d);
+/* Factor f's decomposition into q, d: whole (ssyevd) or its top
+ * l->rank[f] eigenpairs; m (the factor) may be q. */
+static int decompose(const layer_t *l, int f, const float *m, float *q, float *d) {
+  int dim = f == TIDE_KFAC_A ? l->dim_a : l->dim_g;
+  if (l->rank[f] < dim) return tide__kfac_eigen_top(m, dim, l->rank[f], q, d);
+  if (m != q) memcpy(q, m, (size_t)dim * dim * sizeof *q);
+  return tide__kfac_eigen_inplace(q, dim, d);
 }
 
 void tide_kfac_config_default(tide_kfac_config_t *out) {
   if (out == NULL) return;
   *out = (tide_kfac_config_t){.factor_every = 10, .inverse_every = 50, .damping = 0.001f, .factor_decay = 0.95f,
                               .kl_clip = 0.001f, .distribute = 1, .sample = 0.25f, .max_dim = 0,
-                              .staleness = 0, .lowrank = 128, .lowrank_dim = 512};
+                              .staleness = 0, .lowrank = 64, .lowrank_dim = 200};
 }
 
 /* The first field of c out of range, and why; NULL when all are fine. */
@@ -137,8 +140,8 @@ static const char *config_problem(const tide_kfac_config_t *c, const char **why)
   if (c->staleness < 0)
     return *why = "must be >= 0 (0: decompositions in the step that is due; above inverse_every: inverse_every)",
            "staleness";
-  if (c->lowrank < 1) return *why = "must be >= 1 (the eigenpairs a wide A keeps)", "lowrank";
-  if (c->lowrank_dim < 0) return *why = "must be >= 0 (0: every A decomposed whole)", "lowrank_dim";
+  if (c->lowrank < 1) return *why = "must be >= 1 (the eigenpairs a wide factor keeps)", "lowrank";
+  if (c->lowrank_dim < 0) return *why = "must be >= 0 (0: every factor decomposed whole)", "lowrank_dim";
   return NULL;
 }
 
@@ -250,8 +253,8 @@ static int decompose_pending(tide__kfac_t *k) {
   for (size_t i = 0; i < k->nlayers && rc == 0; i++) {
     layer_t *l = &k->layers[i];
     if (!l->pending || !mine(k, l)) continue;
-    if (!l->diag) rc = eigen_a(l, l->qn[TIDE_KFAC_A], l->qn[TIDE_KFAC_A], l->dn[TIDE_KFAC_A]);
-    if (rc == 0) rc = tide__kfac_eigen_inplace(l->qn[TIDE_KFAC_G], l->dim_g, l->dn[TIDE_KFAC_G]);
+    if (!l->diag) rc = decompose(l, TIDE_KFAC_A, l->qn[TIDE_KFAC_A], l->qn[TIDE_KFAC_A], l->dn[TIDE_KFAC_A]);
+    if (rc == 0) rc = decompose(l, TIDE_KFAC_G, l->qn[TIDE_KFAC_G], l->qn[TIDE_KFAC_G], l->dn[TIDE_KFAC_G]);
     if (rc != 0) TIDE_ERROR("K-FAC: background eigendecomposition of layer %zu's factors failed", i);
   }
   k->job_s += (double)(tide__now_ns() - t0) * 1e-9;
@@ -457,8 +460,11 @@ static int assign(tide__kfac_t *k) {
     double best_cost = -1;
     for (size_t i = 0; i < k->nlayers; i++) {
       const layer_t *l = &k->layers[i];
-      double cost = (l->diag ? l->dim_a : low_rank(l) ? 4.0 * (l->rank + 32) * pow(l->dim_a, 2) : pow(l->dim_a, 3)) +
-                    pow(l->dim_g, 3);
+      double cost = 0;
+      for (int f = 0; f < 2; f++) {
+        double dim = f == TIDE_KFAC_A ? l->dim_a : l->dim_g;
+        cost += f == TIDE_KFAC_A && l->diag ? dim : l->rank[f] < dim ? 4.0 * (l->rank[f] + 32) * dim * dim : pow(dim, 3);
+      }
       if (!done[i] && cost > best_cost) best = i, best_cost = cost;
     }
     int r = 0;
@@ -526,11 +532,16 @@ int tide_trainer_kfac(tide_trainer_t *tr, const tide_kfac_config_t *config, cons
     l->dim_a = layers[i].in_dim + (layers[i].bias >= 0);
     l->dim_g = layers[i].out_dim;
     l->diag = config->diag_dim > 0 && l->dim_a > config->diag_dim;
-    l->rank = !l->diag && config->lowrank_dim > 0 && l->dim_a > config->lowrank_dim && config->lowrank < l->dim_a
-                  ? config->lowrank
-                  : l->dim_a;
-    /* the low-rank preconditioner's scratch: W and Y = X U^T */
-    size_t scratch = layer_floats(l) + (low_rank(l) ? (size_t)l->dim_g * l->rank : 0);
+    for (int f = 0; f < 2; f++) {
+      int dim = f == TIDE_KFAC_A ? l->dim_a : l->dim_g, max = config->lowrank_dim;
+      l->rank[f] = !l->diag && max > 0 && dim > max && config->lowrank < dim ? config->lowrank : dim;
+    }
+    /* m, p and work hold a layer; work the low-rank preconditioner's scratch too */
+    size_t scratch = layer_floats(l);
+    if (low_rank(l)) {
+      size_t low = tide__kfac_lowrank_work(l->rank[TIDE_KFAC_G], l->dim_g, l->rank[TIDE_KFAC_A], l->dim_a);
+      if (low > scratch) scratch = low;
+    }
     if (scratch > biggest) biggest = scratch;
     packed += a_packed(l) + tide__kfac_packed(l->dim_g);
     total += layer_floats(l) + 1;
@@ -613,10 +624,11 @@ int tide_trainer_kfac(tide_trainer_t *tr, const tide_kfac_config_t *config, cons
                   tr->tensors[layers[i].weight].name, layers[i].in_dim + (layers[i].bias >= 0),
                   layers[i].in_dim + (layers[i].bias >= 0), layers[i].out_dim, layers[i].out_dim, config->max_dim);
       else
-        TIDE_INFO("K-FAC: layer %zu (%s): A %d x %d%s, G %d x %d, rank %d%s", i, tr->tensors[layers[i].weight].name,
+        TIDE_INFO("K-FAC: layer %zu (%s): A %d x %d%s, G %d x %d%s, rank %d%s", i, tr->tensors[layers[i].weight].name,
                   l->dim_a, l->dim_a,
-                  l->diag ? " (its diagonal: wider than diag_dim)" : low_rank(l) ? " (its top eigenpairs: wider than lowrank_dim)" : "",
-                  l->dim_g, l->dim_g,
+                  l->diag ? " (its diagonal: wider than diag_dim)"
+                  : l->rank[TIDE_KFAC_A] < l->dim_a ? " (its top lowrank eigenpairs)" : "",
+                  l->dim_g, l->dim_g, l->rank[TIDE_KFAC_G] < l->dim_g ? " (its top eigenpairs)" : "",
                   config->distribute ? l->owner : -1,
                   l->spread ? " (its preconditioning's rows spread over all ranks)" : "");
     }
@@ -789,8 +801,9 @@ static double precondition(tide__kfac_t *k, const layer_t *l, const float *grad,
     tide__kfac_precondition_diag(l->q[TIDE_KFAC_G], l->d[TIDE_KFAC_G], l->dim_g, l->d[TIDE_KFAC_A], l->dim_a,
                                  k->config.damping, k->m, out, k->work);
   else if (low_rank(l))
-    tide__kfac_precondition_lowrank(l->q[TIDE_KFAC_G], l->d[TIDE_KFAC_G], l->dim_g, l->q[TIDE_KFAC_A],
-                                    l->d[TIDE_KFAC_A], l->rank, l->dim_a, k->config.damping, k->m, out, k->work);
+    tide__kfac_precondition_lowrank(l->q[TIDE_KFAC_G], l->d[TIDE_KFAC_G], l->rank[TIDE_KFAC_G], l->dim_g,
+                                    l->q[TIDE_KFAC_A], l->d[TIDE_KFAC_A], l->rank[TIDE_KFAC_A], l->dim_a,
+                                    k->config.damping, k->m, out, k->work);
   else
     tide__kfac_precondition(l->q[TIDE_KFAC_G], l->d[TIDE_KFAC_G], l->dim_g, l->q[TIDE_KFAC_A], l->d[TIDE_KFAC_A],
                             l->dim_a, k->config.damping, k->m, out, k->work);
@@ -826,8 +839,8 @@ int tide__kfac_stage(tide_trainer_t *tr, tide__kfac_t *k, const tide__mean_t *me
     if (mine(k, l) && due && l->diag) /* A's eigenvalues are its diagonal */
       for (int j = 0; j < l->dim_a; j++) l->d[TIDE_KFAC_A][j] = l->a[j] > 0 ? l->a[j] : 0.0f;
     if (mine(k, l) && due) {
-      if ((!l->diag && (rc = eigen_a(l, l->a, l->q[TIDE_KFAC_A], l->d[TIDE_KFAC_A])) != 0) ||
-          (rc = tide__kfac_eigen(l->g, l->dim_g, l->q[TIDE_KFAC_G], l->d[TIDE_KFAC_G])) != 0)
+      if ((!l->diag && (rc = decompose(l, TIDE_KFAC_A, l->a, l->q[TIDE_KFAC_A], l->d[TIDE_KFAC_A])) != 0) ||
+          (rc = decompose(l, TIDE_KFAC_G, l->g, l->q[TIDE_KFAC_G], l->d[TIDE_KFAC_G])) != 0)
         return tide__trainer_fail(tr, rc, "K-FAC: eigendecomposition of layer %zu's factors failed at step %ld", i,
                                   tr->step);
       l->decomposed = 1;
@@ -924,14 +937,14 @@ int tide__kfac_stage(tide_trainer_t *tr, tide__kfac_t *k, const tide__mean_t *me
 /* ---- state (tide_trainer_state_get/set) ----------------------------------- */
 
 /* Per layer, in layer order: A, G, then the decomposition the layer's
- * preconditioning uses: a 0/1 flag (decomposed yet), Q_A (its kept rows
- * for a low-rank A), d_A, Q_G, d_G;
+ * preconditioning uses: a 0/1 flag (decomposed yet), Q_A, d_A, Q_G, d_G
+ * (of a low-rank factor only its kept rows of Q);
  * with config.staleness > 0 then the pending one the same way (flag 1: in
  * the background job, to be swapped in; get waits for the job). The
  * decompositions live on their owners; get gathers them, so the state
  * does not depend on the rank count and restores on any. */
 static size_t eigen_floats(const layer_t *l) {
-  return 1 + qa_floats(l) + (size_t)l->dim_a + (size_t)l->dim_g * ((size_t)l->dim_g + 1);
+  return 1 + qa_floats(l) + (size_t)l->dim_a + qg_floats(l) + (size_t)l->dim_g;
 }
 
 static size_t factor_floats(const layer_t *l) {
@@ -966,7 +979,7 @@ static void eigen_pack(const tide__kfac_t *k, const layer_t *l, float *out) {
     } else {
       if (!l->diag) out = put(out, q[TIDE_KFAC_A], qa_floats(l));
       out = put(out, d[TIDE_KFAC_A], na);
-      out = put(out, q[TIDE_KFAC_G], ng * ng);
+      out = put(out, q[TIDE_KFAC_G], qg_floats(l));
       put(out, d[TIDE_KFAC_G], ng);
     }
     out = next;
@@ -1080,7 +1093,7 @@ void tide__kfac_state_set(tide__kfac_t *k, const void *in, size_t floats) {
         p += sizeof flag;
         if (!l->diag) p = take(q[TIDE_KFAC_A], p, qa_floats(l));
         p = take(d[TIDE_KFAC_A], p, na);
-        p = take(q[TIDE_KFAC_G], p, ng * ng);
+        p = take(q[TIDE_KFAC_G], p, qg_floats(l));
         take(d[TIDE_KFAC_G], p, ng);
       }
       p = next;
