@@ -110,16 +110,6 @@ void tide__kfac_blend(float *running, int dim, const float *packed, float scale,
       float *v = &running[(size_t)i * dim + j];
       *v = keep * *v + take * *packed++;
     }
-  /* The lower triangle from the upper, in square tiles: one column at a
-   * time it wrote a line per element (fc1's 3137 x 3137 A: docs/adaptation.md,
-   * "K-FAC's step, stage by stage"). The same values either way. */
-  enum { TILE = 64 };
-  for (int i0 = 0; i0 < dim; i0 += TILE)
-    for (int j0 = i0; j0 < dim; j0 += TILE) {
-      int i1 = i0 + TILE < dim ? i0 + TILE : dim, j1 = j0 + TILE < dim ? j0 + TILE : dim;
-      for (int i = i0; i < i1; i++)
-        for (int j = j0 > i + 1 ? j0 : i + 1; j < j1; j++) running[(size_t)j * dim + i] = running[(size_t)i * dim + j];
-    }
 }
 
 int tide__kfac_eigen(const float *f, int dim, float *q, float *d) {
@@ -138,9 +128,9 @@ int tide__kfac_eigen_inplace(float *q, int dim, float *d) {
     tide__free(iwork);
     return TIDE_ENOMEM;
   }
-  /* f is symmetric, so its row-major storage is its column-major one; the
-   * column-major eigenvectors read row-major are Q^T. */
-  lapack_int info = LAPACKE_ssyevd_work(LAPACK_COL_MAJOR, 'V', 'U', n, q, n, d, work, lwork, iwork, liwork);
+  /* Only f's row-major upper triangle is read: column-major, that is the
+   * lower one. The column-major eigenvectors read row-major are Q^T. */
+  lapack_int info = LAPACKE_ssyevd_work(LAPACK_COL_MAJOR, 'V', 'L', n, q, n, d, work, lwork, iwork, liwork);
   tide__free(work);
   tide__free(iwork);
   if (info != 0) {
@@ -206,8 +196,8 @@ int tide__kfac_eigen_top(const float *f, int dim, int rank, float *q, float *d) 
   lapack_int seed[4] = {1, 3, 5, 7};
   if (rc == 0 && LAPACKE_slarnv(3, seed, (lapack_int)k * n, v) != 0) rc = TIDE_EINVAL;
   for (int it = 0; rc == 0; it++) {
-    /* Z = V F (F symmetric); the last one feeds the Rayleigh-Ritz step. */
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, k, n, n, 1.0f, v, n, f, n, 0.0f, z, n);
+    /* Z = V F (F's upper triangle); the last one feeds the Rayleigh-Ritz step. */
+    cblas_ssymm(CblasRowMajor, CblasRight, CblasUpper, k, n, 1.0f, f, n, v, n, 0.0f, z, n);
     if (it == TOP_ITERATIONS + 1) break;
     /* V = orthonormal rows spanning Z's: Z row-major is Z^T column-major. */
     if (LAPACKE_sgeqrf(LAPACK_COL_MAJOR, n, k, z, n, tau) != 0 || LAPACKE_sorgqr(LAPACK_COL_MAJOR, n, k, k, z, n, tau) != 0)

@@ -51,12 +51,13 @@ size_t tide__kfac_sample(const float *x, size_t rows, size_t cols, size_t ld, in
  * (dim*(dim+1)/2 floats). */
 void tide__kfac_pack(const float *upper, int dim, float scale, float *packed);
 /* running = decay*running + (1-decay)*S, S the symmetric matrix whose
- * upper triangle is packed * scale. */
+ * upper triangle is packed * scale: running's upper triangle only (every
+ * reader of a factor reads that; the lower one keeps its first values). */
 void tide__kfac_blend(float *running, int dim, const float *packed, float scale, float decay);
 /* Packed floats of a dim x dim factor. */
 static inline size_t tide__kfac_packed(int dim) { return (size_t)dim * ((size_t)dim + 1) / 2; }
 
-/* Eigendecomposition of the symmetric f (dim x dim, not changed):
+/* Eigendecomposition of the symmetric f (dim x dim, its upper triangle read, not changed):
  * q[j*dim .. j*dim+dim) is eigenvector j (q holds Q^T) and d[j] its
  * eigenvalue, clamped to >= 0. Allocates LAPACK's workspace for the call.
  * 0, TIDE_ENOMEM, or TIDE_EINVAL when LAPACK fails (non-finite input). */
@@ -67,7 +68,7 @@ int tide__kfac_eigen(const float *f, int dim, float *q, float *d);
 int tide__kfac_eigen_inplace(float *q, int dim, float *d);
 
 /* A low-rank decomposition of a wide factor (tide_kfac_config_t.lowrank):
- * the top `rank` eigenpairs of the symmetric f (dim x dim) by randomized
+ * the top `rank` eigenpairs of the symmetric f (dim x dim, its upper triangle read) by randomized
  * subspace iteration (a fixed seed: the same f gives the same bits), the
  * other eigenvalues replaced by their mean (trace - the kept ones) /
  * (dim - rank). q[j*dim ..] for j < rank are the kept eigenvectors
