@@ -775,12 +775,14 @@ static void rank_ended(job_t *job, rank_t *r, int status) {
     int code = WIFEXITED(status) ? WEXITSTATUS(status) : 1;
     if (job->first_failure == 0) job->first_failure = code;
     job->failures++;
+    /* One write: the workers' output shares the stream, and a line split
+     * over two writes can have one of theirs in its middle. */
+    char how[64];
     if (WIFEXITED(status))
-      fprintf(stderr, "tiderun: worker %d (pid %d) exited with status %d", r->rank, (int)r->pid, code);
+      snprintf(how, sizeof how, "exited with status %d", code);
     else
-      fprintf(stderr, "tiderun: worker %d (pid %d) was killed by signal %s", r->rank, (int)r->pid,
-              signal_name(WTERMSIG(status), name, sizeof name));
-    fprintf(stderr, "; the others go on%s\n",
+      snprintf(how, sizeof how, "was killed by signal %s", signal_name(WTERMSIG(status), name, sizeof name));
+    fprintf(stderr, "tiderun: worker %d (pid %d) %s; the others go on%s\n", r->rank, (int)r->pid, how,
             job->failures <= job->opts->max_restarts ? " and a new worker replaces it" : " without a replacement (--max-restarts)");
     return;
   }

@@ -112,8 +112,7 @@ static int low_rank(const layer_t *l) { return l->rank[TIDE_KFAC_A] < l->dim_a |
 static int decompose(const layer_t *l, int f, const float *m, float *q, float *d) {
   int dim = f == TIDE_KFAC_A ? l->dim_a : l->dim_g;
   if (l->rank[f] < dim) return tide__kfac_eigen_top(m, dim, l->rank[f], q, d);
-  if (m != q) memcpy(q, m, (size_t)dim * dim * sizeof *q);
-  return tide__kfac_eigen_inplace(q, dim, d);
+  return m == q ? tide__kfac_eigen_inplace(q, dim, d) : tide__kfac_eigen(m, dim, q, d);
 }
 
 void tide_kfac_config_default(tide_kfac_config_t *out) {
@@ -628,7 +627,7 @@ int tide_trainer_kfac(tide_trainer_t *tr, const tide_kfac_config_t *config, cons
                   l->dim_a, l->dim_a,
                   l->diag ? " (its diagonal: wider than diag_dim)"
                   : l->rank[TIDE_KFAC_A] < l->dim_a ? " (its top lowrank eigenpairs)" : "",
-                  l->dim_g, l->dim_g, l->rank[TIDE_KFAC_G] < l->dim_g ? " (its top eigenpairs)" : "",
+                  l->dim_g, l->dim_g, l->rank[TIDE_KFAC_G] < l->dim_g ? " (its top lowrank eigenpairs)" : "",
                   config->distribute ? l->owner : -1,
                   l->spread ? " (its preconditioning's rows spread over all ranks)" : "");
     }
