@@ -227,7 +227,7 @@ static void killed_in_evaluation(void) {
            "TIDE_JOB_TOKEN=test-kill-eval-%d TIDE_TRAIN_TEST_KILL_EVAL=2:2 %s/tiderun --rdzv 127.0.0.1:%d "
            "--timeout 120 --elastic --min-np 2 --max-np 3 -np 3 --max-restarts 0 %s/tide-train --elastic "
            "--model mlp --epochs 1 --subset 3000 --eval-every 5 --name kill-eval --runs %s 2>&1",
-           (int)getpid(), tools, 20000 + (int)((getpid() + 7919) % 20000), tools, runs);
+           (int)getpid(), tools, harness_free_port(), tools, runs);
   int rc = run(cmd, out, sizeof out);
   if (rc != 0 || strstr(out, "a worker failed during the evaluation") == NULL ||
       strstr(out, "replicas identical: yes") == NULL) {
