@@ -73,10 +73,13 @@ int tide__kfac_eigen_inplace(float *q, int dim, float *d);
  * other eigenvalues replaced by their mean (trace - the kept ones) /
  * (dim - rank). q[j*dim ..] for j < rank are the kept eigenvectors
  * (ascending eigenvalues), d[j] their eigenvalues, d[rank .. dim) the mean;
- * all clamped >= 0. About 4 (rank + 32) dim^2 multiply-adds instead of
+ * all clamped >= 0. About 4 (rank + 32) dim^2 multiply-adds (below) instead of
  * ssyevd's ~dim^3 work. 1 <= rank < dim. q may be f (read before q is
  * written). 0, TIDE_ENOMEM, or TIDE_EINVAL (LAPACK failed). */
 int tide__kfac_eigen_top(const float *f, int dim, int rank, float *q, float *d);
+/* The vectors tide__kfac_eigen_top carries beyond the kept ones: its cost
+ * is about 4 (rank + TIDE__KFAC_TOP_EXTRA) dim^2 multiply-adds. */
+enum { TIDE__KFAC_TOP_EXTRA = 32 };
 
 /* p = the preconditioner with G and A each either whole (rank = dim: q
  * and d as tide__kfac_eigen writes them) or low-rank (rank < dim: as

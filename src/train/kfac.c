@@ -462,7 +462,9 @@ static int assign(tide__kfac_t *k) {
       double cost = 0;
       for (int f = 0; f < 2; f++) {
         double dim = f == TIDE_KFAC_A ? l->dim_a : l->dim_g;
-        cost += f == TIDE_KFAC_A && l->diag ? dim : l->rank[f] < dim ? 4.0 * (l->rank[f] + 32) * dim * dim : pow(dim, 3);
+        cost += f == TIDE_KFAC_A && l->diag ? dim
+                : l->rank[f] < dim           ? 4.0 * (l->rank[f] + TIDE__KFAC_TOP_EXTRA) * dim * dim
+                                             : pow(dim, 3);
       }
       if (!done[i] && cost > best_cost) best = i, best_cost = cost;
     }
