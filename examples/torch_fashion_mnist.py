@@ -133,7 +133,7 @@ def parse_args():
                    help="density warm-up of --compression over the first N epochs (Compression's warmup_steps)")
     p.add_argument("--op", choices=["average", "adasum"], default="average")
     p.add_argument("--adapt", default=None, help="policies of tide's step API, e.g. gns,adascale (tide)")
-    p.add_argument("--bucket-kb", type=int, default=256, help="tide's allreduce bucket size")
+    p.add_argument("--bucket-kb", type=int, default=1024, help="tide's allreduce bucket size")
     p.add_argument("--report-overlap", action="store_true", help="measure the share of the exchange backward hides")
     p.add_argument("--data", default="/usr/share/datasets/fashion-mnist")
     p.add_argument("--subset", type=int, default=0, help="train on the first N samples only")

@@ -380,7 +380,8 @@ void tide_block(size_t count, int size, int rank, size_t *offset, size_t *len);
 /* ---- collectives (nonblocking) ------------------------------------------ */
 
 /* A nonblocking call borrows its buffers until its request completes and
- * runs on the communicator's progress thread in call order. Blocking calls
+ * runs on the communicator's progress thread in call order (or, when
+ * tide_wait comes first, in the waiting thread). Blocking calls
  * made afterwards wait for earlier nonblocking ones. req must not be NULL
  * (TIDE_EINVAL; the communicator stays usable). */
 typedef struct tide_request tide_request_t;

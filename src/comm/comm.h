@@ -79,13 +79,15 @@ struct tide_comm {
   tide_comm_t *parent;
   int splits; /* split calls made, names sub-communicators */
 
-  /* nonblocking requests, executed in order by the progress thread */
+  /* nonblocking requests, executed in order by the progress thread (or by
+   * a thread waiting for one of them: request.c) */
   pthread_mutex_t queue_lock;
   pthread_cond_t queue_cond;
   tide__task_t *queue_head, *queue_tail;
   uint64_t issued, completed;
   pthread_t progress_thread;
   int progress_running, progress_stop;
+  int executing; /* a task taken from the queue is running */
 
   /* MPI backend (src/comm/mpi_boot.c): the communicator's MPI_Comm and
    * failure reports; NULL for communicators joined through the store. */

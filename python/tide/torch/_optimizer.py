@@ -510,7 +510,7 @@ class _DistributedMixin:
 
 
 def DistributedOptimizer(optimizer, named_parameters=None, compression=Compression.none, op=Average,
-                         backward_passes_per_step=1, bucket_bytes=256 * 1024, measure_overlap=False,
+                         backward_passes_per_step=1, bucket_bytes=1 << 20, measure_overlap=False,
                          gradient_predivide_factor=1.0, num_groups=0, groups=None, sparse_as_dense=False,
                          process_set=None):
     """Wraps a torch optimizer so that step() applies the gradient averaged
