@@ -109,11 +109,24 @@ void tide_trainer_destroy(tide_trainer_t *tr) {
   tide__kfac_destroy(tr->kfac);
   tide_optim_destroy(tr->optim);
   tide_sampler_destroy(tr->sampler);
-  tide__free(tr->exchange);
+  tide__free(tr->exchange_mem);
   tide__step_monitor_fini(&tr->monitor);
   tide__free(tr->pending_residual);
   tide__pto_close(tr);
   tide__free(tr);
+}
+
+/* (Re)allocates the exchange buffer for nparams + monitor.nslots floats
+ * on a 64-byte boundary, keeping its first `kept` floats. */
+static int exchange_alloc(tide_trainer_t *tr, size_t kept) {
+  char *mem = tide__malloc((tr->nparams + tr->monitor.nslots) * sizeof(float) + 63);
+  if (mem == NULL) return TIDE_ENOMEM;
+  float *exchange = (float *)(((uintptr_t)mem + 63) & ~(uintptr_t)63);
+  if (tr->exchange != NULL) memcpy(exchange, tr->exchange, kept * sizeof *exchange);
+  tide__free(tr->exchange_mem);
+  tr->exchange_mem = mem;
+  tr->exchange = exchange;
+  return 0;
 }
 
 int tide_trainer_create(tide_comm_t *comm, const tide_trainer_config_t *config, float *params, float *grads,
@@ -160,8 +173,7 @@ int tide_trainer_create(tide_comm_t *comm, const tide_trainer_config_t *config, 
   for (size_t t = 0; t < tr->ntensors; t++)
     if (tr->tensors[t].name == NULL) goto fail;
   TIDE_CHECK_GOTO(tide_sampler_create(config->dataset_size, config->seed, 0, 1, &tr->sampler), rc, fail);
-  tr->exchange = tide__malloc((nparams + tr->monitor.nslots) * sizeof *tr->exchange);
-  if (tr->exchange == NULL) goto fail;
+  if (exchange_alloc(tr, 0) != 0) goto fail;
   plan(tr, (long)config->batch * tr->ranks);
   tr->exchange_kind = config->exchange;
   tr->total_progress = config->epochs * (double)config->dataset_size / (double)tr->config.base_batch;
@@ -189,11 +201,10 @@ int tide__trainer_bind(tide_trainer_t *tr, tide_comm_t *comm) {
   tr->stats.ranks = tr->ranks;
   tr->stats.nodes = tr->nodes;
   if (tr->exchange == NULL) return 0; /* tide_trainer_create sizes them next */
+  size_t kept = tr->nparams + tr->monitor.nslots;
   TIDE_CHECK(tide__step_monitor_resize(&tr->monitor, tr->ranks));
-  float *exchange = tide__realloc(tr->exchange, (tr->nparams + tr->monitor.nslots) * sizeof *exchange);
-  if (exchange == NULL) return TIDE_ENOMEM;
-  tr->exchange = exchange;
-  return 0;
+  if (tr->monitor.nslots + tr->nparams < kept) kept = tr->nparams + tr->monitor.nslots;
+  return exchange_alloc(tr, kept);
 }
 
 void tide__trainer_abandon_step(tide_trainer_t *tr) {

@@ -135,8 +135,12 @@ struct tide_trainer {
   int micro_handed; /* next gave a micro-batch that step has not taken yet */
   int64_t micro_start_ns;
 
-  /* [gradient sum (nparams) | statistics slots (monitor.nslots)]. */
+  /* [gradient sum (nparams) | statistics slots (monitor.nslots)], on a
+   * 64-byte boundary inside exchange_mem (the passes over it are 8 floats
+   * wide: a misaligned buffer splits every other store across two cache
+   * lines, about 20% of a pass). */
   float *exchange;
+  void *exchange_mem;
   int accumulated; /* the exchange buffer holds this step's sum so far */
   double data_s; /* this step's wait for data (tide_trainer_data_wait) */
   tide__step_monitor_t monitor; /* the step's statistics (src/monitor/step.c) */
