@@ -1462,8 +1462,14 @@ typedef struct {
                          to again after its bucket left, are all-reduced in the step.
                          Every rank gets the same bits; the sums' rounding differs
                          from one allreduce of everything (the ring's blocks follow
-                         the message). 0: one allreduce in the step (docs/adaptation.md,
-                         "The factor allreduce during the backward pass") */
+                         the message). Ranks may start a bucket at different points
+                         (one that adds nothing starts it at the micro-batch's end), so
+                         the caller must not run collectives of its own on the
+                         trainer's communicator between a factor step's last
+                         micro-batch's first tide_trainer_kfac_add and
+                         tide_trainer_step (0 if it must). 0: one allreduce in the
+                         step (docs/adaptation.md, "The factor allreduce during the
+                         backward pass") */
 } tide_kfac_config_t;
 
 /* One dense or conv layer: its weight tensor [out, in] or [out, c, kh, kw]
