@@ -15,6 +15,7 @@
  *     independent PyTorch computation (test/kfac_torch_ref.py; 77 without
  *     python3 and torch). */
 #include <math.h>
+#include <signal.h>
 #include <string.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -36,8 +37,8 @@ static void make_data(float *images, int32_t *labels, int n) {
 /* How the hook hands the factors over (test_overlap): 0 as given; LATE_G2:
  * fc2's G in two halves, the second with conv's G, after the backward pass
  * has left fc2's bucket; SKIP_A1: rank 1 never adds fc1's A. Per process. */
-enum { HOOK_PLAIN, HOOK_LATE_G2, HOOK_SKIP_A1 };
-static int hook_mode, hook_rank;
+enum { HOOK_PLAIN, HOOK_LATE_G2, HOOK_SKIP_A1, HOOK_KILL2 };
+static int hook_mode, hook_rank, hook_step; /* HOOK_KILL2: rank 2 dies at step 2 after conv's G */
 static float late_x[64 * 10], late_weight;
 static size_t late_rows;
 
@@ -52,6 +53,8 @@ static int hook(void *trainer, size_t layer, tide_kfac_factor_t factor, const fl
     return tide_trainer_kfac_add(trainer, layer, factor, x, rows, ld, transposed, weight / 2);
   }
   int rc = tide_trainer_kfac_add(trainer, layer, factor, x, rows, ld, transposed, weight);
+  if (hook_mode == HOOK_KILL2 && hook_rank == 2 && hook_step == 2 && layer == 0 && factor == TIDE_KFAC_G)
+    raise(SIGKILL); /* fc1 and fc2's bucket has started on every rank */
   if (rc == 0 && hook_mode == HOOK_LATE_G2 && layer == 0 && factor == TIDE_KFAC_G)
     rc = tide_trainer_kfac_add(trainer, 2, TIDE_KFAC_G, late_x, late_rows, 10, 0, late_weight);
   return rc;
@@ -374,6 +377,62 @@ static void test_overlap(void) {
   remove_dir(dir);
   free(ref);
   free(got);
+}
+
+/* A peer killed in the backward pass just after the factor allreduce's
+ * first bucket started (it may or may not have finished): the survivors'
+ * step fails with TIDE_EPEER (at the gradient exchange, queued behind the
+ * bucket), nothing hangs, and destroy waits the request out. */
+static int killed_main(int rank, int size, void *arg) {
+  (void)size;
+  run_t r = *(const run_t *)arg;
+  r.steps = 0;
+  tide_comm_t *comm;
+  CHECK_OK(tide_comm_init(&comm));
+  nn_model_t *m;
+  tide_trainer_t *tr;
+  CHECK_OK(run_training(comm, &r, &m, &tr));
+  hook_mode = HOOK_KILL2;
+  float *images = malloc(sizeof(float) * DATASET * NN_IMAGE_SIZE), *x = malloc(sizeof(float) * 4 * NN_IMAGE_SIZE);
+  int32_t *labels = malloc(sizeof(int32_t) * DATASET), y[4];
+  CHECK(images != NULL && x != NULL && labels != NULL);
+  make_data(images, labels, DATASET);
+  int rc = 0;
+  double start = (double)tide__now_ns() * 1e-9;
+  for (hook_step = 0; hook_step < 6 && rc == 0; hook_step++) {
+    tide_batch_t b;
+    tide_step_stats_t st;
+    CHECK_OK(tide_trainer_next(tr, &b));
+    for (size_t i = 0; i < b.count; i++) {
+      memcpy(x + i * NN_IMAGE_SIZE, images + b.indices[i] * NN_IMAGE_SIZE, NN_IMAGE_SIZE * sizeof(float));
+      y[i] = labels[b.indices[i]];
+    }
+    nn_set_kfac_hook(m, tide_trainer_kfac_wanted(tr) ? hook : NULL, tr);
+    float loss = 0;
+    CHECK_OK(nn_forward_backward(m, x, y, (int)b.count, &loss));
+    rc = tide_trainer_step(tr, loss, &st);
+  }
+  fprintf(stderr, "rank %d: step %d: %s after %.2f s: %s\n", rank, hook_step - 1, tide_err_name(rc),
+          (double)tide__now_ns() * 1e-9 - start, tide_trainer_last_error(tr));
+  CHECK_RC(rc, TIDE_EPEER);
+  CHECK(hook_step - 1 == 2);
+  tide_trainer_destroy(tr);
+  nn_model_destroy(m);
+  tide_comm_destroy(comm);
+  free(images);
+  free(x);
+  free(labels);
+  return 0;
+}
+
+static void test_killed(void) {
+  run_t r = {.batch = 4, .distribute = 1, .kl_clip = 0.001f, .factor_decay = 0.9f, .damping = 0.03f, .lr = 0.002f,
+             .momentum = 0.9f, .factor_every = 1, .inverse_every = 2};
+  harness_opts_t opts = {.np = 3, .timeout_s = 60};
+  harness_run(&opts, killed_main, &r);
+  CHECK(WIFSIGNALED(harness_status[2]) && WTERMSIG(harness_status[2]) == SIGKILL);
+  CHECK(WIFEXITED(harness_status[0]) && WEXITSTATUS(harness_status[0]) == 0);
+  CHECK(WIFEXITED(harness_status[1]) && WEXITSTATUS(harness_status[1]) == 0);
 }
 
 /* Save and restore mid-run, between two decompositions, on 2 ranks with
@@ -1123,6 +1182,7 @@ int main(int argc, char **argv) {
   CHECK(harness_run(&one, sample_trainer, NULL) == 0);
   test_distributed();
   test_overlap();
+  test_killed();
   test_resume();
   test_async_replicas();
   harness_opts_t two = {.np = 2, .timeout_s = 120};
