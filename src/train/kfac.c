@@ -66,8 +66,8 @@ struct tide__kfac {
   float *pack;
   size_t pack_len, count_off;
   size_t nbuckets, started; /* buckets [0, started) are in flight this step */
-  size_t *bucket_off;       /* bucket b: pack[bucket_off[b], bucket_off[b + 1]); layers[bucket_lo[b], bucket_lo[b - 1]) */
-  size_t *bucket_lo;
+  size_t *bucket_off;       /* bucket b: pack[bucket_off[b], bucket_off[b + 1]) */
+  size_t *bucket_lo;        /* bucket b: layers[bucket_lo[b], bucket_hi(b)) */
   tide_request_t **reqs;    /* of the started buckets; NULL where the start failed */
   int start_rc;             /* the first failed start this step */
   long started_step;        /* the step they were started in */
@@ -225,7 +225,8 @@ int tide_kfac_config_parse(const char *text, tide_kfac_config_t *inout) {
       c.kl_clip = (float)v;
     else {
       TIDE_ERROR("K-FAC options: unknown key \"%s\" (use factor_every, inverse_every, damping, factor_decay, "
-                 "kl_clip, distribute, spread, sample, max_dim, diag_dim, lowrank, lowrank_dim, staleness, bucket_kb)", key);
+                 "kl_clip, distribute, spread, sample, max_dim, diag_dim, lowrank, lowrank_dim, staleness, "
+                 "bucket_kb)", key);
       return TIDE_EINVAL;
     }
     p += n;
@@ -432,14 +433,14 @@ static int check_layer(tide_trainer_t *tr, size_t i, const tide_kfac_layer_t *d,
   return 0;
 }
 
+/* Bucket b's layers are [bucket_lo[b], bucket_hi(b)). */
+static size_t bucket_hi(const tide__kfac_t *k, size_t b) { return b == 0 ? k->nlayers : k->bucket_lo[b - 1]; }
+
 /* The factor allreduce's buckets (config.bucket_kb; one with one rank):
  * layers from the last, a bucket closed once it holds bucket_kb KiB, the
  * rest (with layer 0) the last; each layer's place in the pack. With one
  * bucket the pack is the layers in order, then the counts, as it was
  * before the buckets. */
-/* Bucket b's layers are [bucket_lo[b], bucket_hi(b)). */
-static size_t bucket_hi(const tide__kfac_t *k, size_t b) { return b == 0 ? k->nlayers : k->bucket_lo[b - 1]; }
-
 static int plan_buckets(tide__kfac_t *k) {
   size_t n = k->nlayers, limit = k->ranks > 1 ? (size_t)k->config.bucket_kb * 1024 / sizeof(float) : 0, nb = 0;
   k->bucket_lo = tide__malloc(n * sizeof *k->bucket_lo);
@@ -782,13 +783,22 @@ void tide__kfac_abandon(tide__kfac_t *k) {
   if (k != NULL) drop_step(k);
 }
 
+/* Buckets still out from an earlier step that never reached its stage (a
+ * step that failed and was not abandoned): waited for, their late marks
+ * dropped; the sums stay, as they did before the buckets. */
+static void settle_stale(const tide_trainer_t *tr, tide__kfac_t *k) {
+  if (k->started == 0 || k->started_step == tr->step) return;
+  (void)settle(k);
+  for (size_t i = 0; i < k->nlayers; i++) k->layers[i].late = 0;
+}
+
 /* Before tide_trainer_kfac_add adds to layer li (of layers) on a factor
  * step's last micro-batch: starts each bucket in turn that the backward
  * pass has left (li is not in it) with A and G of all its layers added in
  * this micro-batch; marks li late if its bucket has already started. */
 static void overlap_poll(tide_trainer_t *tr, tide__kfac_t *k, size_t li) {
   if (k->nbuckets < 2 || tr->micro != tr->micro_count - 1) return;
-  if (k->started > 0 && k->started_step != tr->step) drop_step(k); /* not reached: the stage settles */
+  settle_stale(tr, k);
   while (k->started < k->nbuckets - 1) {
     size_t b = k->started;
     if (li >= k->bucket_lo[b] && li < bucket_hi(k, b)) break;
@@ -866,7 +876,7 @@ int tide_trainer_kfac_add(tide_trainer_t *tr, size_t layer, tide_kfac_factor_t f
 void tide__kfac_micro_end(tide_trainer_t *tr, tide__kfac_t *k) {
   if (k == NULL) return;
   if (k->nbuckets > 1 && factor_step(tr) && tr->micro == tr->micro_count - 1) {
-    if (k->started > 0 && k->started_step != tr->step) drop_step(k);
+    settle_stale(tr, k);
     while (k->started < k->nbuckets - 1) start_bucket(tr, k);
   }
   for (size_t i = 0; i < k->nlayers; i++)
@@ -882,11 +892,12 @@ void tide__kfac_micro_end(tide_trainer_t *tr, tide__kfac_t *k) {
  * then again, whole, each layer some rank added to after its bucket left. */
 static int update_factors(tide_trainer_t *tr, tide__kfac_t *k) {
   int64_t t = tide__now_ns();
-  if (k->started > 0 && k->started_step != tr->step) drop_step(k); /* not reached: micro_end starts them */
-  while (k->started + 1 < k->nbuckets) start_bucket(tr, k);
+  settle_stale(tr, k);
+  while (k->started + 1 < k->nbuckets) start_bucket(tr, k); /* none: the last micro-batch's end started them */
   size_t last = k->nbuckets - 1, n = k->nlayers;
   float *counts = k->pack + k->count_off, *late = counts + 2 * n;
-  for (size_t i = k->bucket_lo[last]; i < bucket_hi(k, last); i++) pack_layer(&k->layers[i], k->pack + k->layers[i].pk);
+  for (size_t i = k->bucket_lo[last]; i < bucket_hi(k, last); i++)
+    pack_layer(&k->layers[i], k->pack + k->layers[i].pk);
   for (size_t i = 0; i < n; i++) {
     layer_t *l = &k->layers[i];
     for (int f = 0; f < 2; f++) counts[2 * i + f] = l->micros[f] > 0 ? 1.0f : 0.0f;
