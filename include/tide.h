@@ -1453,6 +1453,25 @@ typedef struct {
                          whole. Default 200 (on the CNN: conv2's A 289 and fc1's A
                          3137; on the MLP: fc1's A 785 and G 256, fc2's A 257);
                          0: every factor whole (docs/adaptation.md, "Low-rank factors") */
+  int bucket_kb;      /* >= 0, default 0 (off: one factor allreduce in the step). N > 0:
+                         the factor allreduce overlaps the backward pass (no wall-time
+                         gain measured on a 2-core host: docs/adaptation.md). The layers are cut, last first, into buckets of at least
+                         this many KiB of packed factors; on a factor step's last
+                         micro-batch, once tide_trainer_kfac_add has moved on from a
+                         bucket whose layers all added A and G, its nonblocking
+                         allreduce starts (the rest start when the micro-batch ends);
+                         the bucket holding layer 0, the counts, and any layer added
+                         to again after its bucket left, are all-reduced in the step.
+                         Every rank gets the same bits; the sums' rounding differs
+                         from one allreduce of everything (the ring's blocks follow
+                         the message). Ranks may start a bucket at different points
+                         (one that adds nothing starts it at the micro-batch's end), so
+                         the caller must not run collectives of its own on the
+                         trainer's communicator between a factor step's last
+                         micro-batch's first tide_trainer_kfac_add and
+                         tide_trainer_step (0 if it must). 0: one allreduce in the
+                         step (docs/adaptation.md, "The factor allreduce during the
+                         backward pass") */
 } tide_kfac_config_t;
 
 /* One dense or conv layer: its weight tensor [out, in] or [out, c, kh, kw]
@@ -1474,7 +1493,8 @@ void tide_kfac_config_default(tide_kfac_config_t *out);
 int tide_kfac_config_check(const tide_kfac_config_t *config);
 /* Sets the fields named in text, "key=value" pairs separated by ',' or ':'
  * with the keys factor_every, inverse_every, damping, factor_decay, kl_clip,
- * distribute, spread, sample, max_dim, diag_dim and staleness (e.g.
+ * distribute, spread, sample, max_dim, diag_dim, staleness, lowrank,
+ * lowrank_dim and bucket_kb (e.g.
  * "damping=0.003,inverse_every=50,sample=0.25"); the others keep
  * their value. Then checks the whole config. TIDE_EINVAL names an unknown
  * key or a bad value (*inout unchanged). */

@@ -15,6 +15,7 @@
  *     independent PyTorch computation (test/kfac_torch_ref.py; 77 without
  *     python3 and torch). */
 #include <math.h>
+#include <signal.h>
 #include <string.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -33,9 +34,30 @@ static void make_data(float *images, int32_t *labels, int n) {
   for (int i = 0; i < n; i++) labels[i] = (int32_t)(harness_rand(&seed) % NN_CLASSES);
 }
 
+/* How the hook hands the factors over (test_overlap): 0 as given; LATE_G2:
+ * fc2's G in two halves, the second with conv's G, after the backward pass
+ * has left fc2's bucket; SKIP_A1: rank 1 never adds fc1's A. Per process. */
+enum { HOOK_PLAIN, HOOK_LATE_G2, HOOK_SKIP_A1, HOOK_KILL2 };
+static int hook_mode, hook_rank, hook_step; /* HOOK_KILL2: rank 2 dies at step 2 after conv's G */
+static float late_x[64 * 10], late_weight;
+static size_t late_rows;
+
 static int hook(void *trainer, size_t layer, tide_kfac_factor_t factor, const float *x, size_t rows, size_t ld,
                 int transposed, float weight) {
-  return tide_trainer_kfac_add(trainer, layer, factor, x, rows, ld, transposed, weight);
+  if (hook_mode == HOOK_SKIP_A1 && hook_rank == 1 && layer == 1 && factor == TIDE_KFAC_A) return 0;
+  if (hook_mode == HOOK_LATE_G2 && layer == 2 && factor == TIDE_KFAC_G) {
+    CHECK(rows <= 64 && ld == 10 && !transposed);
+    memcpy(late_x, x, rows * 10 * sizeof(float));
+    late_rows = rows;
+    late_weight = weight / 2;
+    return tide_trainer_kfac_add(trainer, layer, factor, x, rows, ld, transposed, weight / 2);
+  }
+  int rc = tide_trainer_kfac_add(trainer, layer, factor, x, rows, ld, transposed, weight);
+  if (hook_mode == HOOK_KILL2 && hook_rank == 2 && hook_step == 2 && layer == 0 && factor == TIDE_KFAC_G)
+    raise(SIGKILL); /* fc1 and fc2's bucket has started on every rank */
+  if (rc == 0 && hook_mode == HOOK_LATE_G2 && layer == 0 && factor == TIDE_KFAC_G)
+    rc = tide_trainer_kfac_add(trainer, 2, TIDE_KFAC_G, late_x, late_rows, 10, 0, late_weight);
+  return rc;
 }
 
 /* What a run does: model, trainer, K-FAC, `steps` steps. */
@@ -49,6 +71,8 @@ typedef struct {
   int diag_dim;    /* config.diag_dim */
   int staleness;   /* config.staleness */
   int lowrank_dim, lowrank; /* config's; 0: every A whole */
+  int bucket_kb;   /* > 0: config.bucket_kb; < 0: 0 (one factor allreduce in the step); 0 keeps the default */
+  int hook_mode;   /* HOOK_* */
   const char *out; /* each rank writes its final parameters to out.rankR */
   float *params0;  /* if non-NULL, gets the initial parameters (rank 0) */
 } run_t;
@@ -88,6 +112,9 @@ static int run_training(tide_comm_t *comm, const run_t *r, nn_model_t **model_ou
   kc.staleness = r->staleness;
   kc.lowrank_dim = r->lowrank_dim;
   if (r->lowrank > 0) kc.lowrank = r->lowrank;
+  if (r->bucket_kb != 0) kc.bucket_kb = r->bucket_kb > 0 ? r->bucket_kb : 0;
+  hook_mode = r->hook_mode;
+  hook_rank = tide_comm_rank(comm);
   tide_kfac_layer_t layers[8];
   CHECK(nn_kfac_layer_count(m) == 3);
   CHECK_OK(nn_kfac_layers(m, layers));
@@ -291,6 +318,121 @@ static void test_distributed(void) {
   remove_dir(dir);
   free(ref);
   free(got);
+}
+
+/* The factor allreduce during the backward pass (config.bucket_kb): the
+ * test model's layers make two buckets (fc1 and fc2, started when conv's
+ * G arrives; conv with the counts in the step). Against one allreduce in
+ * the step (bucket_kb 0, main's bits) on 3 ranks: the same sums, so the
+ * same results but for the ring's rounding, with the replicas identical;
+ * also when fc2's G gets half its rows after its bucket left (all-reduced
+ * again whole in the step: without that it differs 1000x more) and when
+ * rank 1 never adds fc1's A (its bucket starts at the micro-batch's end
+ * there, in the backward pass on the others). */
+static void test_overlap(void) {
+  char dir[] = "/tmp/tide-kfac-XXXXXX";
+  CHECK(mkdtemp(dir) != NULL);
+  enum { CAP = 1 << 20, NP = 3 };
+  float *ref = malloc(CAP * sizeof(float)), *got = malloc(CAP * sizeof(float));
+  const int modes[] = {HOOK_PLAIN, HOOK_LATE_G2, HOOK_SKIP_A1};
+  for (size_t m = 0; m < sizeof modes / sizeof modes[0]; m++) {
+    size_t n = 0;
+    for (int on = 0; on < 2; on++) {
+      char out[256];
+      snprintf(out, sizeof out, "%s/case%zu-on%d", dir, m, on);
+      run_t r = {.batch = 4, .steps = 4, .distribute = 1, .kl_clip = 0.001f, .factor_decay = 0.9f,
+                 .damping = 0.03f, .lr = 0.002f, .momentum = 0.9f, .factor_every = 1, .inverse_every = 2,
+                 .out = out, .bucket_kb = on ? 1024 : -1, .hook_mode = modes[m]};
+      harness_opts_t opts = {.np = NP, .timeout_s = 120};
+      CHECK(harness_run(&opts, rank_main, &r) == 0);
+      for (int rank = 0; rank < NP; rank++) {
+        char path[300];
+        snprintf(path, sizeof path, "%s.rank%d", out, rank);
+        size_t got_n = read_params(path, rank == 0 && !on ? ref : got, CAP);
+        if (rank == 0 && !on) {
+          n = got_n;
+          continue;
+        }
+        CHECK(got_n == n);
+        double d = rel_diff(got, ref, n);
+        if (!on) { /* the replicas of one run: the same bits */
+          CHECK(d == 0);
+          continue;
+        }
+        fprintf(stderr, "overlap (hook mode %d) rank %d: max |diff| / max |w| = %.3g against one allreduce\n",
+                modes[m], rank, d);
+        CHECK(d < 1e-6); /* 3.6e-8 and 4.6e-8 here; 6.2e-5 with the late half of fc2's G left out */
+      }
+    }
+    /* the overlapped run's replicas: the same bits */
+    char pa[300], pb[300];
+    snprintf(pa, sizeof pa, "%s/case%zu-on1.rank0", dir, m);
+    CHECK(read_params(pa, ref, CAP) == n);
+    for (int rank = 1; rank < NP; rank++) {
+      snprintf(pb, sizeof pb, "%s/case%zu-on1.rank%d", dir, m, rank);
+      CHECK(read_params(pb, got, CAP) == n && memcmp(ref, got, n * sizeof(float)) == 0);
+    }
+  }
+  hook_mode = HOOK_PLAIN;
+  remove_dir(dir);
+  free(ref);
+  free(got);
+}
+
+/* A peer killed in the backward pass just after the factor allreduce's
+ * first bucket started (it may or may not have finished): the survivors'
+ * step fails with TIDE_EPEER (at the gradient exchange, queued behind the
+ * bucket), nothing hangs, and destroy waits the request out. */
+static int killed_main(int rank, int size, void *arg) {
+  (void)size;
+  run_t r = *(const run_t *)arg;
+  r.steps = 0;
+  tide_comm_t *comm;
+  CHECK_OK(tide_comm_init(&comm));
+  nn_model_t *m;
+  tide_trainer_t *tr;
+  CHECK_OK(run_training(comm, &r, &m, &tr));
+  hook_mode = HOOK_KILL2;
+  float *images = malloc(sizeof(float) * DATASET * NN_IMAGE_SIZE), *x = malloc(sizeof(float) * 4 * NN_IMAGE_SIZE);
+  int32_t *labels = malloc(sizeof(int32_t) * DATASET), y[4];
+  CHECK(images != NULL && x != NULL && labels != NULL);
+  make_data(images, labels, DATASET);
+  int rc = 0;
+  double start = (double)tide__now_ns() * 1e-9;
+  for (hook_step = 0; hook_step < 6 && rc == 0; hook_step++) {
+    tide_batch_t b;
+    tide_step_stats_t st;
+    CHECK_OK(tide_trainer_next(tr, &b));
+    for (size_t i = 0; i < b.count; i++) {
+      memcpy(x + i * NN_IMAGE_SIZE, images + b.indices[i] * NN_IMAGE_SIZE, NN_IMAGE_SIZE * sizeof(float));
+      y[i] = labels[b.indices[i]];
+    }
+    nn_set_kfac_hook(m, tide_trainer_kfac_wanted(tr) ? hook : NULL, tr);
+    float loss = 0;
+    CHECK_OK(nn_forward_backward(m, x, y, (int)b.count, &loss));
+    rc = tide_trainer_step(tr, loss, &st);
+  }
+  fprintf(stderr, "rank %d: step %d: %s after %.2f s: %s\n", rank, hook_step - 1, tide_err_name(rc),
+          (double)tide__now_ns() * 1e-9 - start, tide_trainer_last_error(tr));
+  CHECK_RC(rc, TIDE_EPEER);
+  CHECK(hook_step - 1 == 2);
+  tide_trainer_destroy(tr);
+  nn_model_destroy(m);
+  tide_comm_destroy(comm);
+  free(images);
+  free(x);
+  free(labels);
+  return 0;
+}
+
+static void test_killed(void) {
+  run_t r = {.batch = 4, .distribute = 1, .kl_clip = 0.001f, .factor_decay = 0.9f, .damping = 0.03f, .lr = 0.002f,
+             .momentum = 0.9f, .factor_every = 1, .inverse_every = 2, .bucket_kb = 1024};
+  harness_opts_t opts = {.np = 3, .timeout_s = 60};
+  harness_run(&opts, killed_main, &r);
+  CHECK(WIFSIGNALED(harness_status[2]) && WTERMSIG(harness_status[2]) == SIGKILL);
+  CHECK(WIFEXITED(harness_status[0]) && WEXITSTATUS(harness_status[0]) == 0);
+  CHECK(WIFEXITED(harness_status[1]) && WEXITSTATUS(harness_status[1]) == 0);
 }
 
 /* Save and restore mid-run, between two decompositions, on 2 ranks with
@@ -823,6 +965,7 @@ static int bad_options(int rank, int size, void *arg) {
   EXPECT_BAD("staleness", staleness = -1);
   EXPECT_BAD("lowrank", lowrank = 0);
   EXPECT_BAD("lowrank_dim", lowrank_dim = -1);
+  EXPECT_BAD("bucket_kb", bucket_kb = -1);
   /* The option string. */
   kc = d;
   CHECK_OK(tide_kfac_config_parse("damping=0.003,inverse_every=50:factor_every=5", &kc));
@@ -838,6 +981,9 @@ static int bad_options(int rank, int size, void *arg) {
   CHECK_RC(tide_kfac_config_parse("sample=2", &kc), TIDE_EINVAL);
   CHECK_RC(tide_kfac_config_parse("sample=0", &kc), TIDE_EINVAL);
   CHECK_RC(tide_kfac_config_parse("max_dim=1.5", &kc), TIDE_EINVAL);
+  CHECK_RC(tide_kfac_config_parse("bucket_kb=-1", &kc), TIDE_EINVAL);
+  CHECK_OK(tide_kfac_config_parse("bucket_kb=0", &kc));
+  CHECK(kc.bucket_kb == 0 && d.bucket_kb == 0);
   CHECK_RC(tide_kfac_config_parse("max_dim=-3", &kc), TIDE_EINVAL);
   CHECK_RC(tide_kfac_config_parse("diag_dim=x", &kc), TIDE_EINVAL);
   CHECK_OK(tide_kfac_config_parse("diag_dim=512", &kc));
@@ -1035,6 +1181,8 @@ int main(int argc, char **argv) {
   CHECK(harness_run(&one, lowrank_main, NULL) == 0);
   CHECK(harness_run(&one, sample_trainer, NULL) == 0);
   test_distributed();
+  test_overlap();
+  test_killed();
   test_resume();
   test_async_replicas();
   harness_opts_t two = {.np = 2, .timeout_s = 120};

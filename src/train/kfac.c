@@ -28,6 +28,9 @@ typedef struct {
   float *sum[2];       /* this step's sums over micro-batches (upper triangles) */
   int added[2];        /* this micro-batch added to A / G */
   int micros[2];       /* micro-batches of this step that added */
+  size_t pk;           /* where its packed A, then G, sit in the factor allreduce's pack */
+  size_t bucket;       /* its bucket of the pack (config.bucket_kb) */
+  int late;            /* added to after its bucket's allreduce started (this step) */
   float *q[2], *d[2];  /* eigenvectors (rows) and eigenvalues; NULL where not ours */
   int decomposed;
   /* Spread: a layer too big for one rank (see spread_layers) is
@@ -54,8 +57,22 @@ struct tide__kfac {
   float *rows;       /* config.sample < 1: the sampled rows of one tide_trainer_kfac_add */
   size_t rows_cap;
   int rank, ranks;
-  float *pack;       /* factor allreduce: every packed factor, then 2 * nlayers counts */
-  size_t pack_len;
+  /* The factor allreduce: the pack holds the buckets in the order they
+   * start (the last layers first; layer order within one), then 2 *
+   * nlayers counts and, with more than one bucket, nlayers late flags.
+   * The last bucket (layer 0's), the counts and flags are all-reduced in
+   * the step; the others start during the backward pass (start_bucket),
+   * each its own nonblocking request, waited for in the step. */
+  float *pack;
+  size_t pack_len, count_off;
+  size_t nbuckets, started; /* buckets [0, started) are in flight this step */
+  size_t *bucket_off;       /* bucket b: pack[bucket_off[b], bucket_off[b + 1]) */
+  size_t *bucket_lo;        /* bucket b: layers[bucket_lo[b], bucket_hi(b)) */
+  tide_request_t **reqs;    /* of the started buckets; NULL where the start failed */
+  int start_rc;             /* the first failed start this step */
+  long started_step;        /* the step they were started in */
+  double start_s;           /* this step's time starting buckets (packing, submitting) */
+  long early, buckets;      /* the profile: buckets started inside tide_trainer_kfac_add, of all started */
   float *m, *p, *work; /* one layer's gradient, result and product scratch */
   float *send, *recv;  /* allgatherv of [P_l, dot_l] per layer, owners in rank order */
   size_t *counts;
@@ -119,7 +136,7 @@ void tide_kfac_config_default(tide_kfac_config_t *out) {
   if (out == NULL) return;
   *out = (tide_kfac_config_t){.factor_every = 10, .inverse_every = 50, .damping = 0.001f, .factor_decay = 0.95f,
                               .kl_clip = 0.001f, .distribute = 1, .sample = 0.25f, .max_dim = 0,
-                              .staleness = 0, .lowrank = 64, .lowrank_dim = 200};
+                              .staleness = 0, .lowrank = 64, .lowrank_dim = 200, .bucket_kb = 0};
 }
 
 /* The first field of c out of range, and why; NULL when all are fine. */
@@ -141,6 +158,8 @@ static const char *config_problem(const tide_kfac_config_t *c, const char **why)
            "staleness";
   if (c->lowrank < 1) return *why = "must be >= 1 (the eigenpairs a wide factor keeps)", "lowrank";
   if (c->lowrank_dim < 0) return *why = "must be >= 0 (0: every factor decomposed whole)", "lowrank_dim";
+  if (c->bucket_kb < 0 || c->bucket_kb > (1 << 21))
+    return *why = "must be in [0, 2097152] (0: one factor allreduce in the step)", "bucket_kb";
   return NULL;
 }
 
@@ -170,7 +189,7 @@ int tide_kfac_config_parse(const char *text, tide_kfac_config_t *inout) {
     int is_int = strcmp(key, "factor_every") == 0 || strcmp(key, "inverse_every") == 0 || strcmp(key, "distribute") == 0 ||
                  strcmp(key, "spread") == 0 || strcmp(key, "max_dim") == 0 ||
                  strcmp(key, "diag_dim") == 0 || strcmp(key, "staleness") == 0 || strcmp(key, "lowrank") == 0 ||
-                 strcmp(key, "lowrank_dim") == 0;
+                 strcmp(key, "lowrank_dim") == 0 || strcmp(key, "bucket_kb") == 0;
     if (end != p + n || end == p + eq + 1 || !isfinite(v) || (is_int && (v != floor(v) || fabs(v) > 1e9))) {
       TIDE_ERROR("K-FAC options: kfac.%s: \"%.*s\" is not a%s number", key, (int)(n - eq - 1), p + eq + 1,
                  is_int ? "n integer" : "");
@@ -194,6 +213,8 @@ int tide_kfac_config_parse(const char *text, tide_kfac_config_t *inout) {
       c.lowrank = (int)v;
     else if (strcmp(key, "lowrank_dim") == 0)
       c.lowrank_dim = (int)v;
+    else if (strcmp(key, "bucket_kb") == 0)
+      c.bucket_kb = (int)v;
     else if (strcmp(key, "sample") == 0)
       c.sample = (float)v;
     else if (strcmp(key, "damping") == 0)
@@ -204,7 +225,8 @@ int tide_kfac_config_parse(const char *text, tide_kfac_config_t *inout) {
       c.kl_clip = (float)v;
     else {
       TIDE_ERROR("K-FAC options: unknown key \"%s\" (use factor_every, inverse_every, damping, factor_decay, "
-                 "kl_clip, distribute, spread, sample, max_dim, diag_dim, lowrank, lowrank_dim, staleness)", key);
+                 "kl_clip, distribute, spread, sample, max_dim, diag_dim, lowrank, lowrank_dim, staleness, "
+                 "bucket_kb)", key);
       return TIDE_EINVAL;
     }
     p += n;
@@ -233,6 +255,9 @@ static void log_profile(const tide__kfac_t *k) {
     n += snprintf(line + n, sizeof line - (size_t)n, "; total %.3f; eigendecompositions per inverse step %.1f",
                   1e3 * total / (double)k->prof_steps,
                   k->prof_inverse_steps ? 1e3 * k->prof[EIGEN] / (double)k->prof_inverse_steps : 0.0);
+  if (k->buckets > 0 && n > 0 && (size_t)n < sizeof line)
+    n += snprintf(line + n, sizeof line - (size_t)n, "; factor allreduce buckets started in the backward pass %ld "
+                  "of %ld (the others at its end)", k->early, k->buckets);
   /* staleness > 0: the background jobs' own time (off the step), and the
    * part of the eigendecompositions stage spent waiting for them at a swap */
   if (k->jobs > 0 && n > 0 && (size_t)n < sizeof line)
@@ -309,6 +334,7 @@ static void start_job(tide__kfac_t *k, long step) {
 }
 
 static int share_spread(tide_trainer_t *tr, tide__kfac_t *k, size_t i);
+static int settle(tide__kfac_t *k);
 
 /* Swaps the pending decompositions in (every rank, at the same step). */
 static int swap_in(tide_trainer_t *tr, tide__kfac_t *k) {
@@ -342,6 +368,7 @@ static int any_pending(const tide__kfac_t *k) {
 void tide__kfac_destroy(tide__kfac_t *k) {
   if (k == NULL) return;
   (void)finish_job(k);
+  if (k->reqs != NULL) (void)settle(k); /* the pack is lent to them */
   log_profile(k);
   for (size_t i = 0; k->layers != NULL && i < k->nlayers; i++) {
     layer_t *l = &k->layers[i];
@@ -362,6 +389,9 @@ void tide__kfac_destroy(tide__kfac_t *k) {
   tide__free(k->rows);
   tide__free(k->at);
   tide__free(k->pack);
+  tide__free(k->bucket_off);
+  tide__free(k->bucket_lo);
+  tide__free(k->reqs);
   tide__free(k->m);
   tide__free(k->p);
   tide__free(k->work);
@@ -400,6 +430,43 @@ static int check_layer(tide_trainer_t *tr, size_t i, const tide_kfac_layer_t *d,
   if (why != NULL) return tide__trainer_fail(tr, TIDE_EINVAL, "tide_trainer_kfac: layers[%zu]: %s", i, why);
   used[d->weight] = 1;
   if (d->bias >= 0) used[d->bias] = 1;
+  return 0;
+}
+
+/* Bucket b's layers are [bucket_lo[b], bucket_hi(b)). */
+static size_t bucket_hi(const tide__kfac_t *k, size_t b) { return b == 0 ? k->nlayers : k->bucket_lo[b - 1]; }
+
+/* The factor allreduce's buckets (config.bucket_kb; one with one rank):
+ * layers from the last, a bucket closed once it holds bucket_kb KiB, the
+ * rest (with layer 0) the last; each layer's place in the pack. With one
+ * bucket the pack is the layers in order, then the counts, as it was
+ * before the buckets. */
+static int plan_buckets(tide__kfac_t *k) {
+  size_t n = k->nlayers, limit = k->ranks > 1 ? (size_t)k->config.bucket_kb * 1024 / sizeof(float) : 0, nb = 0;
+  k->bucket_lo = tide__malloc(n * sizeof *k->bucket_lo);
+  k->bucket_off = tide__malloc((n + 1) * sizeof *k->bucket_off);
+  k->reqs = tide__calloc(n, sizeof *k->reqs);
+  if (k->bucket_lo == NULL || k->bucket_off == NULL || k->reqs == NULL) return TIDE_ENOMEM;
+  size_t held = 0;
+  for (size_t i = n; limit > 0 && i-- > 1;) {
+    const layer_t *l = &k->layers[i];
+    held += a_packed(l) + tide__kfac_packed(l->dim_g);
+    if (held >= limit) k->bucket_lo[nb++] = i, held = 0;
+  }
+  k->bucket_lo[nb++] = 0;
+  k->nbuckets = nb;
+  size_t off = 0;
+  for (size_t b = 0; b < nb; b++) {
+    k->bucket_off[b] = off;
+    for (size_t i = k->bucket_lo[b]; i < bucket_hi(k, b); i++) {
+      k->layers[i].pk = off;
+      k->layers[i].bucket = b;
+      off += a_packed(&k->layers[i]) + tide__kfac_packed(k->layers[i].dim_g);
+    }
+  }
+  k->count_off = off;
+  k->pack_len = off + 2 * n + (nb > 1 ? n : 0);
+  k->bucket_off[nb] = k->pack_len;
   return 0;
 }
 
@@ -517,7 +584,7 @@ int tide_trainer_kfac(tide_trainer_t *tr, const tide_kfac_config_t *config, cons
   memcpy(k->descs, layers, nlayers * sizeof *layers);
   k->rank = tr->rank;
   k->ranks = tr->ranks;
-  size_t biggest = 0, packed = 0, total = 0;
+  size_t biggest = 0, total = 0;
   for (size_t i = 0; i < nlayers && rc == 0; i++) {
     if ((rc = check_layer(tr, i, &layers[i], used)) != 0) break;
     int max = config->max_dim;
@@ -544,7 +611,6 @@ int tide_trainer_kfac(tide_trainer_t *tr, const tide_kfac_config_t *config, cons
       if (low > scratch) scratch = low;
     }
     if (scratch > biggest) biggest = scratch;
-    packed += a_packed(l) + tide__kfac_packed(l->dim_g);
     total += layer_floats(l) + 1;
   }
   tide__free(used);
@@ -563,7 +629,7 @@ int tide_trainer_kfac(tide_trainer_t *tr, const tide_kfac_config_t *config, cons
     else if (lo_hi[0] != -lo_hi[1])
       rc = tide__trainer_fail(tr, TIDE_EINVAL, "tide_trainer_kfac: ranks passed different configs or layers");
   }
-  k->pack_len = packed + 2 * k->nlayers;
+  if (rc == 0) rc = plan_buckets(k);
   size_t own = 0;
   for (size_t i = 0; i < k->nlayers && rc == 0; i++) {
     layer_t *l = &k->layers[i];
@@ -644,6 +710,106 @@ int tide_trainer_kfac_wanted(const tide_trainer_t *tr) {
   return tr != NULL && tr->in_step && factor_step(tr);
 }
 
+/* ---- the factor allreduce, bucket by bucket (config.bucket_kb) ------------ */
+
+/* Packs layer l's sums (upper triangles, or a diagonal A) at p, scaled to
+ * the mean over the micro-batches that added (this one included). */
+static void pack_layer(const layer_t *l, float *p) {
+  for (int f = 0; f < 2; f++) {
+    int dim = f == TIDE_KFAC_A ? l->dim_a : l->dim_g, n = l->micros[f] + l->added[f];
+    float scale = n > 0 ? 1.0f / (float)n : 0.0f;
+    if (f == TIDE_KFAC_A && l->diag)
+      for (int j = 0; j < dim; j++) p[j] = l->sum[f][j] * scale;
+    else
+      tide__kfac_pack(l->sum[f], dim, scale, p);
+    p += f == TIDE_KFAC_A ? a_packed(l) : tide__kfac_packed(dim);
+  }
+}
+
+/* Packs the next bucket and starts its allreduce. Every rank starts the
+ * buckets in the same order, all of them before the step's gradient
+ * exchange (the last micro-batch's end starts those left), so the
+ * collectives match whatever each rank's backward pass added. A failed
+ * start is kept for the step to report; the later buckets are then not
+ * started. */
+static void start_bucket(tide_trainer_t *tr, tide__kfac_t *k) {
+  int64_t t = tide__now_ns(), t0 = t;
+  size_t b = k->started++;
+  k->buckets++;
+  for (size_t i = k->bucket_lo[b]; i < bucket_hi(k, b); i++) pack_layer(&k->layers[i], k->pack + k->layers[i].pk);
+  lap(k, BLEND, &t);
+  k->started_step = tr->step;
+  k->reqs[b] = NULL;
+  if (k->start_rc == 0) {
+    float *p = k->pack + k->bucket_off[b];
+    k->start_rc = tide_iallreduce(tr->comm, p, p, k->bucket_off[b + 1] - k->bucket_off[b], TIDE_F32, TIDE_SUM,
+                                  &k->reqs[b]);
+    if (k->start_rc != 0) k->reqs[b] = NULL;
+  }
+  lap(k, ALLREDUCE, &t);
+  k->start_s += (double)(t - t0) * 1e-9;
+}
+
+/* Waits for the started buckets' requests and frees them; the first
+ * failure (a failed start first). After it nothing is in flight. */
+static int settle(tide__kfac_t *k) {
+  int rc = k->start_rc;
+  for (size_t b = 0; b < k->started; b++) {
+    if (k->reqs[b] == NULL) continue;
+    int r = tide_wait(k->reqs[b]);
+    k->reqs[b] = NULL;
+    if (rc == 0) rc = r;
+  }
+  k->started = 0;
+  k->start_rc = 0;
+  return rc;
+}
+
+/* A step left before its stage (a failed step, an elastic change): its
+ * requests waited for, its sums dropped. */
+static void drop_step(tide__kfac_t *k) {
+  (void)settle(k);
+  for (size_t i = 0; i < k->nlayers; i++) {
+    layer_t *l = &k->layers[i];
+    for (int f = 0; f < 2; f++) {
+      memset(l->sum[f], 0, (f == TIDE_KFAC_A ? a_floats(l) : (size_t)l->dim_g * l->dim_g) * sizeof(float));
+      l->added[f] = l->micros[f] = 0;
+    }
+    l->late = 0;
+  }
+}
+
+void tide__kfac_abandon(tide__kfac_t *k) {
+  if (k != NULL) drop_step(k);
+}
+
+/* Buckets still out from an earlier step that never reached its stage (a
+ * step that failed and was not abandoned): waited for, their late marks
+ * dropped; the sums stay, as they did before the buckets. */
+static void settle_stale(const tide_trainer_t *tr, tide__kfac_t *k) {
+  if (k->started == 0 || k->started_step == tr->step) return;
+  (void)settle(k);
+  for (size_t i = 0; i < k->nlayers; i++) k->layers[i].late = 0;
+}
+
+/* Before tide_trainer_kfac_add adds to layer li (of layers) on a factor
+ * step's last micro-batch: starts each bucket in turn that the backward
+ * pass has left (li is not in it) with A and G of all its layers added in
+ * this micro-batch; marks li late if its bucket has already started. */
+static void overlap_poll(tide_trainer_t *tr, tide__kfac_t *k, size_t li) {
+  if (k->nbuckets < 2 || tr->micro != tr->micro_count - 1) return;
+  settle_stale(tr, k);
+  while (k->started < k->nbuckets - 1) {
+    size_t b = k->started;
+    if (li >= k->bucket_lo[b] && li < bucket_hi(k, b)) break;
+    for (size_t i = k->bucket_lo[b]; i < bucket_hi(k, b); i++)
+      if (!k->layers[i].added[TIDE_KFAC_A] || !k->layers[i].added[TIDE_KFAC_G]) return;
+    start_bucket(tr, k);
+    k->early++;
+  }
+  if (k->layers[li].bucket < k->started) k->layers[li].late = 1;
+}
+
 int tide_trainer_kfac_add(tide_trainer_t *tr, size_t layer, tide_kfac_factor_t factor, const float *x, size_t rows,
                           size_t ld, int transposed, float weight) {
   if (tr == NULL) {
@@ -676,6 +842,7 @@ int tide_trainer_kfac_add(tide_trainer_t *tr, size_t layer, tide_kfac_factor_t f
     return tide__trainer_fail(tr, TIDE_EINVAL, "tide_trainer_kfac_add(layer %zu, factor %d): %s", layer, (int)factor,
                               why);
   if (k->index[layer] < 0) return 0; /* not preconditioned (config.max_dim) */
+  overlap_poll(tr, k, (size_t)k->index[layer]);
   int64_t t0 = tide__now_ns();
   layer_t *l = &k->layers[k->index[layer]];
   int dim = factor == TIDE_KFAC_A ? l->dim_a : l->dim_g;
@@ -706,8 +873,12 @@ int tide_trainer_kfac_add(tide_trainer_t *tr, size_t layer, tide_kfac_factor_t f
   return 0;
 }
 
-void tide__kfac_micro_end(tide__kfac_t *k) {
+void tide__kfac_micro_end(tide_trainer_t *tr, tide__kfac_t *k) {
   if (k == NULL) return;
+  if (k->nbuckets > 1 && factor_step(tr) && tr->micro == tr->micro_count - 1) {
+    settle_stale(tr, k);
+    while (k->started < k->nbuckets - 1) start_bucket(tr, k);
+  }
   for (size_t i = 0; i < k->nlayers; i++)
     for (int f = 0; f < 2; f++) {
       k->layers[i].micros[f] += k->layers[i].added[f];
@@ -715,30 +886,44 @@ void tide__kfac_micro_end(tide__kfac_t *k) {
     }
 }
 
-/* All-reduces the step's factors and folds them into the running averages. */
+/* All-reduces the step's factors and folds them into the running averages:
+ * the last bucket, the counts and the late flags here (after the buckets
+ * started during the backward pass, which the blocking call waits for),
+ * then again, whole, each layer some rank added to after its bucket left. */
 static int update_factors(tide_trainer_t *tr, tide__kfac_t *k) {
   int64_t t = tide__now_ns();
-  float *p = k->pack, *counts = k->pack + k->pack_len - 2 * k->nlayers;
-  for (size_t i = 0; i < k->nlayers; i++) {
+  settle_stale(tr, k);
+  while (k->started + 1 < k->nbuckets) start_bucket(tr, k); /* none: the last micro-batch's end started them */
+  size_t last = k->nbuckets - 1, n = k->nlayers;
+  float *counts = k->pack + k->count_off, *late = counts + 2 * n;
+  for (size_t i = k->bucket_lo[last]; i < bucket_hi(k, last); i++)
+    pack_layer(&k->layers[i], k->pack + k->layers[i].pk);
+  for (size_t i = 0; i < n; i++) {
     layer_t *l = &k->layers[i];
-    for (int f = 0; f < 2; f++) {
-      int dim = f == TIDE_KFAC_A ? l->dim_a : l->dim_g, n = l->micros[f];
-      float scale = n > 0 ? 1.0f / (float)n : 0.0f;
-      if (f == TIDE_KFAC_A && l->diag)
-        for (int j = 0; j < dim; j++) p[j] = l->sum[f][j] * scale;
-      else
-        tide__kfac_pack(l->sum[f], dim, scale, p);
-      p += f == TIDE_KFAC_A ? a_packed(l) : tide__kfac_packed(dim);
-      counts[2 * i + f] = n > 0 ? 1.0f : 0.0f;
-    }
+    for (int f = 0; f < 2; f++) counts[2 * i + f] = l->micros[f] > 0 ? 1.0f : 0.0f;
+    if (k->nbuckets > 1) late[i] = l->late ? 1.0f : 0.0f;
   }
   lap(k, BLEND, &t);
-  int rc = tide_allreduce(tr->comm, k->pack, k->pack, k->pack_len, TIDE_F32, TIDE_SUM);
-  if (rc != 0) return tide__trainer_fail(tr, rc, "K-FAC factor allreduce: %s", tide_comm_last_error(tr->comm));
+  size_t off = k->bucket_off[last];
+  int rc = k->start_rc != 0 ? 0 : tide_allreduce(tr->comm, k->pack + off, k->pack + off, k->pack_len - off, TIDE_F32,
+                                                 TIDE_SUM);
+  int waited = settle(k);
+  if (rc == 0) rc = waited;
+  for (size_t i = 0; rc == 0 && k->nbuckets > 1 && i < n; i++) {
+    const layer_t *l = &k->layers[i];
+    if (late[i] == 0) continue;
+    float *p = k->pack + l->pk;
+    pack_layer(l, p);
+    rc = tide_allreduce(tr->comm, p, p, a_packed(l) + tide__kfac_packed(l->dim_g), TIDE_F32, TIDE_SUM);
+  }
+  if (rc != 0) {
+    drop_step(k);
+    return tide__trainer_fail(tr, rc, "K-FAC factor allreduce: %s", tide_comm_last_error(tr->comm));
+  }
   lap(k, ALLREDUCE, &t);
-  p = k->pack;
-  for (size_t i = 0; i < k->nlayers; i++) {
+  for (size_t i = 0; i < n; i++) {
     layer_t *l = &k->layers[i];
+    float *p = k->pack + l->pk;
     for (int f = 0; f < 2; f++) {
       int dim = f == TIDE_KFAC_A ? l->dim_a : l->dim_g;
       float ranks = counts[2 * i + f];
@@ -754,6 +939,7 @@ static int update_factors(tide_trainer_t *tr, tide__kfac_t *k) {
       memset(l->sum[f], 0, (diag ? a_floats(l) : (size_t)dim * dim) * sizeof(float));
       l->micros[f] = 0;
     }
+    l->late = 0;
   }
   lap(k, BLEND, &t);
   k->prof_factor_steps++;
@@ -928,10 +1114,10 @@ int tide__kfac_stage(tide_trainer_t *tr, tide__kfac_t *k, const tide__mean_t *me
     scatter(l, l->spread ? l->pw : k->recv + k->at[i], nu, grad);
   }
   lap(k, APPLY, &t);
-  out->kfac_s += (double)(tide__now_ns() - t0) * 1e-9 + k->add_s;
+  out->kfac_s += (double)(tide__now_ns() - t0) * 1e-9 + k->add_s + k->start_s;
   k->prof[STATS] += k->add_s;
   k->prof_steps++;
-  k->add_s = 0;
+  k->add_s = k->start_s = 0;
   return 0;
 }
 

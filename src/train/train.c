@@ -211,6 +211,7 @@ void tide__trainer_abandon_step(tide_trainer_t *tr) {
   tr->in_step = 0;
   tr->micro_handed = 0;
   tr->accumulated = 0;
+  tide__kfac_abandon(tr->kfac);
   tide__exchange_close_all(tr);
 }
 
@@ -366,7 +367,7 @@ static void add_micro(tide_trainer_t *tr, double loss) {
     double sq = accumulate(tr, (float)c, full && tr->config.tensor_stats ? tr->monitor.tensor_sq : NULL);
     tide__step_monitor_micro(&tr->monitor, (double)c, loss, sq, full);
   }
-  tide__kfac_micro_end(tr->kfac);
+  tide__kfac_micro_end(tr, tr->kfac);
   tr->micro++;
 }
 

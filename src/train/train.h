@@ -93,8 +93,13 @@ typedef struct {
 /* The K-FAC stage (src/train/kfac.c): its state k (tr->kfac) is made by
  * tide_trainer_kfac and freed here (NULL accepted). */
 void tide__kfac_destroy(tide__kfac_t *k);
-/* At the end of each micro-batch: counts the factors it added to. */
-void tide__kfac_micro_end(tide__kfac_t *k);
+/* At the end of each micro-batch: counts the factors it added to; at a
+ * factor step's last, starts the factor allreduce's buckets not yet
+ * started (before the gradient exchange, on every rank). */
+void tide__kfac_micro_end(tide_trainer_t *tr, tide__kfac_t *k);
+/* A step left before its K-FAC stage: waits for its factor allreduce
+ * requests and drops its factor sums (NULL accepted). */
+void tide__kfac_abandon(tide__kfac_t *k);
 /* The rows' precondition stage: factors, eigendecompositions,
  * preconditioning of mean->whole in place, sharing. Collective.
  * out->kfac_s gets the stage's time plus this step's tide_trainer_kfac_add
