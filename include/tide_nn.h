@@ -99,7 +99,8 @@ int nn_kfac_layers(const nn_model_t *m, tide_kfac_layer_t *out);
 /* Receives one layer's factor data during nn_forward_backward, in the
  * form tide_trainer_kfac_add takes (so a hook may just forward to it): A
  * gets the layer's input, dense [batch][in] rows; conv its im2col patches
- * [in_c*k*k][rows] (transposed), a chunk of the batch at a time. G gets the
+ * [in_c*k*k][rows] (transposed), a chunk of the batch at a time (the chunks
+ * its backward pass forms the weight gradient from; G comes first). G gets the
  * gradient of the mean loss at the layer's output (behind its ReLU): dense
  * [batch][out], conv [out][batch*oh*ow] (transposed). weight makes the
  * factors the per-sample Fisher's, independent of the batch (kfac-pytorch's

@@ -22,6 +22,7 @@
 
 #include "core/core.h"
 #include "harness.h"
+#include "nn/layers.h"
 #include "nn/nn.h"
 #include "optim/kfac.h"
 
@@ -876,6 +877,133 @@ static int sample_trainer(int rank, int size, void *arg) {
   return 0;
 }
 
+/* The conv layer's A from its backward pass's own im2col chunks (the hook
+ * is called once per chunk, as the weight gradient is formed from it),
+ * against one separate im2col of the whole batch (nn__conv_patches: the
+ * path before the fusion) and one SYRK; the weight gradient is the same
+ * bits with and without the hook. Through the trainer (one step,
+ * factor_decay 0): sample 1 gives that factor, and sample 0.25, drawn per
+ * chunk, about a quarter of the rows and the factor's scale. */
+enum { FUSED_BATCH = DATASET, CONV_A = 10 }; /* conv 1 -> 4, 3x3, 28x28: chunks of 37 samples */
+
+typedef struct {
+  float a[CONV_A * CONV_A];
+  int calls;
+  size_t rows, sampled; /* rows handed over; what sample 0.25 takes of them */
+} conv_a_t;
+
+static int record_conv_a(void *ctx, size_t layer, tide_kfac_factor_t factor, const float *x, size_t rows, size_t ld,
+                         int transposed, float weight) {
+  conv_a_t *c = ctx;
+  if (layer != 0 || factor != TIDE_KFAC_A) return 0;
+  CHECK(transposed && ld == rows);
+  tide__kfac_syrk(c->a, CONV_A, 1, x, rows, ld, 1, weight);
+  c->calls++;
+  c->rows += rows;
+  c->sampled += tide__kfac_sample_count(rows, 0.25f, NULL);
+  return 0;
+}
+
+/* max |a - b| over the upper triangle of two dim x dim matrices, over max |b| there */
+static double upper_diff(const float *a, const float *b, int dim) {
+  double diff = 0, scale = 0;
+  for (int i = 0; i < dim; i++)
+    for (int j = i; j < dim; j++) {
+      diff = fmax(diff, fabs((double)a[i * dim + j] - b[i * dim + j]));
+      scale = fmax(scale, fabs((double)b[i * dim + j]));
+    }
+  return diff / scale;
+}
+
+static int fused_patches(int rank, int size, void *arg) {
+  (void)rank, (void)size, (void)arg;
+  enum { B = FUSED_BATCH, POS = 28 * 28 };
+  float *images = malloc(sizeof(float) * DATASET * NN_IMAGE_SIZE), *col = malloc(sizeof(float) * 9 * B * POS);
+  int32_t labels[DATASET];
+  CHECK(images != NULL && col != NULL);
+  make_data(images, labels, DATASET);
+  /* the old path: the whole batch's patches at once */
+  nn__conv_t conv = {.cin = 1, .cout = 4, .k = 3, .pad = 1, .h = 28, .w = 28, .oh = 28, .ow = 28};
+  float ref[CONV_A * CONV_A] = {0};
+  nn__conv_patches(&conv, B, 0, B, images, col);
+  tide__kfac_syrk(ref, CONV_A, 1, col, (size_t)B * POS, (size_t)B * POS, 1, 1.0f / (float)(B * POS));
+  /* the backward pass's chunks */
+  nn_model_t *m;
+  CHECK_OK(nn_model_create(ARCH, B, 7, &m));
+  size_t np = nn_param_count(m);
+  float loss, *plain = malloc(np * sizeof(float));
+  CHECK(plain != NULL);
+  CHECK_OK(nn_forward_backward(m, images, labels, B, &loss));
+  memcpy(plain, nn_grads(m), np * sizeof(float));
+  conv_a_t got;
+  memset(&got, 0, sizeof got);
+  nn_set_kfac_hook(m, record_conv_a, &got);
+  CHECK_OK(nn_forward_backward(m, images, labels, B, &loss));
+  CHECK(memcmp(plain, nn_grads(m), np * sizeof(float)) == 0);
+  double d = upper_diff(got.a, ref, CONV_A);
+  fprintf(stderr, "conv A from the backward pass's %d im2col chunks against one separate im2col: max rel diff %.3g\n",
+          got.calls, d);
+  CHECK(got.calls == (B + 36) / 37 && got.rows == (size_t)B * POS);
+  CHECK(d <= 1e-5);
+  CHECK(got.sampled >= (size_t)B * POS / 4 && got.sampled <= (size_t)B * POS / 4 + (size_t)got.calls);
+  nn_model_destroy(m);
+  /* through the trainer, sample 1 and 0.25 */
+  tide_comm_t *comm;
+  CHECK_OK(tide_comm_init(&comm));
+  float a[2][CONV_A * CONV_A];
+  for (int t = 0; t < 2; t++) {
+    tide_trainer_t *tr;
+    tide_kfac_layer_t layers[3];
+    CHECK_OK(nn_model_create(ARCH, B, 7, &m));
+    size_t ntensors;
+    const tide_tensor_t *tensors = nn_tensors(m, &ntensors);
+    tide_trainer_config_t c;
+    tide_trainer_config_default(&c);
+    c.dataset_size = DATASET;
+    c.batch = B;
+    CHECK_OK(tide_trainer_create(comm, &c, nn_params(m), nn_grads(m), nn_param_count(m), tensors, ntensors, &tr));
+    CHECK_OK(nn_kfac_layers(m, layers));
+    tide_kfac_config_t kc;
+    tide_kfac_config_default(&kc);
+    kc.factor_every = kc.inverse_every = 1;
+    kc.factor_decay = 0;
+    kc.staleness = 0;
+    kc.lowrank_dim = 0;
+    kc.sample = t == 0 ? 1.0f : 0.25f;
+    CHECK_OK(tide_trainer_kfac(tr, &kc, layers, 3));
+    tide_batch_t b;
+    tide_step_stats_t st;
+    CHECK_OK(tide_trainer_next(tr, &b));
+    nn_set_kfac_hook(m, hook, tr);
+    CHECK_OK(nn_forward_backward(m, images, labels, B, &loss));
+    CHECK_OK(tide_trainer_step(tr, loss, &st));
+    size_t len = tide_trainer_state_size(tr), kfac = 0;
+    for (int i = 0; i < 3; i++) {
+      size_t na = (size_t)layers[i].in_dim + 1, ng = (size_t)layers[i].out_dim;
+      kfac += (na * na + ng * ng + 1 + na * (na + 1) + ng * (ng + 1)) * sizeof(float);
+    }
+    char *state = malloc(len);
+    CHECK(state != NULL && kfac < len);
+    CHECK_OK(tide_trainer_state_get(tr, state, len));
+    memcpy(a[t], state + len - kfac, sizeof a[t]); /* layer 0's A comes first */
+    free(state);
+    tide_trainer_destroy(tr);
+    nn_model_destroy(m);
+  }
+  double full = upper_diff(a[0], ref, CONV_A), sampled = upper_diff(a[1], ref, CONV_A), tr_full = 0, tr_sampled = 0;
+  for (int j = 0; j < CONV_A; j++) tr_full += a[0][j * CONV_A + j], tr_sampled += a[1][j * CONV_A + j];
+  fprintf(stderr, "through the trainer: conv A, sample 1 against the separate im2col: max rel diff %.3g; sample "
+          "0.25 (%zu of %zu rows): max rel diff %.3g, trace ratio %.4f\n", full, got.sampled, got.rows, sampled,
+          tr_sampled / tr_full);
+  CHECK(full <= 1e-5);
+  CHECK(sampled <= 0.05 && fabs(tr_sampled / tr_full - 1) <= 0.05);
+  tide_comm_destroy(comm);
+  free(plain);
+  free(images);
+  free(col);
+  return 0;
+}
+
 /* A layer wider than max_dim keeps its plain gradient: one step of SGD with
  * max_dim 100 (the 785-wide dense layer left out) moves that layer exactly
  * as a run without K-FAC does and the other layers not; on 1 and 2 ranks
@@ -1180,6 +1308,7 @@ int main(int argc, char **argv) {
   test_diag();
   CHECK(harness_run(&one, lowrank_main, NULL) == 0);
   CHECK(harness_run(&one, sample_trainer, NULL) == 0);
+  CHECK(harness_run(&one, fused_patches, NULL) == 0);
   test_distributed();
   test_overlap();
   test_killed();

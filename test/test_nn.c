@@ -183,7 +183,7 @@ static void test_conv_shape(int cin, int cout, int k, int pad, int h, int w, int
   for (size_t i = 0; i < ny; i++) CHECK(y2[i] == (y[i] > 0 ? y[i] : 0.0f));
 
   nn__conv_forward(&c, batch, x, wt, b, 0, col, y);
-  nn__conv_backward(&c, batch, x, col, wt, r, dw, db, dx);
+  CHECK(nn__conv_backward(&c, batch, x, col, wt, r, dw, db, dx, NULL, NULL) == 0);
   struct {
     const char *name;
     float *v, *g;
@@ -207,7 +207,7 @@ static void test_conv_shape(int cin, int cout, int k, int pad, int h, int w, int
     }
   }
   /* Without dx (first layer) the parameter gradients are the same. */
-  nn__conv_backward(&c, batch, x, col, wt, r, dw2, db, NULL);
+  CHECK(nn__conv_backward(&c, batch, x, col, wt, r, dw2, db, NULL, NULL, NULL) == 0);
   for (size_t i = 0; i < nw; i++) expect_close("conv dW without dx", i, dw2[i], dw[i], 1e-6, 1e-6);
   free(x), free(wt), free(b), free(y), free(y2), free(r), free(col), free(dw), free(db), free(dx), free(dw2);
   free(ref);

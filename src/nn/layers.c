@@ -276,8 +276,6 @@ NN_HOT static void col2im(const nn__conv_t *c, int batch, int b0, int nb, float 
   }
 }
 
-int nn__conv_chunk(const nn__conv_t *c, int batch) { return chunk_samples(c, batch); }
-
 void nn__conv_patches(const nn__conv_t *c, int batch, int b0, int nb, const float *x, float *col) {
   im2col(c, batch, b0, nb, x, col);
 }
@@ -312,8 +310,8 @@ void nn__conv_forward(const nn__conv_t *c, int batch, const float *x, const floa
   if (relu) relu_inplace(y, (size_t)c->cout * n);
 }
 
-void nn__conv_backward(const nn__conv_t *c, int batch, const float *x, float *scratch, const float *w,
-                       const float *dy, float *dw, float *db, float *dx) {
+int nn__conv_backward(const nn__conv_t *c, int batch, const float *x, float *scratch, const float *w,
+                      const float *dy, float *dw, float *db, float *dx, nn__patches_cb patches, void *ctx) {
   const int kk = c->cin * c->k * c->k, chunk = chunk_samples(c, batch);
   const size_t oplane = (size_t)c->oh * c->ow, n = (size_t)batch * oplane;
   const int small = (size_t)c->cout * kk <= 1024;
@@ -324,6 +322,8 @@ void nn__conv_backward(const nn__conv_t *c, int batch, const float *x, float *sc
     const float *dyc = dy + (size_t)b0 * oplane;
     /* The forward pass's im2col again, cheaper than keeping it. */
     im2col(c, batch, b0, nb, x, scratch);
+    int rc = patches != NULL ? patches(ctx, scratch, cols) : 0;
+    if (rc != 0) return rc;
     if (small)
       gemm_nt_small(c->cout, kk, cols, dyc, n, scratch, cols, b0 > 0, dw);
     else
@@ -334,6 +334,7 @@ void nn__conv_backward(const nn__conv_t *c, int batch, const float *x, float *sc
     nn__sgemm(1, 0, kk, (int)cols, c->cout, 1.0f, w, kk, dyc, (int)n, 0.0f, scratch, (int)cols);
     col2im(c, batch, b0, nb, scratch, dx);
   }
+  return 0;
 }
 
 /* ---- max-pool 2x2 ---------------------------------------------------------------- */

@@ -48,15 +48,22 @@ size_t nn__conv_scratch_size(const nn__conv_t *c, int batch);
 /* x [cin][B][h][w] -> y [cout][B][oh][ow]. */
 void nn__conv_forward(const nn__conv_t *c, int batch, const float *x, const float *w,
                       const float *b, int relu, float *scratch, float *y);
+/* Receives each chunk's im2col matrix during nn__conv_backward: col
+ * [(ci,kh,kw)][cols], cols = nb*oh*ow of the chunk's samples (K-FAC's A
+ * rows for a convolution, KFC). col is valid during the call only. A
+ * non-zero return stops the backward pass, which returns it. */
+typedef int (*nn__patches_cb)(void *ctx, const float *col, size_t cols);
 /* dy [cout][B][oh][ow], ReLU mask already applied; x is the forward pass's
- * input. dx [cin][B][h][w] may be NULL (first layer). */
-void nn__conv_backward(const nn__conv_t *c, int batch, const float *x, float *scratch, const float *w,
-                       const float *dy, float *dw, float *db, float *dx);
+ * input. dx [cin][B][h][w] may be NULL (first layer). patches (NULL: none)
+ * gets each chunk's im2col matrix, the one the weight gradient is formed
+ * from: no second im2col pass for K-FAC. 0, or patches' non-zero return
+ * (dw, dx then incomplete). */
+int nn__conv_backward(const nn__conv_t *c, int batch, const float *x, float *scratch, const float *w,
+                      const float *dy, float *dw, float *db, float *dx, nn__patches_cb patches, void *ctx);
 
-/* K-FAC's view of a convolution (KFC): samples per im2col chunk for a
- * batch, and the chunk of nb samples from b0 as col[(ci,kh,kw)][nb*oh*ow]
- * (nn__conv_scratch_size floats suffice). */
-int nn__conv_chunk(const nn__conv_t *c, int batch);
+/* The chunk of nb samples from b0 as col[(ci,kh,kw)][nb*oh*ow]
+ * (nn__conv_scratch_size floats suffice): what nn__conv_backward hands
+ * patches, for tests to compare against. */
 void nn__conv_patches(const nn__conv_t *c, int batch, int b0, int nb, const float *x, float *col);
 
 /* ---- max-pool 2x2 stride 2 over planes [P][h][w] -> [P][h/2][w/2] ----------- */

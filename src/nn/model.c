@@ -403,13 +403,29 @@ static const float *forward(nn_model_t *m, const float *x, int batch) {
   return in;
 }
 
+/* What the K-FAC hook gets for a conv layer's A: its im2col chunks, handed
+ * over by nn__conv_backward as it forms the weight gradient from them. */
+typedef struct {
+  nn_model_t *m;
+  size_t index;
+  float weight;
+} patches_t;
+
+static int feed_patches(void *ctx, const float *col, size_t cols) {
+  const patches_t *p = ctx;
+  return p->m->kfac_fn(p->m->kfac_ctx, p->index, TIDE_KFAC_A, col, cols, cols, 1, p->weight);
+}
+
 /* Hands K-FAC hook layer `index` (counted over dense and conv layers) its
  * input and its masked output gradient dout, weighted so that the factors
  * are the per-sample Fisher's whatever the batch: dout is the gradient of
  * the mean loss, batch times smaller than a sample's, so G's weight is
  * batch^2 / batch; a conv's s = oh*ow positions count as samples for A,
- * and G keeps their sum (KFC's |T| factor). */
-static int kfac_feed(nn_model_t *m, const layer_t *l, size_t index, const float *dout, int batch) {
+ * and G keeps their sum (KFC's |T| factor). A conv's A goes later, chunk
+ * by chunk from its backward pass (feed_patches): *patches gets what that
+ * needs. */
+static int kfac_feed(nn_model_t *m, const layer_t *l, size_t index, const float *dout, int batch,
+                     patches_t *patches) {
   nn_kfac_cb fn = m->kfac_fn;
   int rc;
   float wg = (float)batch;
@@ -418,17 +434,9 @@ static int kfac_feed(nn_model_t *m, const layer_t *l, size_t index, const float 
     return fn(m->kfac_ctx, index, TIDE_KFAC_A, l->in, (size_t)batch, (size_t)l->c, 0, 1.0f / (float)batch);
   }
   const nn__conv_t *c = &l->conv;
-  size_t s = (size_t)c->oh * c->ow, n = (size_t)batch * s;
-  float wa = (float)(1.0 / (double)n);
-  if ((rc = fn(m->kfac_ctx, index, TIDE_KFAC_G, dout, n, n, 1, wg)) != 0) return rc;
-  int chunk = nn__conv_chunk(c, batch);
-  for (int b0 = 0; b0 < batch; b0 += chunk) {
-    int nb = batch - b0 < chunk ? batch - b0 : chunk;
-    size_t cols = (size_t)nb * s;
-    nn__conv_patches(c, batch, b0, nb, l->in, m->scratch);
-    if ((rc = fn(m->kfac_ctx, index, TIDE_KFAC_A, m->scratch, cols, cols, 1, wa)) != 0) return rc;
-  }
-  return 0;
+  size_t n = (size_t)batch * c->oh * c->ow;
+  *patches = (patches_t){.m = m, .index = index, .weight = (float)(1.0 / (double)n)};
+  return fn(m->kfac_ctx, index, TIDE_KFAC_G, dout, n, n, 1, wg);
 }
 
 /* Runs layer i backward: dout is the gradient at its output (a ReLU's mask
@@ -443,11 +451,14 @@ static int layer_backward(nn_model_t *m, int i, int batch, float *dout, float *d
   float *gw = m->grads + l->w_off, *gb = m->grads + l->b_off;
   size_t outs = layer_out_size(l) * (size_t)batch;
   switch (l->kind) {
-    case LAYER_CONV:
+    case LAYER_CONV: {
+      patches_t patches;
       if (l->relu && !l->relu_by_pool) nn__relu_backward(l->y, dout, outs);
-      if (kfac_index >= 0) TIDE_CHECK(kfac_feed(m, l, (size_t)kfac_index, dout, batch));
-      nn__conv_backward(&l->conv, batch, l->in, m->scratch, wt, dout, gw, gb, dx);
+      if (kfac_index >= 0) TIDE_CHECK(kfac_feed(m, l, (size_t)kfac_index, dout, batch, &patches));
+      TIDE_CHECK(nn__conv_backward(&l->conv, batch, l->in, m->scratch, wt, dout, gw, gb, dx,
+                                   kfac_index >= 0 ? feed_patches : NULL, &patches));
       break;
+    }
     case LAYER_POOL:
       nn__maxpool_backward(dout, l->y, l->arg, (size_t)l->c * batch, l->h, l->w, l->pool_masks, dx);
       break;
@@ -459,7 +470,7 @@ static int layer_backward(nn_model_t *m, int i, int batch, float *dout, float *d
       break;
     case LAYER_DENSE:
       if (l->relu) nn__relu_backward(l->y, dout, outs);
-      if (kfac_index >= 0) TIDE_CHECK(kfac_feed(m, l, (size_t)kfac_index, dout, batch));
+      if (kfac_index >= 0) TIDE_CHECK(kfac_feed(m, l, (size_t)kfac_index, dout, batch, NULL));
       nn__dense_backward(l->in, wt, dout, batch, l->c, l->oc, gw, gb, dx);
       break;
   }
