@@ -1393,7 +1393,8 @@ typedef struct {
   float kl_clip;      /* > 0: KL clipping as above; 0: off (default 0.001) */
   int distribute;     /* 1 (default): KAISA's layer-wise distribution: each layer's
                          eigendecompositions and preconditioning run on one rank
-                         (greedy by cost, dim_A^3 + dim_G^3) and the preconditioned
+                         (greedy by cost: dim_A^3 + dim_G^3 at first, then measured
+                         seconds with rebalance) and the preconditioned
                          gradients are all-gathered. 0: every rank does every layer */
   int spread;         /* 1: with distribute and more than one rank, a layer whose
                          preconditioning is over 1/ranks of all layers' has its rows
@@ -1472,6 +1473,15 @@ typedef struct {
                          tide_trainer_step (0 if it must). 0: one allreduce in the
                          step (docs/adaptation.md, "The factor allreduce during the
                          backward pass") */
+  int rebalance;      /* 1 (default): with distribute and more than one rank, at each
+                         inverse step after the first the owners share what their
+                         layers cost them (the decompositions' seconds over
+                         inverse_every, plus the mean preconditioning seconds a step),
+                         and the layers are reassigned greedily by those measured
+                         costs when that takes more than a tenth off the busiest
+                         rank's load (rank 0 logs the new owners at INFO). Which rank
+                         owns a layer changes no bit of the result. 0: the owners
+                         stay those of the cost formula */
 } tide_kfac_config_t;
 
 /* One dense or conv layer: its weight tensor [out, in] or [out, c, kh, kw]

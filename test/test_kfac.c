@@ -25,6 +25,7 @@
 #include "nn/layers.h"
 #include "nn/nn.h"
 #include "optim/kfac.h"
+#include "train/train.h"
 
 static const char *const ARCH = "conv:4:3:1,relu,pool,flatten,dense:16,relu,dense:10";
 enum { DATASET = 96 };
@@ -74,6 +75,9 @@ typedef struct {
   int lowrank_dim, lowrank; /* config's; 0: every A whole */
   int bucket_kb;   /* > 0: config.bucket_kb; < 0: 0 (one factor allreduce in the step); 0 keeps the default */
   int hook_mode;   /* HOOK_* */
+  int no_rebalance; /* config.rebalance = 0 */
+  const double *fake_costs; /* per layer: the seconds a step the owners report (tide__kfac_fake_costs) */
+  int owners[3];    /* owners_main: the owners expected after the run */
   const char *out; /* each rank writes its final parameters to out.rankR */
   float *params0;  /* if non-NULL, gets the initial parameters (rank 0) */
 } run_t;
@@ -116,11 +120,13 @@ static int run_training(tide_comm_t *comm, const run_t *r, nn_model_t **model_ou
   if (r->bucket_kb != 0) kc.bucket_kb = r->bucket_kb > 0 ? r->bucket_kb : 0;
   hook_mode = r->hook_mode;
   hook_rank = tide_comm_rank(comm);
+  kc.rebalance = !r->no_rebalance;
   tide_kfac_layer_t layers[8];
   CHECK(nn_kfac_layer_count(m) == 3);
   CHECK_OK(nn_kfac_layers(m, layers));
   CHECK(layers[0].in_dim == 9 && layers[0].out_dim == 4 && layers[1].in_dim == 784 && layers[2].in_dim == 16);
   if (!r->no_kfac) CHECK_OK(tide_trainer_kfac(tr, &kc, layers, 3));
+  if (r->fake_costs != NULL) tide__kfac_fake_costs(tr->kfac, r->fake_costs);
   if (r->params0 != NULL) memcpy(r->params0, nn_params(m), nparams * sizeof(float));
   *model_out = m;
   *tr_out = tr;
@@ -454,8 +460,10 @@ static void test_resume(void) {
    * and staleness 3, each saved after step 3 with step 3's decomposition
    * pending (swapped in at step 5, 6); then (6) factors wider than 12 at
    * rank 4 (lowrank_dim: fc1's A and G, fc2's A), in the step, and (7)
-   * with staleness 2 */
-  for (int spread = 0; spread < 8; spread++) {
+   * with staleness 2; then (8) owners moved by (fake) measured costs in
+   * both halves (test_owners), with staleness 2 */
+  static const double fake[3] = {2e-3, 1e-3, 10e-3};
+  for (int spread = 0; spread < 9; spread++) {
   snprintf(whole, sizeof whole, "%s/whole%d", dir, spread);
   snprintf(resumed, sizeof resumed, "%s/resumed%d", dir, spread);
   run_t r = {.batch = 6, .steps = 8, .distribute = 1, .spread = spread == 1, .kl_clip = 0.001f, .factor_decay = 0.9f,
@@ -464,7 +472,8 @@ static void test_resume(void) {
              .staleness = spread == 4 ? 2 : spread == 5 ? 3 : 0};
   if (spread == 4) r.diag_dim = 100;
   if (spread == 5) r.spread = 1;
-  if (spread >= 6) r.lowrank_dim = 12, r.lowrank = 4, r.staleness = spread == 7 ? 2 : 0;
+  if (spread == 6 || spread == 7) r.lowrank_dim = 12, r.lowrank = 4, r.staleness = spread == 7 ? 2 : 0;
+  if (spread == 8) r.staleness = 2, r.fake_costs = fake;
   harness_opts_t opts = {.np = 2, .timeout_s = 120};
   CHECK(harness_run(&opts, rank_main, &r) == 0);
   r.out = resumed;
@@ -875,6 +884,73 @@ static int sample_trainer(int rank, int size, void *arg) {
   tide_comm_destroy(comm);
   fprintf(stderr, "sample 0.5 through the trainer: the factors (state) of the picked rows, steps 0 and 1\n");
   return 0;
+}
+
+/* rank_main, and then the layer owners: the expected ones, the same on
+ * every rank. */
+static int owners_main(int rank, int size, void *arg) {
+  const run_t *r = arg;
+  tide_comm_t *comm;
+  CHECK_OK(tide_comm_init(&comm));
+  nn_model_t *m;
+  tide_trainer_t *tr;
+  run_training(comm, r, &m, &tr);
+  double lo[3], hi[3];
+  for (int i = 0; i < 3; i++) lo[i] = -(hi[i] = tide__kfac_owner(tr->kfac, (size_t)i));
+  CHECK_OK(tide_allreduce(comm, lo, lo, 3, TIDE_F64, TIDE_MAX));
+  CHECK_OK(tide_allreduce(comm, hi, hi, 3, TIDE_F64, TIDE_MAX));
+  for (int i = 0; i < 3; i++) CHECK(-lo[i] == hi[i] && hi[i] == r->owners[i]);
+  write_params(r->out, rank, m);
+  (void)size;
+  tide_trainer_destroy(tr);
+  nn_model_destroy(m);
+  tide_comm_destroy(comm);
+  return 0;
+}
+
+/* Owners by measured cost (config.rebalance) on 2 ranks, inverse_every 2:
+ * the owners report costs (fake, so that the test is not timed) that turn
+ * the formula's order round: conv 2, fc1 1, fc2 10 ms a step, where the
+ * formula put fc1 (785^3) on rank 0 and fc2 and conv on rank 1 (loads 1
+ * and 12). The greedy pass on the measured costs puts fc2 on rank 0 and
+ * conv and fc1 on rank 1 (10 and 3) at step 2, the same on both ranks; the
+ * run ends with the bits of the run whose owners never move, in the step
+ * and with background decompositions (staleness 2: the decomposition in
+ * use moves with the layer), whole layers and fc1 spread. */
+static void test_owners(void) {
+  char dir[] = "/tmp/tide-kfac-XXXXXX";
+  CHECK(mkdtemp(dir) != NULL);
+  enum { CAP = 1 << 20 };
+  static const double fake[3] = {2e-3, 1e-3, 10e-3};
+  float *a = malloc(CAP * sizeof(float)), *b = malloc(CAP * sizeof(float));
+  CHECK(a != NULL && b != NULL);
+  for (int c = 0; c < 4; c++) {
+    int spread = c & 1, staleness = c & 2;
+    char fixed[300], moved[300];
+    snprintf(fixed, sizeof fixed, "%s/fixed-s%d-S%d", dir, spread, staleness);
+    snprintf(moved, sizeof moved, "%s/moved-s%d-S%d", dir, spread, staleness);
+    run_t r = {.batch = 6, .steps = 7, .distribute = 1, .spread = spread, .kl_clip = 0.001f, .factor_decay = 0.9f,
+               .damping = 0.03f, .lr = 0.002f, .momentum = 0.9f, .factor_every = 1, .inverse_every = 2,
+               .staleness = staleness, .out = fixed, .no_rebalance = 1, .owners = {1, 0, 1}};
+    harness_opts_t opts = {.np = 2, .timeout_s = 120};
+    CHECK(harness_run(&opts, owners_main, &r) == 0);
+    r.out = moved, r.no_rebalance = 0, r.fake_costs = fake;
+    r.owners[0] = 1, r.owners[1] = 1, r.owners[2] = 0;
+    CHECK(harness_run(&opts, owners_main, &r) == 0);
+    for (int rank = 0; rank < 2; rank++) {
+      char pa[320], pb[320];
+      snprintf(pa, sizeof pa, "%s.rank%d", fixed, rank);
+      snprintf(pb, sizeof pb, "%s.rank%d", moved, rank);
+      size_t n = read_params(pa, a, CAP);
+      CHECK(n > 0 && read_params(pb, b, CAP) == n);
+      CHECK(memcmp(a, b, n * sizeof(float)) == 0);
+    }
+    fprintf(stderr, "owners by measured cost (spread %d, staleness %d): fc1 and fc2 moved at step 2, the same owners "
+            "on both ranks, the bits of the run whose owners stay\n", spread, staleness);
+  }
+  remove_dir(dir);
+  free(a);
+  free(b);
 }
 
 /* The conv layer's A from its backward pass's own im2col chunks (the hook
@@ -1313,6 +1389,7 @@ int main(int argc, char **argv) {
   test_overlap();
   test_killed();
   test_resume();
+  test_owners();
   test_async_replicas();
   harness_opts_t two = {.np = 2, .timeout_s = 120};
   int stale2 = 2, stale5 = 5; /* 5 > inverse_every 3: acts as 3 */

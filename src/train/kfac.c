@@ -45,6 +45,12 @@ typedef struct {
    * owner broadcasts at the swap); qn, dn only where ours. */
   float *qn[2], *dn[2];
   int pending;
+  /* Owners by measured cost (config.rebalance): this rank's seconds on the
+   * layer since the last share (decompositions; preconditioning over
+   * precond_n steps), and the all-reduced seconds a step it was last
+   * assigned by (-1: never measured). */
+  double decomp_s, precond_s, cost_s;
+  long precond_n;
 } layer_t;
 
 struct tide__kfac {
@@ -92,6 +98,7 @@ struct tide__kfac {
   int job_started, job_rc;
   long swap_step, jobs;
   double job_s, wait_s;
+  const double *fake_s; /* tests: the seconds the owners report instead (tide__kfac_fake_costs) */
 };
 
 enum { STATS, ALLREDUCE, BLEND, EIGEN, PRECOND, ALLGATHER, APPLY };
@@ -136,7 +143,8 @@ void tide_kfac_config_default(tide_kfac_config_t *out) {
   if (out == NULL) return;
   *out = (tide_kfac_config_t){.factor_every = 10, .inverse_every = 50, .damping = 0.001f, .factor_decay = 0.95f,
                               .kl_clip = 0.001f, .distribute = 1, .sample = 0.25f, .max_dim = 0,
-                              .staleness = 0, .lowrank = 64, .lowrank_dim = 200, .bucket_kb = 0};
+                              .staleness = 0, .lowrank = 64, .lowrank_dim = 200, .bucket_kb = 0,
+                              .rebalance = 1};
 }
 
 /* The first field of c out of range, and why; NULL when all are fine. */
@@ -160,6 +168,8 @@ static const char *config_problem(const tide_kfac_config_t *c, const char **why)
   if (c->lowrank_dim < 0) return *why = "must be >= 0 (0: every factor decomposed whole)", "lowrank_dim";
   if (c->bucket_kb < 0 || c->bucket_kb > (1 << 21))
     return *why = "must be in [0, 2097152] (0: one factor allreduce in the step)", "bucket_kb";
+  if (c->rebalance != 0 && c->rebalance != 1)
+    return *why = "must be 0 (owners by the cost formula) or 1 (by measured cost)", "rebalance";
   return NULL;
 }
 
@@ -189,7 +199,7 @@ int tide_kfac_config_parse(const char *text, tide_kfac_config_t *inout) {
     int is_int = strcmp(key, "factor_every") == 0 || strcmp(key, "inverse_every") == 0 || strcmp(key, "distribute") == 0 ||
                  strcmp(key, "spread") == 0 || strcmp(key, "max_dim") == 0 ||
                  strcmp(key, "diag_dim") == 0 || strcmp(key, "staleness") == 0 || strcmp(key, "lowrank") == 0 ||
-                 strcmp(key, "lowrank_dim") == 0 || strcmp(key, "bucket_kb") == 0;
+                 strcmp(key, "lowrank_dim") == 0 || strcmp(key, "bucket_kb") == 0 || strcmp(key, "rebalance") == 0;
     if (end != p + n || end == p + eq + 1 || !isfinite(v) || (is_int && (v != floor(v) || fabs(v) > 1e9))) {
       TIDE_ERROR("K-FAC options: kfac.%s: \"%.*s\" is not a%s number", key, (int)(n - eq - 1), p + eq + 1,
                  is_int ? "n integer" : "");
@@ -215,6 +225,8 @@ int tide_kfac_config_parse(const char *text, tide_kfac_config_t *inout) {
       c.lowrank_dim = (int)v;
     else if (strcmp(key, "bucket_kb") == 0)
       c.bucket_kb = (int)v;
+    else if (strcmp(key, "rebalance") == 0)
+      c.rebalance = (int)v;
     else if (strcmp(key, "sample") == 0)
       c.sample = (float)v;
     else if (strcmp(key, "damping") == 0)
@@ -226,7 +238,7 @@ int tide_kfac_config_parse(const char *text, tide_kfac_config_t *inout) {
     else {
       TIDE_ERROR("K-FAC options: unknown key \"%s\" (use factor_every, inverse_every, damping, factor_decay, "
                  "kl_clip, distribute, spread, sample, max_dim, diag_dim, lowrank, lowrank_dim, staleness, "
-                 "bucket_kb)", key);
+                 "bucket_kb, rebalance)", key);
       return TIDE_EINVAL;
     }
     p += n;
@@ -277,8 +289,10 @@ static int decompose_pending(tide__kfac_t *k) {
   for (size_t i = 0; i < k->nlayers && rc == 0; i++) {
     layer_t *l = &k->layers[i];
     if (!l->pending || !mine(k, l)) continue;
+    int64_t t = tide__now_ns();
     if (!l->diag) rc = decompose(l, TIDE_KFAC_A, l->qn[TIDE_KFAC_A], l->qn[TIDE_KFAC_A], l->dn[TIDE_KFAC_A]);
     if (rc == 0) rc = decompose(l, TIDE_KFAC_G, l->qn[TIDE_KFAC_G], l->qn[TIDE_KFAC_G], l->dn[TIDE_KFAC_G]);
+    l->decomp_s += (double)(tide__now_ns() - t) * 1e-9; /* read after the join */
     if (rc != 0) TIDE_ERROR("K-FAC: background eigendecomposition of layer %zu's factors failed", i);
   }
   k->job_s += (double)(tide__now_ns() - t0) * 1e-9;
@@ -335,6 +349,7 @@ static void start_job(tide__kfac_t *k, long step) {
 
 static int share_spread(tide_trainer_t *tr, tide__kfac_t *k, size_t i);
 static int settle(tide__kfac_t *k);
+static int rebalance(tide_trainer_t *tr, tide__kfac_t *k);
 
 /* Swaps the pending decompositions in (every rank, at the same step). */
 static int swap_in(tide_trainer_t *tr, tide__kfac_t *k) {
@@ -511,40 +526,62 @@ static size_t rank_floats(const tide__kfac_t *k, int r) {
   return n;
 }
 
-/* KAISA's greedy assignment: layers by cost (dim_A^3 + dim_G^3) from the
- * largest, each to the least loaded rank (the lowest on ties). */
-static int assign(tide__kfac_t *k) {
-  double *load = tide__calloc((size_t)k->ranks, sizeof *load);
-  char *done = tide__calloc(k->nlayers, 1);
-  if (load == NULL || done == NULL) {
-    tide__free(load);
-    tide__free(done);
-    return TIDE_ENOMEM;
+/* The cost formula of a layer's decompositions: dim^3 a factor (ssyevd),
+ * ~4 (rank + extra) dim^2 at low rank, dim for a diagonal A. */
+static double formula_cost(const layer_t *l) {
+  double cost = 0;
+  for (int f = 0; f < 2; f++) {
+    double dim = f == TIDE_KFAC_A ? l->dim_a : l->dim_g;
+    cost += f == TIDE_KFAC_A && l->diag ? dim
+            : l->rank[f] < dim           ? 4.0 * (l->rank[f] + TIDE__KFAC_TOP_EXTRA) * dim * dim
+                                         : pow(dim, 3);
   }
-  for (size_t n = 0; n < k->nlayers; n++) {
+  return cost;
+}
+
+/* KAISA's greedy assignment: layers by cost[i] from the largest (the first
+ * on ties), each to the least loaded rank (the lowest on ties), into
+ * owner; returns the busiest rank's load. load holds ranks doubles, done n
+ * chars. */
+static double greedy(const double *cost, size_t n, int ranks, double *load, char *done, int *owner) {
+  memset(load, 0, (size_t)ranks * sizeof *load);
+  memset(done, 0, n);
+  for (size_t m = 0; m < n; m++) {
     size_t best = 0;
     double best_cost = -1;
-    for (size_t i = 0; i < k->nlayers; i++) {
-      const layer_t *l = &k->layers[i];
-      double cost = 0;
-      for (int f = 0; f < 2; f++) {
-        double dim = f == TIDE_KFAC_A ? l->dim_a : l->dim_g;
-        cost += f == TIDE_KFAC_A && l->diag ? dim
-                : l->rank[f] < dim           ? 4.0 * (l->rank[f] + TIDE__KFAC_TOP_EXTRA) * dim * dim
-                                             : pow(dim, 3);
-      }
-      if (!done[i] && cost > best_cost) best = i, best_cost = cost;
-    }
+    for (size_t i = 0; i < n; i++)
+      if (!done[i] && cost[i] > best_cost) best = i, best_cost = cost[i];
     int r = 0;
-    for (int q = 1; q < k->ranks; q++)
+    for (int q = 1; q < ranks; q++)
       if (load[q] < load[r]) r = q;
     done[best] = 1;
     load[r] += best_cost;
-    k->layers[best].owner = r;
+    owner[best] = r;
+  }
+  double most = 0;
+  for (int r = 0; r < ranks; r++) most = fmax(most, load[r]);
+  return most;
+}
+
+/* The owners at creation, by the cost formula. */
+static int assign(tide__kfac_t *k) {
+  double *load = tide__calloc((size_t)k->ranks, sizeof *load), *cost = tide__calloc(k->nlayers, sizeof *cost);
+  char *done = tide__calloc(k->nlayers, 1);
+  int *owner = tide__calloc(k->nlayers, sizeof *owner);
+  int rc = load == NULL || cost == NULL || done == NULL || owner == NULL ? TIDE_ENOMEM : 0;
+  if (rc == 0) {
+    for (size_t i = 0; i < k->nlayers; i++) {
+      cost[i] = formula_cost(&k->layers[i]);
+      k->layers[i].cost_s = -1;
+    }
+    greedy(cost, k->nlayers, k->ranks, load, done, owner);
+    for (size_t i = 0; i < k->nlayers; i++) k->layers[i].owner = owner[i];
   }
   tide__free(load);
+  tide__free(cost);
   tide__free(done);
-  return 0;
+  tide__free(owner);
+  return rc;
 }
 
 int tide_trainer_kfac(tide_trainer_t *tr, const tide_kfac_config_t *config, const tide_kfac_layer_t *layers,
@@ -1015,6 +1052,10 @@ int tide__kfac_stage(tide_trainer_t *tr, tide__kfac_t *k, const tide__mean_t *me
     if (k->swap_step < 0) k->swap_step = (tr->step > 0 ? (tr->step - 1) / every * every : 0) + lag;
     if (tr->step >= k->swap_step && (rc = swap_in(tr, k)) != 0) return rc;
   }
+  /* Nothing is pending here (staleness <= inverse_every): the owners may move. */
+  if (refresh && tr->step > 0 && k->config.rebalance && k->config.distribute && k->ranks > 1 && !any_pending(k) &&
+      (rc = rebalance(tr, k)) != 0)
+    return rc;
   for (size_t i = 0; i < k->nlayers; i++) {
     layer_t *l = &k->layers[i];
     /* decomposed is the same on every rank for a spread layer */
@@ -1026,10 +1067,12 @@ int tide__kfac_stage(tide_trainer_t *tr, tide__kfac_t *k, const tide__mean_t *me
     if (mine(k, l) && due && l->diag) /* A's eigenvalues are its diagonal */
       for (int j = 0; j < l->dim_a; j++) l->d[TIDE_KFAC_A][j] = l->a[j] > 0 ? l->a[j] : 0.0f;
     if (mine(k, l) && due) {
+      int64_t t1 = tide__now_ns();
       if ((!l->diag && (rc = decompose(l, TIDE_KFAC_A, l->a, l->q[TIDE_KFAC_A], l->d[TIDE_KFAC_A])) != 0) ||
           (rc = decompose(l, TIDE_KFAC_G, l->g, l->q[TIDE_KFAC_G], l->d[TIDE_KFAC_G])) != 0)
         return tide__trainer_fail(tr, rc, "K-FAC: eigendecomposition of layer %zu's factors failed at step %ld", i,
                                   tr->step);
+      l->decomp_s += (double)(tide__now_ns() - t1) * 1e-9;
       l->decomposed = 1;
       eigen = 1;
     }
@@ -1043,9 +1086,12 @@ int tide__kfac_stage(tide_trainer_t *tr, tide__kfac_t *k, const tide__mean_t *me
      * spread ones; one allgatherv shares them. */
     float *s = k->send;
     for (size_t i = 0; i < k->nlayers; i++) {
-      const layer_t *l = &k->layers[i];
+      layer_t *l = &k->layers[i];
       if (l->owner != k->rank || l->spread) continue;
+      int64_t t1 = tide__now_ns();
       s[layer_floats(l)] = (float)precondition(k, l, grad, s);
+      l->precond_s += (double)(tide__now_ns() - t1) * 1e-9;
+      l->precond_n++;
       s += layer_floats(l) + 1;
     }
     for (size_t i = 0; i < k->nlayers; i++) {
@@ -1286,4 +1332,143 @@ void tide__kfac_state_set(tide__kfac_t *k, const void *in, size_t floats) {
       p = next;
     }
   }
+}
+
+/* ---- owners by measured cost (config.rebalance) ----------------------------- */
+
+void tide__kfac_fake_costs(tide__kfac_t *k, const double *seconds) {
+  if (k != NULL) k->fake_s = seconds;
+}
+
+int tide__kfac_owner(const tide__kfac_t *k, size_t layer) {
+  return k != NULL && layer < k->nlayers ? k->layers[layer].owner : -1;
+}
+
+/* Allocates (have) or frees the decomposition buffers an owner keeps and
+ * other ranks do not: q, d (a spread layer's are on every rank) and, with
+ * staleness, qn, dn. */
+static int owner_buffers(tide__kfac_t *k, layer_t *l, int have) {
+  size_t na = a_floats(l), ng = (size_t)l->dim_g * l->dim_g;
+  const size_t n[2][2] = {{l->diag ? 0 : na, ng}, {(size_t)l->dim_a, (size_t)l->dim_g}};
+  float **bufs[2][2] = {{l->q, l->d}, {l->qn, l->dn}};
+  int rc = 0;
+  for (int set = l->spread ? 1 : 0; set < (k->config.staleness > 0 ? 2 : 1); set++)
+    for (int f = 0; f < 2; f++) {
+      float **q = &bufs[set][0][f], **d = &bufs[set][1][f];
+      tide__free(*q);
+      tide__free(*d);
+      *q = have && n[0][f] > 0 ? tide__malloc(n[0][f] * sizeof **q) : NULL;
+      *d = have ? tide__malloc(n[1][f] * sizeof **d) : NULL;
+      if (have && ((n[0][f] > 0 && *q == NULL) || *d == NULL)) rc = TIDE_ENOMEM;
+    }
+  return rc;
+}
+
+/* Layer i moves from its owner to rank `to`. With staleness the
+ * decomposition in use serves until the swap, so the old owner broadcasts
+ * it (with its decomposed flag); without, the new owner decomposes it in
+ * this step anyway (it is due). */
+static int move_layer(tide_trainer_t *tr, tide__kfac_t *k, size_t i, int to) {
+  layer_t *l = &k->layers[i];
+  int from = l->owner, rc = 0;
+  size_t n = eigen_floats(l);
+  float *buf = NULL;
+  if (stale(k) > 0 && !l->spread) {
+    if ((buf = tide__malloc(sections(k) * n * sizeof *buf)) == NULL) return TIDE_ENOMEM;
+    if (k->rank == from) eigen_pack(k, l, buf);
+    if ((rc = tide_broadcast(tr->comm, buf, n, TIDE_F32, from)) != 0) {
+      tide__free(buf);
+      return tide__trainer_fail(tr, rc, "K-FAC: moving layer %zu's decomposition to rank %d: %s", i, to,
+                                tide_comm_last_error(tr->comm));
+    }
+  }
+  if (k->rank == from) rc = owner_buffers(k, l, 0);
+  if (k->rank == to && (rc = owner_buffers(k, l, 1)) == 0 && buf != NULL) {
+    const char *p = (const char *)(buf + 1);
+    l->decomposed = buf[0] == 1.0f;
+    if (!l->diag) p = take(l->q[TIDE_KFAC_A], p, qa_floats(l));
+    p = take(l->d[TIDE_KFAC_A], p, (size_t)l->dim_a);
+    p = take(l->q[TIDE_KFAC_G], p, qg_floats(l));
+    take(l->d[TIDE_KFAC_G], p, (size_t)l->dim_g);
+  }
+  if (!l->spread && k->rank != to) l->decomposed = 0;
+  l->owner = to;
+  tide__free(buf);
+  return rc;
+}
+
+/* At an inverse step s > 0, nothing pending: the owners share what their
+ * layers cost them since the last share, in seconds a step (the
+ * decompositions over inverse_every, plus the mean preconditioning), in
+ * one allreduce (MAX: only the owner's is >= 0), and every rank re-runs
+ * the greedy assignment with them: the formula, scaled to seconds by the
+ * measured layers, for one never measured. The layers move when that takes
+ * more than a tenth off the busiest rank's load. The inputs are the
+ * all-reduced seconds, so every rank computes the same owners; which rank
+ * decomposes and preconditions a layer changes no bit (the same LAPACK
+ * and BLAS calls on the same bits). */
+static int rebalance(tide_trainer_t *tr, tide__kfac_t *k) {
+  size_t n = k->nlayers;
+  double *cost = tide__malloc(n * sizeof *cost), *load = tide__malloc((size_t)k->ranks * sizeof *load);
+  int *owner = tide__malloc(n * sizeof *owner);
+  char *done = tide__malloc(n);
+  int rc = cost == NULL || load == NULL || owner == NULL || done == NULL ? TIDE_ENOMEM : 0;
+  if (rc != 0) rc = tide__trainer_fail(tr, rc, "K-FAC: out of memory for the layer owners");
+  for (size_t i = 0; rc == 0 && i < n; i++) {
+    layer_t *l = &k->layers[i];
+    cost[i] = -1;
+    if (l->owner == k->rank && (l->decomp_s > 0 || l->precond_n > 0))
+      cost[i] = l->decomp_s / (double)k->config.inverse_every + (l->precond_n ? l->precond_s / l->precond_n : 0);
+    if (l->owner == k->rank && k->fake_s != NULL) cost[i] = k->fake_s[i];
+    l->decomp_s = l->precond_s = 0;
+    l->precond_n = 0;
+  }
+  if (rc == 0 && (rc = tide_allreduce(tr->comm, cost, cost, n, TIDE_F64, TIDE_MAX)) != 0)
+    rc = tide__trainer_fail(tr, rc, "K-FAC: allreduce of the layers' measured costs: %s",
+                            tide_comm_last_error(tr->comm));
+  double measured = 0, formula = 0;
+  for (size_t i = 0; rc == 0 && i < n; i++) {
+    layer_t *l = &k->layers[i];
+    if (cost[i] >= 0) l->cost_s = cost[i];
+    if (l->cost_s >= 0) measured += l->cost_s, formula += formula_cost(l);
+  }
+  if (rc != 0 || measured <= 0 || formula <= 0) goto out;
+  double now = 0;
+  memset(load, 0, (size_t)k->ranks * sizeof *load);
+  for (size_t i = 0; i < n; i++) {
+    const layer_t *l = &k->layers[i];
+    cost[i] = l->cost_s >= 0 ? l->cost_s : formula_cost(l) * measured / formula;
+    load[l->owner] += cost[i];
+  }
+  for (int r = 0; r < k->ranks; r++) now = fmax(now, load[r]);
+  double after = greedy(cost, n, k->ranks, load, done, owner);
+  if (!(after < 0.9 * now)) goto out;
+  int moved = 0;
+  for (size_t i = 0; rc == 0 && i < n; i++)
+    if (owner[i] != k->layers[i].owner && (rc = move_layer(tr, k, i, owner[i])) == 0) moved++;
+  size_t own = 0;
+  for (size_t i = 0; rc == 0 && i < n; i++)
+    if (mine(k, &k->layers[i]) || k->layers[i].spread) own += layer_floats(&k->layers[i]) + 1;
+  float *send = rc == 0 ? tide__realloc(k->send, (own ? own : 1) * sizeof *send) : NULL;
+  if (rc == 0 && send == NULL) rc = TIDE_ENOMEM;
+  if (rc == TIDE_ENOMEM) rc = tide__trainer_fail(tr, rc, "K-FAC: out of memory moving layers to new owners");
+  if (rc != 0) goto out;
+  k->send = send;
+  for (int r = 0; r < k->ranks; r++) k->counts[r] = rank_floats(k, r);
+  if (k->rank == 0) {
+    char line[1024];
+    int len = snprintf(line, sizeof line, "K-FAC: %d layer%s moved at step %ld by measured cost (busiest rank "
+                       "%.3f ms a step, was %.3f): owners", moved, moved == 1 ? "" : "s", tr->step, 1e3 * after,
+                       1e3 * now);
+    for (size_t i = 0; i < n && len > 0 && (size_t)len < sizeof line; i++)
+      len += snprintf(line + len, sizeof line - (size_t)len, "%s %s %d (%.3f ms)", i ? "," : "",
+                      tr->tensors[k->layers[i].desc.weight].name, k->layers[i].owner, 1e3 * cost[i]);
+    TIDE_INFO("%s", line);
+  }
+out:
+  tide__free(cost);
+  tide__free(load);
+  tide__free(owner);
+  tide__free(done);
+  return rc;
 }

@@ -114,6 +114,11 @@ size_t tide__kfac_state_floats(const tide__kfac_t *k);
 int tide__kfac_state_get(const tide_trainer_t *tr, void *out);
 const char *tide__kfac_state_check(const tide__kfac_t *k, const void *in, size_t floats);
 void tide__kfac_state_set(tide__kfac_t *k, const void *in, size_t floats);
+/* Tests of config.rebalance: the seconds a step each preconditioned layer
+ * (in order) costs, reported by its owner at the shares instead of its
+ * clock (NULL: the clock; borrowed); and the layer's owner (-1: none). */
+void tide__kfac_fake_costs(tide__kfac_t *k, const double *seconds);
+int tide__kfac_owner(const tide__kfac_t *k, size_t layer);
 
 struct tide_trainer {
   tide_comm_t *comm;
