@@ -1027,6 +1027,7 @@ static int bad_options(int rank, int size, void *arg) {
   EXPECT_BAD("staleness", staleness = -1);
   EXPECT_BAD("lowrank", lowrank = 0);
   EXPECT_BAD("lowrank_dim", lowrank_dim = -1);
+  EXPECT_BAD("rebalance", rebalance = 2);
   /* The option string. */
   kc = d;
   CHECK_OK(tide_kfac_config_parse("damping=0.003,inverse_every=50:factor_every=5", &kc));
@@ -1054,6 +1055,11 @@ static int bad_options(int rank, int size, void *arg) {
   CHECK_RC(tide_kfac_config_parse("lowrank_dim=-1", &kc), TIDE_EINVAL);
   CHECK_OK(tide_kfac_config_parse("lowrank=64,lowrank_dim=300", &kc));
   CHECK(kc.lowrank == 64 && kc.lowrank_dim == 300);
+  CHECK(kc.rebalance == 1);
+  CHECK_RC(tide_kfac_config_parse("rebalance=0.5", &kc), TIDE_EINVAL);
+  CHECK_RC(tide_kfac_config_parse("rebalance=2", &kc), TIDE_EINVAL);
+  CHECK_OK(tide_kfac_config_parse("rebalance=0", &kc));
+  CHECK(kc.rebalance == 0);
   CHECK(kc.diag_dim == 512);
   CHECK_OK(tide_kfac_config_parse("sample=0.5,max_dim=100", &kc));
   CHECK(kc.sample == 0.5f && kc.max_dim == 100 && kc.spread == 1);
