@@ -11,6 +11,11 @@
  *   - cheaper factors: a factor from sampled rows (config.sample) equals the
  *     full factor of those rows, a layer wider than config.max_dim keeps
  *     its plain gradient, and both resume bit for bit;
+ *   - a conv layer's A from its backward pass's own im2col chunks equals
+ *     one separate im2col's; sampled, it keeps its scale;
+ *   - owners by measured cost (config.rebalance): costs that turn the
+ *     formula round move layers, to the same owners on every rank, and the
+ *     bits stay those of fixed owners, resumed or not;
  *   - `test_kfac reference`: one step's preconditioned gradient against an
  *     independent PyTorch computation (test/kfac_torch_ref.py; 77 without
  *     python3 and torch). */
