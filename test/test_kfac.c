@@ -11,6 +11,11 @@
  *   - cheaper factors: a factor from sampled rows (config.sample) equals the
  *     full factor of those rows, a layer wider than config.max_dim keeps
  *     its plain gradient, and both resume bit for bit;
+ *   - a conv layer's A from its backward pass's own im2col chunks equals
+ *     one separate im2col's; sampled, it keeps its scale;
+ *   - owners by measured cost (config.rebalance): costs that turn the
+ *     formula round move layers, to the same owners on every rank, and the
+ *     bits stay those of fixed owners, resumed or not;
  *   - `test_kfac reference`: one step's preconditioned gradient against an
  *     independent PyTorch computation (test/kfac_torch_ref.py; 77 without
  *     python3 and torch). */
@@ -1170,6 +1175,7 @@ static int bad_options(int rank, int size, void *arg) {
   EXPECT_BAD("lowrank", lowrank = 0);
   EXPECT_BAD("lowrank_dim", lowrank_dim = -1);
   EXPECT_BAD("bucket_kb", bucket_kb = -1);
+  EXPECT_BAD("rebalance", rebalance = 2);
   /* The option string. */
   kc = d;
   CHECK_OK(tide_kfac_config_parse("damping=0.003,inverse_every=50:factor_every=5", &kc));
@@ -1200,6 +1206,11 @@ static int bad_options(int rank, int size, void *arg) {
   CHECK_RC(tide_kfac_config_parse("lowrank_dim=-1", &kc), TIDE_EINVAL);
   CHECK_OK(tide_kfac_config_parse("lowrank=64,lowrank_dim=300", &kc));
   CHECK(kc.lowrank == 64 && kc.lowrank_dim == 300);
+  CHECK(kc.rebalance == 1);
+  CHECK_RC(tide_kfac_config_parse("rebalance=0.5", &kc), TIDE_EINVAL);
+  CHECK_RC(tide_kfac_config_parse("rebalance=2", &kc), TIDE_EINVAL);
+  CHECK_OK(tide_kfac_config_parse("rebalance=0", &kc));
+  CHECK(kc.rebalance == 0);
   CHECK(kc.diag_dim == 512);
   CHECK_OK(tide_kfac_config_parse("sample=0.5,max_dim=100", &kc));
   CHECK(kc.sample == 0.5f && kc.max_dim == 100 && kc.spread == 1);

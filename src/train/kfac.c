@@ -1442,28 +1442,32 @@ static int rebalance(tide_trainer_t *tr, tide__kfac_t *k) {
   }
   for (int r = 0; r < k->ranks; r++) now = fmax(now, load[r]);
   double after = greedy(cost, n, k->ranks, load, done, owner);
-  if (!(after < 0.9 * now)) goto out;
   int moved = 0;
-  for (size_t i = 0; rc == 0 && i < n; i++)
-    if (owner[i] != k->layers[i].owner && (rc = move_layer(tr, k, i, owner[i])) == 0) moved++;
-  size_t own = 0;
-  for (size_t i = 0; rc == 0 && i < n; i++)
-    if (mine(k, &k->layers[i]) || k->layers[i].spread) own += layer_floats(&k->layers[i]) + 1;
-  float *send = rc == 0 ? tide__realloc(k->send, (own ? own : 1) * sizeof *send) : NULL;
-  if (rc == 0 && send == NULL) rc = TIDE_ENOMEM;
-  if (rc == TIDE_ENOMEM) rc = tide__trainer_fail(tr, rc, "K-FAC: out of memory moving layers to new owners");
-  if (rc != 0) goto out;
-  k->send = send;
-  for (int r = 0; r < k->ranks; r++) k->counts[r] = rank_floats(k, r);
-  if (k->rank == 0) {
+  if (after < 0.9 * now) {
+    for (size_t i = 0; rc == 0 && i < n; i++)
+      if (owner[i] != k->layers[i].owner && (rc = move_layer(tr, k, i, owner[i])) == 0) moved++;
+    size_t own = 0;
+    for (size_t i = 0; rc == 0 && i < n; i++)
+      if (mine(k, &k->layers[i]) || k->layers[i].spread) own += layer_floats(&k->layers[i]) + 1;
+    float *send = rc == 0 ? tide__realloc(k->send, (own ? own : 1) * sizeof *send) : NULL;
+    if (rc == 0 && send == NULL) rc = TIDE_ENOMEM;
+    if (rc == TIDE_ENOMEM) rc = tide__trainer_fail(tr, rc, "K-FAC: out of memory moving layers to new owners");
+    if (rc != 0) goto out;
+    k->send = send;
+    for (int r = 0; r < k->ranks; r++) k->counts[r] = rank_floats(k, r);
+  }
+  if (k->rank == 0) { /* a move at INFO; the owners kept at DEBUG */
     char line[1024];
     int len = snprintf(line, sizeof line, "K-FAC: %d layer%s moved at step %ld by measured cost (busiest rank "
-                       "%.3f ms a step, was %.3f): owners", moved, moved == 1 ? "" : "s", tr->step, 1e3 * after,
-                       1e3 * now);
+                       "%.3f ms a step, %s %.3f): owners", moved, moved == 1 ? "" : "s", tr->step,
+                       1e3 * (moved ? after : now), moved ? "was" : "greedy", 1e3 * (moved ? now : after));
     for (size_t i = 0; i < n && len > 0 && (size_t)len < sizeof line; i++)
       len += snprintf(line + len, sizeof line - (size_t)len, "%s %s %d (%.3f ms)", i ? "," : "",
                       tr->tensors[k->layers[i].desc.weight].name, k->layers[i].owner, 1e3 * cost[i]);
-    TIDE_INFO("%s", line);
+    if (moved)
+      TIDE_INFO("%s", line);
+    else
+      TIDE_DEBUG("%s", line);
   }
 out:
   tide__free(cost);
