@@ -1456,8 +1456,9 @@ typedef struct {
                          0: every factor whole (docs/adaptation.md, "Low-rank factors") */
   int bucket_kb;      /* >= 0, default 0 (off: one factor allreduce in the step). N > 0:
                          the factor allreduce overlaps the backward pass (no wall-time
-                         gain measured on a 2-core host: docs/adaptation.md). The layers are cut, last first, into buckets of at least
-                         this many KiB of packed factors; on a factor step's last
+                         gain measured on a 2-core host: docs/adaptation.md). The
+                         layers are cut, last first, into buckets of at least this
+                         many KiB of packed factors; on a factor step's last
                          micro-batch, once tide_trainer_kfac_add has moved on from a
                          bucket whose layers all added A and G, its nonblocking
                          allreduce starts (the rest start when the micro-batch ends);
