@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Adasum allreduce against tide's dense allreduce (f32 sum) of the same size,
-# side by side: every round runs `tide bench --op allreduce,adasum` once per
-# rank count and size (a launch of its own), so the two measurements of a
-# size follow each other and see the same machine state; rounds repeat that.
+# side by side: every round runs `tide bench --op allreduce,adasum
+# --interleave` once per rank count and size (a launch of its own), whose
+# iterations alternate (allreduce, Adasum, allreduce, ...), so both p50s
+# come from the same stretch of the machine's time; rounds repeat that.
 # Each round is one launch of `tiderun` per rank count and size, so ROUNDS
 # (or LAUNCHES, the same) counts the launches behind every row. Prints a
 # markdown table of the medians over rounds of each p50 and of the per-round
@@ -38,7 +39,7 @@ for ((round = 1; round <= rounds; round++)); do
       tmp=$(mktemp)
       timeout -k 10 "${RUN_TIMEOUT:-300}" "$build/tools/tiderun" -np "$np" "$build/tools/tide" bench \
         --op allreduce,adasum --dtype f32 --min-bytes "$size" --max-bytes "$size" --iters "${ITERS:-30}" \
-        --check >"$tmp" || status=1
+        --check --interleave >"$tmp" || status=1
       grep '^{' "$tmp" | sed "s/}\$/,\"round\":$round}/" >>"$out"
       rm -f "$tmp"
     done

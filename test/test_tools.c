@@ -9,7 +9,11 @@
  *           every key report reads is a number in each of tide-train's
  *           metrics lines (the schema they share by string keys), the seven
  *           PNGs are written and the scratch files removed; a folder
- *           without metrics, one without step records and bad usage fail.
+ *           without metrics, one without step records and bad usage fail;
+ *   bench   `tide bench --interleave` at 2 ranks: at each size one checked
+ *           line per op, in the order given, marked interleaved; without it
+ *           the ops run one after another over the sizes; an unknown op
+ *           says which ops there are.
  * Skips (77): report without gnuplot or Fashion-MNIST. */
 #include <math.h>
 #include <signal.h>
@@ -322,6 +326,40 @@ static int case_calls(void) {
   CHECK_OK(tide_job_id(NULL, id2, sizeof id2));
   CHECK(strlen(id2) == 16);
   CHECK(tide_job_token_create(t1, 64) == TIDE_EINVAL && tide_job_id(NULL, id1, 16) == TIDE_EINVAL);
+  return 0;
+}
+
+/* ---- tide bench ----------------------------------------------------------------- */
+
+/* The "op" of each JSON line of output, in order, joined by spaces. */
+static void ops_of_lines(char *out, size_t cap) {
+  out[0] = '\0';
+  for (const char *p = strstr(output, "{\"lib\""); p; p = strstr(p + 1, "{\"lib\"")) {
+    const char *op = strstr(p, "\"op\":\"");
+    if (!op) break;
+    op += 6;
+    size_t n = strcspn(op, "\""), len = strlen(out);
+    snprintf(out + len, cap - len, "%s%.*s", len ? " " : "", (int)n, op);
+  }
+}
+
+static int case_bench(void) {
+  char ops[256];
+  CHECK(run("%s/tiderun -np 2 %s/tide bench --op allreduce,adasum --min-bytes 4K --max-bytes 64K --factor 16 "
+            "--iters 5 --check --interleave", tools_dir, tools_dir) == 0);
+  ops_of_lines(ops, sizeof ops);
+  CHECK(strcmp(ops, "allreduce adasum allreduce adasum") == 0);
+  CHECK(strstr(output, "\"ok\":false") == NULL);
+  int marked = 0;
+  for (const char *p = output; (p = strstr(p, "\"interleaved\":true")) != NULL; p++) marked++;
+  CHECK(marked == 4);
+  CHECK(run("%s/tiderun -np 2 %s/tide bench --op allreduce,adasum --min-bytes 4K --max-bytes 64K --factor 16 "
+            "--iters 5 --check", tools_dir, tools_dir) == 0);
+  ops_of_lines(ops, sizeof ops);
+  CHECK(strcmp(ops, "allreduce allreduce adasum adasum") == 0);
+  CHECK(strstr(output, "interleaved") == NULL);
+  CHECK(run("%s/tide bench --op allreduce,gather", tools_dir) == 2);
+  CHECK_SAYS("--op: unknown collective 'gather' (allreduce, reduce_scatter, allgather, broadcast, all or adasum)");
   return 0;
 }
 

@@ -109,7 +109,11 @@ static const char bench_usage_text[] =
     "                   element of the result exactly (ok=false and exit 1 on a mismatch;\n"
     "                   exact up to 12 ranks in bf16, 27 in f16); adasum: the same input\n"
     "                   on every rank, which must come back unchanged\n"
-    "  --inplace        sendbuf == recvbuf (allgather: this rank's block of recvbuf)\n";
+    "  --inplace        sendbuf == recvbuf (allgather: this rank's block of recvbuf)\n"
+    "  --interleave     with several ops: at each size their iterations alternate\n"
+    "                   (warm-up and timed), so all see the same stretch of the\n"
+    "                   machine's time and their ratio is a fair one on a busy or\n"
+    "                   shared machine (lines get \"interleaved\":true)\n";
 
 /* ---- option parsing --------------------------------------------------------- */
 
@@ -127,6 +131,7 @@ typedef struct {
   int warmup;
   int check;
   int inplace;
+  int interleave; /* the ops' iterations alternate at each size */
 } bench_options_t;
 
 /* Every rank parses the same arguments; only one of them should complain. */
@@ -184,6 +189,7 @@ static void parse_bench_options(int argc, char **argv, bench_options_t *o) {
     }
     if (strcmp(arg, "--check") == 0) { o->check = 1; continue; }
     if (strcmp(arg, "--inplace") == 0) { o->inplace = 1; continue; }
+    if (strcmp(arg, "--interleave") == 0) { o->interleave = 1; continue; }
     /* Options with a value: "--opt value" or "--opt=value". */
     char name[32];
     const char *value;
@@ -425,11 +431,13 @@ static void *alloc_or_die(size_t bytes, int rank) {
   return p;
 }
 
-/* Returns 0 when --check found a wrong result on any rank, else 1. */
-static int measure(tide_comm_t *comm, const bench_options_t *o, int op, size_t bytes_target) {
-  bench_run_t r = {.comm = comm, .rank = tide_comm_rank(comm), .nranks = tide_comm_size(comm),
-                   .opt = o, .op = op};
-  size_t esz = tide_dtype_size(o->dtype), n = (size_t)r.nranks;
+/* Sets up one (op, size) run: its sizes, buffers and inputs. Returns 0 when
+ * the size holds no element for this op (nothing to measure). */
+static int prepare(bench_run_t *r, tide_comm_t *comm, const bench_options_t *o, int op,
+                   size_t bytes_target) {
+  *r = (bench_run_t){.comm = comm, .rank = tide_comm_rank(comm), .nranks = tide_comm_size(comm),
+                     .opt = o, .op = op};
+  size_t esz = tide_dtype_size(o->dtype), n = (size_t)r->nranks;
   /* Sizes as nccl-tests reports them: reduce_scatter the send buffer,
    * allgather the whole output; both a multiple of the ranks so that every
    * library runs the same element counts. */
@@ -437,96 +445,133 @@ static int measure(tide_comm_t *comm, const bench_options_t *o, int op, size_t b
     case OP_ALLREDUCE:
     case OP_ADASUM:
     case OP_BROADCAST:
-      r.count = bytes_target / esz;
-      r.bytes = r.count * esz;
-      r.send_elems = op != OP_BROADCAST && !o->inplace ? r.count : 0;
-      r.recv_elems = r.count;
+      r->count = bytes_target / esz;
+      r->bytes = r->count * esz;
+      r->send_elems = op != OP_BROADCAST && !o->inplace ? r->count : 0;
+      r->recv_elems = r->count;
       break;
     case OP_REDUCE_SCATTER:
-      r.count = bytes_target / esz / n * n;
-      r.bytes = r.count * esz;
-      tide_block(r.count, r.nranks, r.rank, &r.block_off, &r.block_len);
-      r.send_elems = o->inplace ? 0 : r.count;
-      r.recv_elems = o->inplace ? r.count : r.block_len;
+      r->count = bytes_target / esz / n * n;
+      r->bytes = r->count * esz;
+      tide_block(r->count, r->nranks, r->rank, &r->block_off, &r->block_len);
+      r->send_elems = o->inplace ? 0 : r->count;
+      r->recv_elems = o->inplace ? r->count : r->block_len;
       break;
     case OP_ALLGATHER:
-      r.count = bytes_target / esz / n;
-      r.bytes = r.count * n * esz;
-      r.send_elems = o->inplace ? 0 : r.count;
-      r.recv_elems = r.count * n;
+      r->count = bytes_target / esz / n;
+      r->bytes = r->count * n * esz;
+      r->send_elems = o->inplace ? 0 : r->count;
+      r->recv_elems = r->count * n;
       break;
   }
-  if (r.count == 0) return 1;
-  r.sendbuf = alloc_or_die(r.send_elems * esz, r.rank);
-  r.recvbuf = alloc_or_die(r.recv_elems * esz, r.rank);
-  fill(&r); /* also touches every page before the clock starts */
+  if (r->count == 0) return 0;
+  r->sendbuf = alloc_or_die(r->send_elems * esz, r->rank);
+  r->recvbuf = alloc_or_die(r->recv_elems * esz, r->rank);
+  fill(r); /* also touches every page before the clock starts */
+  return 1;
+}
 
-  int rc = tide_barrier(comm);
-  if (rc < 0) fail(comm, r.rank, "barrier", rc);
-  double warm_min = INFINITY;
-  for (int i = 0; i < o->warmup; i++) {
-    int64_t t0 = now_ns();
-    run_once(&r);
-    double t = seconds_since(t0);
-    if (t < warm_min) warm_min = t;
-  }
-  int iters = o->iters;
-  if (iters == 0) {
-    if (o->warmup == 0) {
-      int64_t t0 = now_ns();
-      run_once(&r);
-      warm_min = seconds_since(t0);
-    }
-    /* Every rank must run the same number of iterations: agree on the estimate. */
-    rc = tide_allreduce(comm, &warm_min, &warm_min, 1, TIDE_F64, TIDE_MAX);
-    if (rc < 0) fail(comm, r.rank, "allreduce of the warm-up time", rc);
-    double want = warm_min > 0 ? ceil(TARGET_SECONDS / warm_min) : MAX_ITERS;
-    iters = want < MIN_ITERS ? MIN_ITERS : want > MAX_ITERS ? MAX_ITERS : (int)want;
-  }
-
-  double *times = alloc_or_die((size_t)iters * sizeof *times, r.rank);
-  rc = tide_barrier(comm);
-  if (rc < 0) fail(comm, r.rank, "barrier", rc);
-  for (int i = 0; i < iters; i++) {
-    int64_t t0 = now_ns();
-    run_once(&r);
-    times[i] = seconds_since(t0);
-  }
+/* Reduces one run's iteration times, checks its result (--check) and prints
+ * its line on rank 0. Returns 0 when --check found a wrong result on any rank. */
+static int report(bench_run_t *r, double *times, int iters) {
+  const bench_options_t *o = r->opt;
+  tide_comm_t *comm = r->comm;
   /* An iteration lasts as long as its slowest rank. */
-  rc = tide_allreduce(comm, times, times, (size_t)iters, TIDE_F64, TIDE_MAX);
-  if (rc < 0) fail(comm, r.rank, "allreduce of the iteration times", rc);
+  int rc = tide_allreduce(comm, times, times, (size_t)iters, TIDE_F64, TIDE_MAX);
+  if (rc < 0) fail(comm, r->rank, "allreduce of the iteration times", rc);
   qsort(times, (size_t)iters, sizeof *times, cmp_double);
   double p50 = iters % 2 ? times[iters / 2] : 0.5 * (times[iters / 2 - 1] + times[iters / 2]);
   double tmin = times[0];
-  free(times);
 
   int32_t ok = 1;
   if (o->check) {
-    fill(&r);
-    run_once(&r);
-    ok = verify(&r);
+    fill(r);
+    run_once(r);
+    ok = verify(r);
     rc = tide_allreduce(comm, &ok, &ok, 1, TIDE_I32, TIDE_MIN);
-    if (rc < 0) fail(comm, r.rank, "allreduce of the check result", rc);
+    if (rc < 0) fail(comm, r->rank, "allreduce of the check result", rc);
   }
 
-  if (r.rank == 0) {
-    double factor = op == OP_ALLREDUCE || op == OP_ADASUM ? 2.0 * (r.nranks - 1) / r.nranks
+  int op = r->op;
+  if (r->rank == 0) {
+    double factor = op == OP_ALLREDUCE || op == OP_ADASUM ? 2.0 * (r->nranks - 1) / r->nranks
                     : op == OP_BROADCAST ? 1.0
-                                         : (double)(r.nranks - 1) / r.nranks;
-    double algbw = (double)r.bytes / p50 / 1e9;
+                                         : (double)(r->nranks - 1) / r->nranks;
+    double algbw = (double)r->bytes / p50 / 1e9;
     printf("{\"lib\":\"tide\",\"op\":\"%s\",\"dtype\":\"%s\",\"bytes\":%zu,\"np\":%d,"
            "\"iters\":%d,\"p50_s\":%.9g,\"min_s\":%.9g,\"algbw_GBps\":%.4f,\"busbw_GBps\":%.4f,"
            "\"ok\":%s,\"inplace\":%s",
-           op_names[op], tide_dtype_name(o->dtype), r.bytes, r.nranks, iters, p50, tmin, algbw,
+           op_names[op], tide_dtype_name(o->dtype), r->bytes, r->nranks, iters, p50, tmin, algbw,
            algbw * factor, ok ? "true" : "false",
            o->inplace && op != OP_BROADCAST ? "true" : "false");
     if (op == OP_ALLREDUCE || op == OP_REDUCE_SCATTER)
       printf(",\"reduce\":\"%s\"", tide_op_name(o->reduce));
+    if (o->interleave) printf(",\"interleaved\":true");
     printf("}\n");
     fflush(stdout);
   }
-  free(r.sendbuf);
-  free(r.recvbuf);
+  return ok;
+}
+
+/* Measures the ops of `ops` (nops of them) at one size. With more than one
+ * (--interleave), their iterations alternate, warm-up and timed alike: each
+ * op's i-th timed iteration follows the previous op's, so all of them see the
+ * same stretch of the machine's time and their ratio does not depend on
+ * which one a slow moment of a shared machine fell on. Returns 0 when --check
+ * found a wrong result on any rank, else 1. */
+static int measure(tide_comm_t *comm, const bench_options_t *o, const int *ops, int nops,
+                   size_t bytes_target) {
+  bench_run_t runs[OP_COUNT];
+  int n = 0, rank = tide_comm_rank(comm);
+  for (int k = 0; k < nops; k++) n += prepare(&runs[n], comm, o, ops[k], bytes_target);
+  if (n == 0) return 1;
+
+  int rc = tide_barrier(comm);
+  if (rc < 0) fail(comm, rank, "barrier", rc);
+  double warm_min[OP_COUNT];
+  for (int k = 0; k < n; k++) warm_min[k] = INFINITY;
+  for (int i = 0; i < o->warmup; i++)
+    for (int k = 0; k < n; k++) {
+      int64_t t0 = now_ns();
+      run_once(&runs[k]);
+      double t = seconds_since(t0);
+      if (t < warm_min[k]) warm_min[k] = t;
+    }
+  int iters = o->iters;
+  if (iters == 0) {
+    /* Every rank must run the same number of iterations: agree on the
+     * estimate. Interleaved ops share the count, the largest of theirs. */
+    iters = MIN_ITERS;
+    for (int k = 0; k < n; k++) {
+      if (o->warmup == 0) {
+        int64_t t0 = now_ns();
+        run_once(&runs[k]);
+        warm_min[k] = seconds_since(t0);
+      }
+      rc = tide_allreduce(comm, &warm_min[k], &warm_min[k], 1, TIDE_F64, TIDE_MAX);
+      if (rc < 0) fail(comm, rank, "allreduce of the warm-up time", rc);
+      double want = warm_min[k] > 0 ? ceil(TARGET_SECONDS / warm_min[k]) : MAX_ITERS;
+      int it = want < MIN_ITERS ? MIN_ITERS : want > MAX_ITERS ? MAX_ITERS : (int)want;
+      if (it > iters) iters = it;
+    }
+  }
+
+  double *times = alloc_or_die((size_t)n * (size_t)iters * sizeof *times, rank);
+  rc = tide_barrier(comm);
+  if (rc < 0) fail(comm, rank, "barrier", rc);
+  for (int i = 0; i < iters; i++)
+    for (int k = 0; k < n; k++) {
+      int64_t t0 = now_ns();
+      run_once(&runs[k]);
+      times[(size_t)k * (size_t)iters + (size_t)i] = seconds_since(t0);
+    }
+  int ok = 1;
+  for (int k = 0; k < n; k++) {
+    ok &= report(&runs[k], times + (size_t)k * (size_t)iters, iters);
+    free(runs[k].sendbuf);
+    free(runs[k].recvbuf);
+  }
+  free(times);
   return ok;
 }
 
@@ -566,11 +611,14 @@ static int cmd_bench(int argc, char **argv) {
     return 1;
   }
   warm_up_job(comm, tide_comm_rank(comm));
-  int all_ok = 1;
-  for (int op = 0; op < OP_COUNT; op++) {
-    if (!(o.ops & (1u << op))) continue;
+  int all_ok = 1, ops[OP_COUNT], nops = 0;
+  for (int op = 0; op < OP_COUNT; op++)
+    if (o.ops & (1u << op)) ops[nops++] = op;
+  /* One op after another, each over the sizes; interleaved: the sizes one
+   * after another, the ops together at each. */
+  for (int k = 0; k < nops; k += o.interleave ? nops : 1) {
     for (size_t bytes = o.min_bytes; bytes <= o.max_bytes; bytes *= o.factor) {
-      all_ok &= measure(comm, &o, op, bytes);
+      all_ok &= measure(comm, &o, ops + k, o.interleave ? nops : 1, bytes);
       if (bytes > SIZE_MAX / o.factor) break;
     }
   }
