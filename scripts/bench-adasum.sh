@@ -15,7 +15,10 @@
 #   scripts/bench-adasum.sh [BUILD_DIR]        (default: build)
 #
 # Environment (all optional):
-#   NPS="2 4"  ROUNDS=5 (or LAUNCHES=5)  SIZES="1M 4M 16M 64M"  ITERS=30
+#   NPS="2 4"  ROUNDS=5 (or LAUNCHES=5)  SIZES="1M 4M 16M 64M"
+#   ITERS (timed iterations of each op per launch; default 300 below 4 MiB,
+#   100 below 16 MiB, else 30: a 1 MiB call lasts ~0.06 ms, and 30 of them
+#   are a 2 ms sample that one preemption moves)
 #   BAR=1.3  OUT=BUILD_DIR/bench-adasum.jsonl  RUN_TIMEOUT=300 (seconds per run)
 set -uo pipefail
 
@@ -36,9 +39,14 @@ for ((round = 1; round <= rounds; round++)); do
   for np in $nps; do
     for size in ${SIZES:-1M 4M 16M 64M}; do
       echo "bench-adasum: round $round, np=$np, $size" >&2
+      case $size in
+        *K | [1-3]M) iters=${ITERS:-300} ;;
+        [4-9]M | 1[0-5]M) iters=${ITERS:-100} ;;
+        *) iters=${ITERS:-30} ;;
+      esac
       tmp=$(mktemp)
       timeout -k 10 "${RUN_TIMEOUT:-300}" "$build/tools/tiderun" -np "$np" "$build/tools/tide" bench \
-        --op allreduce,adasum --dtype f32 --min-bytes "$size" --max-bytes "$size" --iters "${ITERS:-30}" \
+        --op allreduce,adasum --dtype f32 --min-bytes "$size" --max-bytes "$size" --iters "$iters" \
         --check --interleave >"$tmp" || status=1
       grep '^{' "$tmp" | sed "s/}\$/,\"round\":$round}/" >>"$out"
       rm -f "$tmp"
