@@ -32,10 +32,15 @@ usage: scripts/horovod-tests.sh [options] HOROVOD_CHECKOUT
   --timeout S          tiderun's limit for the job, seconds (default 1200;
                        per test with --per-test: 120)
   --keep               keep the temporary directory (shim, logs, junit files)
+  --one-gpu            every rank its own host (TIDE_HOST_ID), so local_rank()
+                       is 0 on all and the file's tensor.cuda(hvd.local_rank())
+                       finds a machine's one GPU; the ranks talk over TCP
+
+  PYTHON               the interpreter with torch (default /usr/bin/python3)
 EOF2
 }
 
-np=2 per_test=0 build=$src/build pydir=$src/python select="" timeout="" keep=0
+np=2 per_test=0 build=$src/build pydir=$src/python select="" timeout="" keep=0 one_gpu=0
 while [ $# -gt 0 ]; do
   case $1 in
     --np) np=$2; shift 2 ;;
@@ -45,6 +50,7 @@ while [ $# -gt 0 ]; do
     -k) select=$2; shift 2 ;;
     --timeout) timeout=$2; shift 2 ;;
     --keep) keep=1; shift ;;
+    --one-gpu) one_gpu=1; shift ;;
     -h|--help) usage; exit 0 ;;
     -*) echo "$me: unknown option $1 (see --help)" >&2; exit 2 ;;
     *) break ;;
@@ -57,7 +63,8 @@ testfile=$checkout/test/parallel/test_torch.py
 case $np in ''|*[!0-9]*|0) echo "$me: --np must be a positive integer, got '$np'" >&2; exit 2 ;; esac
 [ -x "$build/tools/tiderun" ] && [ -f "$build/libtide.so" ] ||
   { echo "$me: no tiderun/libtide.so in $build: build tide first or pass --build DIR" >&2; exit 2; }
-py=/usr/bin/python3
+py=${PYTHON:-/usr/bin/python3}
+export PYTHON=$py TIDE_HVD_ONE_GPU=$one_gpu
 missing=""
 for m in torch numpy pytest packaging mock cloudpickle; do
   $py -c "import $m" 2>/dev/null || missing="$missing $m"
@@ -93,8 +100,9 @@ cat > "$tmp/rank.sh" <<'EOF2'
 #!/bin/sh
 export HOROVOD_RANK=$TIDE_RANK HOROVOD_SIZE=$TIDE_SIZE HOROVOD_LOCAL_RANK=$TIDE_LOCAL_RANK
 export HOROVOD_LOCAL_SIZE=$TIDE_LOCAL_SIZE
+[ "$TIDE_HVD_ONE_GPU" = 1 ] && export TIDE_HOST_ID=rank$TIDE_RANK HOROVOD_LOCAL_RANK=0 HOROVOD_LOCAL_SIZE=1
 out=$1; shift
-/usr/bin/python3 -m pytest -p no:cacheprovider -q -rfEs -o junit_family=xunit1 \
+"$PYTHON" -m pytest -p no:cacheprovider -q -rfEs -o junit_family=xunit1 \
   --junitxml="$out.$TIDE_RANK.xml" "$@" > "$out.$TIDE_RANK.log" 2>&1
 echo $? > "$out.$TIDE_RANK.rc"
 EOF2

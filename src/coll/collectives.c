@@ -326,9 +326,6 @@ static int validate(tide_comm_t *comm, const args_t *a, const size_t *counts, si
   TIDE_CHECK(validate_sizes(comm, a, counts));
   if (a->kind == ADASUM && a->dtype != TIDE_F32 && a->dtype != TIDE_F64)
     return invalid(comm, "%s with dtype %s: Adasum supports only f32 and f64", kind, tide_dtype_name(a->dtype));
-  if ((a->dtype == TIDE_F16 || a->dtype == TIDE_BF16) && (a->kind == ALLREDUCE || a->kind == REDUCE_SCATTER) &&
-      a->op != TIDE_SUM && a->op != TIDE_AVG)
-    return invalid(comm, "%s: f16/bf16 support only sum and avg", kind);
   return 0;
 }
 

@@ -105,13 +105,16 @@ def _check_compression(compression, call):
 
 def _scale(t, factor):
     """Horovod's scaling: integers in float64, float16 in float32 on the
-    CPU, other floats in their own dtype."""
+    CPU, other floats (and float16 on a GPU) in their own dtype."""
     if factor == 1.0:
         return t
     if not t.is_floating_point():
         return (t.double() * factor).to(t.dtype)
-    if t.dtype in (torch.float16, torch.bfloat16) and not t.is_cuda:
-        return (t.float() * factor).to(t.dtype)
+    if t.dtype in (torch.float16, torch.bfloat16):
+        if not t.is_cuda:
+            return (t.float() * factor).to(t.dtype)
+        # On a GPU Horovod scales in the tensor's own type, the factor too.
+        return t * torch.tensor(factor, dtype=t.dtype, device=t.device)
     return t * factor
 
 
@@ -264,6 +267,9 @@ class _Group:
 def _grouped(tensors, call):
     if not isinstance(tensors, (list, tuple)) or not all(isinstance(t, torch.Tensor) for t in tensors):
         raise _invalid(call, "expected a list of tensors")
+    devices = sorted({str(t.device) for t in tensors})
+    if len(devices) > 1:  # as Horovod: a group is one device's
+        raise _invalid(call, "the tensors of a group must be on one device, got tensors on %s" % " and ".join(devices))
     return list(tensors)
 
 
@@ -484,7 +490,8 @@ def _reducescatter_ordered(tensor, op, pre, post, call):
         rc = lib.tide_reduce_scatter(_comm._c(call), _comm._ptr(padded), _comm._ptr(out), padded.numel(), dtype, op)
     if rc < 0:
         raise _comm._fail(rc, call)
-    return _scale(out[:_row_block(rows, n, me)[1]].clone(), post).to(device)
+    # On the tensor's device before the postscale: on a GPU it is in float16 (Horovod's).
+    return _scale(out[:_row_block(rows, n, me)[1]].to(device, copy=True), post)
 
 
 def _reducescatter_submit(tensor, name, compression, op, process_set, prescale_factor, postscale_factor, call):
@@ -573,7 +580,7 @@ def _alltoall_splits(tensor, splits, n, call):
     return mine
 
 
-def _alltoall_ordered(tensor, mine, call):
+def _alltoall_ordered(tensor, mine, splits_device, call):
     """(output, received splits as int32). Built on two allgathers: every
     rank receives every rank's whole tensor and keeps its slices, so it
     moves size times the data of a real alltoall (libtide has none public
@@ -586,7 +593,7 @@ def _alltoall_ordered(tensor, mine, call):
         off = start + int(table[p, :me].sum())
         parts.append(gathered[off:off + int(table[p, me])])
         start += int(table[p].sum())
-    return torch.cat(parts).to(tensor.dtype).to(tensor.device), table[:, me].to(torch.int32)
+    return torch.cat(parts).to(tensor.dtype).to(tensor.device), table[:, me].to(torch.int32).to(splits_device)
 
 
 def _alltoall_submit(tensor, splits, name, process_set, call):
@@ -596,7 +603,9 @@ def _alltoall_submit(tensor, splits, name, process_set, call):
         raise _invalid(call, "alltoall needs a tensor of at least one dimension (its rows are sent)")
     mine = _alltoall_splits(tensor, splits, ps.size(), call)
     desc = (str(tensor.dtype), "rows x %s" % (tuple(tensor.shape[1:]),), tensor.device.type)
-    return _submit(ps, "alltoall", name, desc, lambda: _alltoall_ordered(tensor, mine, call), call)
+    # The received splits on the device of the splits given (Horovod's), else the CPU.
+    where = splits.device if isinstance(splits, torch.Tensor) else torch.device("cpu")
+    return _submit(ps, "alltoall", name, desc, lambda: _alltoall_ordered(tensor, mine, where, call), call)
 
 
 def alltoall_async(tensor, splits=None, name=None, process_set=global_process_set):
