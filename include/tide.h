@@ -33,7 +33,7 @@ typedef enum {
   TIDE_F64,
   TIDE_I32,
   TIDE_I64,
-  TIDE_F16, /* IEEE half; allreduce/reduce_scatter support TIDE_SUM/TIDE_AVG */
+  TIDE_F16, /* IEEE half; reductions go through f32, rounded to nearest even */
   TIDE_BF16,
   TIDE_DTYPE_COUNT
 } tide_dtype_t;
