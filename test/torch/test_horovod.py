@@ -36,6 +36,11 @@ def check_recovery(tt, torch, r, n):
             raise AssertionError("f16 Adasum %d raised nothing" % i)
         except tt.InvalidArgumentError as e:
             assert "Adasum needs float32 or float64 tensors" in e.message, e.message
+    try:  # a group is one device's (Horovod: CPU and GPU tensors in one group fail)
+        tt.grouped_allreduce([torch.zeros(2), torch.zeros(2, device="meta")])
+        raise AssertionError("a group on two devices raised nothing")
+    except tt.InvalidArgumentError as e:
+        assert "must be on one device, got tensors on cpu and meta" in e.message, e.message
     assert torch.equal(tt.allreduce(torch.full((5,), float(r)), op=tt.Sum), torch.full((5,), float(n * (n - 1) // 2)))
     assert torch.equal(tt.allgather(torch.tensor([r])), torch.arange(n))
     assert torch.equal(tt.broadcast(torch.tensor([r]), 1), torch.tensor([1]))
