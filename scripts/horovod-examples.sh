@@ -42,12 +42,17 @@ usage: scripts/horovod-examples.sh [options] HOROVOD_CHECKOUT [EXAMPLE ...] [-- 
   --num-iters I      synthetic: timed iterations of 3 batches (default 5)
   --build DIR        tide build directory (default build)
   --data DIR         MNIST-format .gz files (default /usr/share/datasets/fashion-mnist)
+  --cuda             on a GPU: the examples without --no-cuda, every rank its own
+                     host (TIDE_HOST_ID), so their set_device(hvd.local_rank())
+                     finds a machine's one GPU; tide only (gloo_hvd is CPU's)
   -- ARGS            passed on to every example run
+
+  PYTHON             the interpreter with torch (default /usr/bin/python3)
 EOF2
 }
 
 np=2 epochs=1 model=resnet18 batch=8 iters=5 build=$src/build data=/usr/share/datasets/fashion-mnist
-backends="tide gloo" checkout="" examples=""
+backends="tide gloo" checkout="" examples="" cuda=0
 while [ $# -gt 0 ]; do
   case $1 in
     --np) np=$2; shift 2 ;;
@@ -57,6 +62,7 @@ while [ $# -gt 0 ]; do
     --num-iters) iters=$2; shift 2 ;;
     --build) build=$2; shift 2 ;;
     --data) data=$2; shift 2 ;;
+    --cuda) cuda=1; backends=tide; shift ;;
     --example) examples="$examples $2"; shift 2 ;;
     --backend)
       case $2 in tide|gloo) backends=$2 ;; both) backends="tide gloo" ;;
@@ -80,9 +86,10 @@ for v in "np:$np" "epochs:$epochs" "batch-size:$batch" "num-iters:$iters"; do
 done
 [ -x "$build/tools/tiderun" ] && [ -f "$build/libtide.so" ] ||
   { echo "$me: no tools/tiderun or libtide.so in $build: build tide first or pass --build DIR" >&2; exit 2; }
+py=${PYTHON:-/usr/bin/python3}
 for m in torch torchvision numpy filelock packaging; do
-  /usr/bin/python3 -c "import $m" 2>/dev/null ||
-    { echo "$me: /usr/bin/python3 lacks $m (scripts/install-deps.sh installs it)" >&2; exit 2; }
+  $py -c "import $m" 2>/dev/null ||
+    { echo "$me: $py lacks $m (scripts/install-deps.sh installs it)" >&2; exit 2; }
 done
 
 tmp=$(mktemp -d /tmp/horovod-examples.XXXXXX)
@@ -98,6 +105,13 @@ case " $examples " in *" mnist"*)
   done ;;
 esac
 cp "$src/bench/gloo_hvd.py" "$tmp/gloo_hvd.py"
+nocuda=(--no-cuda) host=()
+if [ $cuda = 1 ]; then
+  nocuda=()
+  printf '#!/bin/sh\nexport TIDE_HOST_ID=rank$TIDE_RANK\nexec "$@"\n' > "$tmp/own-host.sh"
+  chmod +x "$tmp/own-host.sh"
+  host=("$tmp/own-host.sh")
+fi
 export PYTHONPATH=$tmp:$src/python${PYTHONPATH:+:$PYTHONPATH}
 export TIDE_LIBRARY=$build/libtide.so
 summary=$tmp/summary
@@ -108,12 +122,12 @@ run() {
   shift 2
   case $ex in
     mnist*) file=examples/pytorch/pytorch_mnist.py
-            args=(--epochs "$epochs" --data-dir "$tmp/data" --no-cuda) ;;
+            args=(--epochs "$epochs" --data-dir "$tmp/data" "${nocuda[@]}") ;;
     synthetic-elastic) file=examples/elastic/pytorch/pytorch_synthetic_benchmark_elastic.py; elastic=1 ;;
     synthetic*) file=examples/pytorch/pytorch_synthetic_benchmark.py ;;
   esac
   case $ex in synthetic*)
-    args=(--no-cuda --model "$model" --batch-size "$batch" --num-warmup-batches 2 --num-batches-per-iter 3
+    args=("${nocuda[@]}" --model "$model" --batch-size "$batch" --num-warmup-batches 2 --num-batches-per-iter 3
           --num-iters "$iters") ;;
   esac
   case $ex in *-fp16) args+=(--fp16-allreduce) ;; *-adasum) args+=(--use-adasum) ;; esac
@@ -135,7 +149,7 @@ run() {
                                                    -np "$np" --timeout 1800)
   export GLOO_HVD_PORT=$((29600 + RANDOM % 1000))
   start=$(date +%s)
-  (cd "$tmp" && "${launch[@]}" /usr/bin/python3 "$out" "${args[@]}" "$@") 2>&1 | tee "$tmp/$ex-$be.log"
+  (cd "$tmp" && "${launch[@]}" "${host[@]}" "$py" "$out" "${args[@]}" "$@") 2>&1 | tee "$tmp/$ex-$be.log"
   rc=${PIPESTATUS[0]}
   case $ex in
     mnist*) metric=$(grep -o 'Accuracy: [0-9.]*%' "$tmp/$ex-$be.log" | tail -1) ;;
