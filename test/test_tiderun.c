@@ -222,7 +222,7 @@ static int rank_child(const char *out_dir) {
   snprintf(key, sizeof key, "rank/%s", rank_text);
   rc = tide_store_set(store, key, rank_text, strlen(rank_text));
   int size = atoi(size_text);
-  char names[64][16];
+  char names[64][24]; /* "rank/" and any int */
   const char *keys[64];
   for (int r = 0; r < size && r < 64; r++) {
     snprintf(names[r], sizeof names[r], "rank/%d", r);
