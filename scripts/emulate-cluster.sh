@@ -7,10 +7,6 @@
 set -uo pipefail
 
 me=emulate-cluster
-if ((BASH_VERSINFO[0] * 100 + BASH_VERSINFO[1] < 501)); then
-  echo "$me: needs bash 5.1 or later (wait -n -p); this is $BASH_VERSION" >&2
-  exit 2
-fi
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 ns_prefix=tide-emu
 subnet=10.213.0          # host h is $subnet.(h+1)/24; nothing routes out of it
@@ -562,10 +558,19 @@ left=$hosts
 waiting=("${host_pids[@]}")
 [ -n "$delayer_pid" ] && waiting+=("$delayer_pid")
 while [ "$left" -gt 0 ]; do
+  # Not `wait -n` on the list: with bash 5.2 it once sat there after both
+  # hosts had exited (a CI run of test_emulated). Poll instead: the first
+  # waited process that is gone is reaped with `wait PID`, which returns the
+  # status bash kept for it.
   done_pid=""
-  wait -n -p done_pid "${waiting[@]}"
+  while [ -z "$done_pid" ]; do
+    for pid in "${waiting[@]}"; do
+      if ! alive "$pid"; then done_pid=$pid; break; fi
+    done
+    [ -n "$done_pid" ] || sleep 0.1
+  done
+  wait "$done_pid"
   rc=$?
-  [ -z "$done_pid" ] && break
   still=()
   for pid in "${waiting[@]}"; do [ "$pid" = "$done_pid" ] || still+=("$pid"); done
   waiting=("${still[@]}")
