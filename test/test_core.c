@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include "core/core.h"
+#include "core/simd.h"
 #include "harness.h"
 #include "transport/transport.h"
 
@@ -125,6 +126,19 @@ static void kernels(void) {
   tide__reduce(g3, g1, g2, 2, TIDE_BF16, TIDE_SUM);
   CHECK(g3[0] == 0x4000);
   CHECK(g3[1] == 0x3f80); /* 1 + 2^-8: exactly halfway, ties to even */
+  /* the shm transport's non-temporal copy: every alignment of either side, sizes around its 16-byte head
+   * and 64-byte steps, and nothing written outside [dst, dst + n) */
+  unsigned char src[300], dst[340];
+  for (int i = 0; i < 300; i++) src[i] = (unsigned char)(i * 7 + 1);
+  for (size_t so = 0; so < 16; so += 5)
+    for (size_t doff = 0; doff < 20; doff += 3)
+      for (size_t n = 0; n <= 283; n += n < 20 ? 1 : 37) {
+        memset(dst, 0xee, sizeof dst);
+        tide__copy_stream(dst + doff, src + so, n);
+        CHECK(memcmp(dst + doff, src + so, n) == 0);
+        for (size_t q = 0; q < sizeof dst; q++)
+          if (q < doff || q >= doff + n) CHECK(dst[q] == 0xee);
+      }
 }
 
 static void blocks(void) {

@@ -124,6 +124,14 @@ int tide__comm_run(tide_comm_t *comm, tide__p2p_t *ops, int n, const char *what)
   int64_t spin_ns = comm->spin_us * 1000, spin_start = 0;
   int idle = 0;
   struct pollfd *fds = poll_set(comm, n);
+  int timed = comm->host_state != NULL && comm->host_ops->batch_begin != NULL;
+  int64_t began = timed ? tide__now_ns() : 0;
+  if (timed) {
+    size_t send_bytes = 0;
+    for (int i = 0; i < n; i++)
+      if (ops[i].kind == TIDE__P2P_SEND) send_bytes += ops[i].bytes;
+    comm->host_ops->batch_begin(comm->host_state, send_bytes);
+  }
   if (fds == NULL) /* fail the communicator, so the peers do not wait for us until their deadline */
     return tide__comm_fail(comm, TIDE_ENOMEM, 0, "rank %d: no memory for the poll set of %d operations in %s",
                            comm->rank, n, what);
@@ -172,7 +180,10 @@ int tide__comm_run(tide_comm_t *comm, tide__p2p_t *ops, int n, const char *what)
       else
         test_pending++;
     }
-    if (pending == 0) return 0;
+    if (pending == 0) {
+      if (timed) comm->host_ops->batch_end(comm->host_state, tide__now_ns() - began);
+      return 0;
+    }
     if (progressed) {
       idle = 0;
       continue;

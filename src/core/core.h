@@ -95,6 +95,10 @@ int tide__array_bytes(const char *fn, const char *arg, size_t count, size_t size
   XX(SHM, INT, "1", 0, 1, "1 uses shared memory between ranks on one host, 0 TCP only")  \
   XX(SHM_RING_BYTES, INT, "2097152", 65536, 1073741824,                                  \
      "bytes of each shared-memory ring from one rank to another")                        \
+  XX(SHM_STORES, ENUM, "plain", 0, 0,                                                    \
+     "how a shared-memory send writes into the ring: plain (memcpy), stream (non-temporal " \
+     "stores) or auto (each process times both; for VMs whose cores at times pass cache "  \
+     "lines slowly: docs/performance.md, \"Shared-memory stores\")")                     \
   XX(SPIN_US, INT, "200", 0, 1000000,                                                    \
      "microseconds a wait polls (yielding the core) before it sleeps")                   \
   XX(ALGO, ENUM, "auto", 0, 0,                                                           \
@@ -200,7 +204,8 @@ int tide__array_bytes(const char *fn, const char *arg, size_t count, size_t size
   XE(ALGO, "auto", "ring", "rd", "hier", "mpi")                                          \
   XE(BACKEND, "auto", "mpi")                                                             \
   XE(BIND, "auto", "core", "numa", "none")                                               \
-  XE(STRAGGLER, "off", "report", "remove")
+  XE(STRAGGLER, "off", "report", "remove")                                               \
+  XE(SHM_STORES, "auto", "plain", "stream")
 
 enum {
 #define XX(id, type, def, min, max, help) TIDE__PARAM_##id,

@@ -6,6 +6,7 @@
  * kernel. */
 #include "core/simd.h"
 
+#include <stdint.h>
 #include <string.h>
 
 typedef float v4f __attribute__((vector_size(16)));
@@ -73,3 +74,22 @@ SIMD_CLONES double tide__scale_into(float *restrict x, const float *restrict g, 
 }
 
 SIMD_CLONES double tide__scale_in_place(float *x, size_t n, float c) { return scale(x, x, n, c, 0, 1); }
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+void tide__copy_stream(void *restrict dst, const void *restrict src, size_t n) {
+  unsigned char *d = dst;
+  const unsigned char *s = src;
+  size_t head = (16 - ((uintptr_t)d & 15)) & 15;
+  if (head > n) head = n;
+  memcpy(d, s, head);
+  size_t i = head;
+  for (; i + 64 <= n; i += 64)
+    for (int k = 0; k < 4; k++)
+      _mm_stream_si128((__m128i *)(d + i) + k, _mm_loadu_si128((const __m128i *)(s + i) + k));
+  memcpy(d + i, s + i, n - i);
+  _mm_sfence();
+}
+#else
+void tide__copy_stream(void *restrict dst, const void *restrict src, size_t n) { memcpy(dst, src, n); }
+#endif

@@ -120,6 +120,12 @@ typedef struct {
   uint32_t (*bell_read)(void *state);
   void (*bell_sleep)(void *state, uint32_t seen, int timeout_ms);
   void (*bell_ring)(void *state);
+  /* Around each batch of ops the engine runs (host-wide transports; NULL
+   * otherwise): begin before the first progress, with the bytes the batch
+   * sends, end with its nanoseconds once it finished (shm times how it
+   * writes into its rings). */
+  void (*batch_begin)(void *state, size_t send_bytes);
+  void (*batch_end)(void *state, int64_t ns);
   /* Withdraws what the transport still holds of a failed batch's ops
    * (their buffers), so nothing touches them once the engine returns;
    * NULL when progress never keeps hold of a buffer. */
@@ -142,6 +148,7 @@ struct tide__chan {
   tide__shm_ring_t *send_ring, *recv_ring; /* in the peer's / our segment */
   size_t ring_bytes;
   _Atomic uint32_t *peer_bell, *peer_sleepers;
+  void *host; /* the host-wide state of the rank's shm channels */
   /* mpi (fd stays -1) */
   tide__mpi_chan_t *mpi;
 };

@@ -16,6 +16,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "core/simd.h"
 #include "store/store.h"
 #include "transport/transport.h"
 
@@ -51,6 +52,53 @@ struct segment {
 };
 
 static void segment_close(segment_t *seg);
+
+/* How a send writes into the ring (TIDE_SHM_STORES): memcpy, whose plain
+ * stores leave the lines in this core's cache for the peer to take from
+ * there (plain, the default), or non-temporal stores, which send them to
+ * memory (stream). Plain is the faster where the cores pass lines
+ * quickly. On the 2-core AMD EPYC VM of docs/performance.md
+ * ("Shared-memory stores") there are spells, seconds to minutes long, in
+ * which a 1 MiB allreduce with plain copies takes 8x its time and
+ * non-temporal ones make it 5x faster (outside them they make it 2.4x
+ * slower); auto is for such a machine. With auto each process times both
+ * ways, per byte of whole batches (tide__comm_run; receives included:
+ * non-temporal stores are cheap to make, but the peer then reads the lines
+ * from memory), in classes of the bytes a batch sends (from
+ * STORE_MIN_BYTES up, by factors of 4; smaller batches copy plainly). A
+ * way's cost is the least of its last STORE_WINDOW timings (a preempted
+ * batch only adds time). A class writes non-temporally only where that
+ * costs under half as much (a batch's time is not all a way costs: with a
+ * smaller margin they were taken where they made the allreduce slower),
+ * and the other way every STORE_TRY-th batch, so that a change of the
+ * machine is seen within that many batches. A producer (Adasum's) writes
+ * its own way (src/coll/adasum.c, choose_stores), and its bytes are not
+ * timed here. The bytes are the same either way, so each rank chooses
+ * for itself. */
+#define STORE_MIN_BYTES 65536
+#define STORE_CLASSES 6
+#define STORE_WINDOW 4
+#define STORE_TRY 64
+
+typedef struct {
+  int64_t ps[2][STORE_WINDOW]; /* picoseconds per byte, plain and non-temporal, the last timings */
+  unsigned timed[2];           /* timings of each way so far */
+  unsigned batches;
+} store_class_t;
+
+/* A rank's host-wide state: its own segment and the local peers' (by
+ * local rank; NULL for itself and peers on other transports), and how its
+ * sends write into their rings (see above). */
+typedef struct {
+  segment_t *mine;
+  segment_t **peers;
+  int slots;
+  int stream;          /* this batch's sends: 1 non-temporal, 0 memcpy */
+  int klass;           /* this batch's class, or -1: not timed */
+  int64_t sent;        /* bytes this batch's sends wrote into rings */
+  int pinned;          /* TIDE_SHM_STORES: -1 auto, else the way every send takes (0 plain, 1 stream) */
+  store_class_t classes[STORE_CLASSES];
+} host_t;
 
 static size_t seg_len(int slots, size_t ring_bytes) {
   return HEADER_BYTES + (size_t)slots * (sizeof(tide__shm_ring_t) + ring_bytes);
@@ -150,8 +198,8 @@ static _Atomic uint32_t *sleepers_of(segment_t *seg) {
   return &((seg_header_t *)seg->base)->sleepers;
 }
 
-static void chan_init(tide__chan_t *chan, int peer, segment_t *mine,
-                         segment_t *theirs, int me_slot, int peer_slot) {
+static void chan_init(tide__chan_t *chan, int peer, host_t *host, segment_t *theirs, int me_slot, int peer_slot) {
+  segment_t *mine = host->mine;
   memset(chan, 0, sizeof *chan);
   chan->ops = &tide__shm_ops;
   chan->peer = peer;
@@ -161,6 +209,7 @@ static void chan_init(tide__chan_t *chan, int peer, segment_t *mine,
   chan->ring_bytes = mine->ring_bytes;
   chan->peer_bell = bell_of(theirs);
   chan->peer_sleepers = sleepers_of(theirs);
+  chan->host = host;
 }
 
 static void ring_bell(_Atomic uint32_t *bell, _Atomic uint32_t *sleepers) {
@@ -190,6 +239,7 @@ static int shm_progress(tide__chan_t *chan, tide__p2p_t *op) {
   const size_t size = chan->ring_bytes;
   const size_t footprint = align64(op->bytes);
   if (op->kind == TIDE__P2P_SEND) {
+    host_t *host = chan->host;
     tide__shm_ring_t *ring = chan->send_ring;
     uint8_t *data = ring_data(ring);
     uint64_t head = atomic_load_explicit(&ring->head, memory_order_relaxed);
@@ -205,7 +255,9 @@ static int shm_progress(tide__chan_t *chan, tide__p2p_t *op) {
         op->produce(op->ctx, op->done, data + offset, copy);
         op->handed = op->done + copy;
       } else {
-        memcpy(data + offset, (const uint8_t *)op->src + op->done, copy);
+        if (host->stream) tide__copy_stream(data + offset, (const uint8_t *)op->src + op->done, copy);
+        else memcpy(data + offset, (const uint8_t *)op->src + op->done, copy);
+        host->sent += (int64_t)copy;
       }
       head += n;
       atomic_store_explicit(&ring->head, head, memory_order_release);
@@ -253,14 +305,6 @@ static int shm_can_connect(const tide__link_t *link) {
   return link->same_host && link->mpi_comm == NULL && tide__param_int(TIDE__PARAM_SHM) != 0;
 }
 
-/* A rank's host-wide state: its own segment and the local peers' (by
- * local rank; NULL for itself and peers on other transports). */
-typedef struct {
-  segment_t *mine;
-  segment_t **peers;
-  int slots;
-} host_t;
-
 static void shm_host_close(void *state) {
   host_t *host = state;
   if (host == NULL) return;
@@ -294,6 +338,7 @@ static int shm_host_open(const tide__host_setup_t *setup, tide__chan_t *chans, v
   host_t *host = tide__calloc(1, sizeof *host);
   if (host == NULL) return TIDE_ENOMEM;
   *state = host;
+  host->pinned = tide__param_enum(TIDE__PARAM_SHM_STORES) - 1; /* auto, plain, stream: -1, 0, 1 */
   host->slots = setup->local_size;
   host->peers = tide__calloc((size_t)setup->local_size, sizeof *host->peers);
   if (host->peers == NULL) return TIDE_ENOMEM;
@@ -308,7 +353,7 @@ static int shm_host_open(const tide__host_setup_t *setup, tide__chan_t *chans, v
     snprintf(key, sizeof key, "%s/shm/%d", setup->ns, peer);
     rc = tide__store_get_string(setup->store, key, setup->timeout_ms, peer_name, sizeof peer_name);
     if (rc == 0) rc = segment_open(peer_name, setup->local_size, ring, &host->peers[l]);
-    if (rc == 0) chan_init(&chans[peer], peer, host->mine, host->peers[l], setup->local_rank, l);
+    if (rc == 0) chan_init(&chans[peer], peer, host, host->peers[l], setup->local_rank, l);
   }
   if (rc == 0) {
     snprintf(key, sizeof key, "%s/mapped/%d", setup->ns, setup->rank);
@@ -328,6 +373,36 @@ static void shm_wait_source(const tide__chan_t *chan, const tide__p2p_t *op, tid
   (void)chan;
   (void)op;
   *out = (tide__wait_t){TIDE__WAIT_BELL, -1, 0};
+}
+
+static int64_t least(const store_class_t *c, int way) {
+  unsigned n = c->timed[way] < STORE_WINDOW ? c->timed[way] : STORE_WINDOW;
+  int64_t m = c->ps[way][0];
+  for (unsigned i = 1; i < n; i++)
+    if (c->ps[way][i] < m) m = c->ps[way][i];
+  return m;
+}
+
+static void shm_batch_begin(void *state, size_t send_bytes) {
+  host_t *host = state;
+  host->sent = 0;
+  host->stream = host->pinned > 0;
+  host->klass = -1;
+  if (send_bytes < STORE_MIN_BYTES || host->pinned >= 0) return;
+  int k = 0;
+  for (size_t b = send_bytes / STORE_MIN_BYTES; b >= 4 && k < STORE_CLASSES - 1; b /= 4) k++;
+  store_class_t *c = &host->classes[k];
+  int best = c->timed[0] == 0 ? 0 : c->timed[1] == 0 ? 1 : 2 * least(c, 1) < least(c, 0);
+  host->stream = c->batches++ % STORE_TRY == STORE_TRY - 1 ? !best : best;
+  host->klass = k;
+}
+
+static void shm_batch_end(void *state, int64_t ns) {
+  host_t *host = state;
+  if (host->klass < 0 || host->sent < STORE_MIN_BYTES) return;
+  store_class_t *c = &host->classes[host->klass];
+  int way = host->stream;
+  c->ps[way][c->timed[way]++ % STORE_WINDOW] = ns * 1000 / host->sent;
 }
 
 static uint32_t shm_bell_read(void *state) {
@@ -354,5 +429,7 @@ const tide__transport_ops_t tide__shm_ops = {
     .bell_read = shm_bell_read,
     .bell_sleep = shm_bell_sleep,
     .bell_ring = shm_bell_ring,
+    .batch_begin = shm_batch_begin,
+    .batch_end = shm_batch_end,
     .close = shm_close,
 };
