@@ -6,7 +6,8 @@
 # Prints one line per launch round (the p50s in ms) and then, per case and
 # setting, the median p50 over the rounds in which plain ran at its usual
 # speed and over those in which it did not (a "spell": plain's p50 over 2x
-# its lowest in the run; docs/performance.md, "Spells"), with auto / plain.
+# its lowest in the run; docs/performance.md, "Shared-memory stores"), with
+# auto / plain.
 #
 #   scripts/bench-shm-stores.sh [BUILD_DIR]        (default: build)
 #

@@ -1,5 +1,6 @@
 /* Float kernels over flat buffers that carry the squared norm along (the
- * trainer's accumulation and averaging passes). Pure computation; any
+ * trainer's accumulation and averaging passes), and a copy by
+ * non-temporal stores (the shm transport's). Pure computation; any
  * thread. */
 #ifndef TIDE_CORE_SIMD_H
 #define TIDE_CORE_SIMD_H
