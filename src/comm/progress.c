@@ -124,17 +124,17 @@ int tide__comm_run(tide_comm_t *comm, tide__p2p_t *ops, int n, const char *what)
   int64_t spin_ns = comm->spin_us * 1000, spin_start = 0;
   int idle = 0;
   struct pollfd *fds = poll_set(comm, n);
-  int timed = comm->host_state != NULL && comm->host_ops->batch_begin != NULL;
-  int64_t began = timed ? tide__now_ns() : 0;
-  if (timed) {
-    size_t send_bytes = 0;
-    for (int i = 0; i < n; i++)
-      if (ops[i].kind == TIDE__P2P_SEND) send_bytes += ops[i].bytes;
-    comm->host_ops->batch_begin(comm->host_state, send_bytes);
-  }
   if (fds == NULL) /* fail the communicator, so the peers do not wait for us until their deadline */
     return tide__comm_fail(comm, TIDE_ENOMEM, 0, "rank %d: no memory for the poll set of %d operations in %s",
                            comm->rank, n, what);
+  int timed = 0;
+  if (comm->host_state != NULL && comm->host_ops->batch_begin != NULL) {
+    size_t send_bytes = 0;
+    for (int i = 0; i < n; i++)
+      if (ops[i].kind == TIDE__P2P_SEND) send_bytes += ops[i].bytes;
+    timed = comm->host_ops->batch_begin(comm->host_state, send_bytes);
+  }
+  int64_t began = timed ? tide__now_ns() : 0;
   for (;;) {
     if (comm->mpi != NULL) tide__mpi_comm_poll(comm); /* another rank's failure report */
     int rc = tide__comm_check(comm, comm->seq);

@@ -122,9 +122,9 @@ typedef struct {
   void (*bell_ring)(void *state);
   /* Around each batch of ops the engine runs (host-wide transports; NULL
    * otherwise): begin before the first progress, with the bytes the batch
-   * sends, end with its nanoseconds once it finished (shm times how it
-   * writes into its rings). */
-  void (*batch_begin)(void *state, size_t send_bytes);
+   * sends; when it returns 1, end gets the batch's nanoseconds once it
+   * finished (shm times how it writes into its rings, with auto stores). */
+  int (*batch_begin)(void *state, size_t send_bytes);
   void (*batch_end)(void *state, int64_t ns);
   /* Withdraws what the transport still holds of a failed batch's ops
    * (their buffers), so nothing touches them once the engine returns;

@@ -383,18 +383,20 @@ static int64_t least(const store_class_t *c, int way) {
   return m;
 }
 
-static void shm_batch_begin(void *state, size_t send_bytes) {
+/* Chooses this batch's way; 1 when it is to be timed. */
+static int shm_batch_begin(void *state, size_t send_bytes) {
   host_t *host = state;
   host->sent = 0;
   host->stream = host->pinned > 0;
   host->klass = -1;
-  if (send_bytes < STORE_MIN_BYTES || host->pinned >= 0) return;
+  if (send_bytes < STORE_MIN_BYTES || host->pinned >= 0) return 0;
   int k = 0;
   for (size_t b = send_bytes / STORE_MIN_BYTES; b >= 4 && k < STORE_CLASSES - 1; b /= 4) k++;
   store_class_t *c = &host->classes[k];
   int best = c->timed[0] == 0 ? 0 : c->timed[1] == 0 ? 1 : 2 * least(c, 1) < least(c, 0);
   host->stream = c->batches++ % STORE_TRY == STORE_TRY - 1 ? !best : best;
   host->klass = k;
+  return 1;
 }
 
 static void shm_batch_end(void *state, int64_t ns) {
