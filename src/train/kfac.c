@@ -3,103 +3,16 @@
  * step, and between the gradient exchange and the optimizer all-reduces the
  * factors, refreshes the eigendecompositions, preconditions the averaged
  * gradient and shares the result (KAISA's layer-wise distribution, or every
- * rank doing every layer). The arithmetic is src/optim/kfac.c. */
+ * rank doing every layer). Its state and its owners' assignment are
+ * kfac_state.c and kfac_owners.c (train/kfac.h); the arithmetic is
+ * src/optim/kfac.c. */
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "optim/kfac.h"
-#include "train/train.h"
-
-#define KFAC_STAGES 7
-
-typedef struct {
-  tide_kfac_layer_t desc;
-  size_t w_off, b_off; /* into the flat gradient */
-  int dim_a, dim_g;
-  int diag;            /* A is kept as its diagonal (config.diag_dim): a, sum[A] and d[A] hold dim_a floats, no q[A] */
-  int rank[2];         /* eigenvectors in use of A, G: the dimension, or config.lowrank for a factor
-                          wider than config.lowrank_dim (q[f]'s first rank rows; d[f][rank..] the
-                          others' mean); a diagonal A's layer keeps G whole */
-  int owner;           /* the rank that decomposes and preconditions (distribute = 1) */
-  float *a, *g;        /* running averages */
-  float *sum[2];       /* this step's sums over micro-batches (upper triangles) */
-  int added[2];        /* this micro-batch added to A / G */
-  int micros[2];       /* micro-batches of this step that added */
-  size_t pk;           /* where its packed A, then G, sit in the factor allreduce's pack */
-  size_t bucket;       /* its bucket of the pack (config.bucket_kb) */
-  int late;            /* added to after its bucket's allreduce started (this step) */
-  float *q[2], *d[2];  /* eigenvectors (rows) and eigenvalues; NULL where not ours */
-  int decomposed;
-  /* Spread: a layer too big for one rank (see spread_layers) is
-   * preconditioned by every rank, rows [row0, row1) of its W here; its
-   * owner decomposes and broadcasts, and pw holds the whole W, then P. */
-  int spread, row0, row1;
-  float *pw;
-  /* Background decompositions (config.staleness > 0): at an inverse step
-   * the owner copies the factors into qn (d_A into dn for a diagonal A) and
-   * its job decomposes them there; staleness steps later they are swapped
-   * with q, d. pending: in that job (on every rank for a spread layer, whose
-   * owner broadcasts at the swap); qn, dn only where ours. */
-  float *qn[2], *dn[2];
-  int pending;
-  /* Owners by measured cost (config.rebalance): this rank's seconds on the
-   * layer since the last share (decompositions; preconditioning over
-   * precond_n steps), and the all-reduced seconds a step it was last
-   * assigned by (-1: never measured). */
-  double decomp_s, precond_s, cost_s;
-  long precond_n;
-} layer_t;
-
-struct tide__kfac {
-  tide_kfac_config_t config;
-  size_t nlayers;
-  layer_t *layers;   /* the preconditioned layers (those within config.max_dim) */
-  size_t ncaller;    /* the caller's layers: descs[ncaller], and their index in */
-  tide_kfac_layer_t *descs;
-  long *index;       /* layers, or -1 for one skipped by max_dim */
-  float *rows;       /* config.sample < 1: the sampled rows of one tide_trainer_kfac_add */
-  size_t rows_cap;
-  int rank, ranks;
-  /* The factor allreduce: the pack holds the buckets in the order they
-   * start (the last layers first; layer order within one), then 2 *
-   * nlayers counts and, with more than one bucket, nlayers late flags.
-   * The last bucket (layer 0's), the counts and flags are all-reduced in
-   * the step; the others start during the backward pass (start_bucket),
-   * each its own nonblocking request, waited for in the step. */
-  float *pack;
-  size_t pack_len, count_off;
-  size_t nbuckets, started; /* buckets [0, started) are in flight this step */
-  size_t *bucket_off;       /* bucket b: pack[bucket_off[b], bucket_off[b + 1]) */
-  size_t *bucket_lo;        /* bucket b: layers[bucket_lo[b], bucket_hi(b)) */
-  tide_request_t **reqs;    /* of the started buckets; NULL where the start failed */
-  int start_rc;             /* the first failed start this step */
-  long started_step;        /* the step they were started in */
-  double start_s;           /* this step's time starting buckets (packing, submitting) */
-  long early, buckets;      /* the profile: buckets started inside tide_trainer_kfac_add, of all started */
-  float *m, *p, *work; /* one layer's gradient, result and product scratch */
-  float *send, *recv;  /* allgatherv of [P_l, dot_l] per layer, owners in rank order */
-  size_t *counts;
-  double *dots;
-  size_t *at;        /* where each layer's result starts in recv (not spread ones) */
-  double add_s;      /* this step's time in tide_trainer_kfac_add */
-  /* The stage profile (docs/adaptation.md, "K-FAC's step, stage by
-   * stage"): seconds per stage summed over the run, logged at the end. */
-  double prof[KFAC_STAGES];
-  long prof_steps, prof_factor_steps, prof_inverse_steps;
-  /* The background job: one thread per inverse step, decomposing this
-   * rank's pending layers; joined at the swap (or by state_get and
-   * destroy). job_rc and job_s are the job's, read after the join.
-   * swap_step: the step that swaps the pending decompositions in; -1 after
-   * a restore, derived from the step at the next stage. */
-  pthread_t job;
-  int job_started, job_rc;
-  long swap_step, jobs;
-  double job_s, wait_s;
-  const double *fake_s; /* tests: the seconds the owners report instead (tide__kfac_fake_costs) */
-};
+#include "train/kfac.h"
 
 enum { STATS, ALLREDUCE, BLEND, EIGEN, PRECOND, ALLGATHER, APPLY };
 static const char *const stage_name[KFAC_STAGES] = {"factor statistics", "factor allreduce", "pack and blend",
@@ -112,24 +25,6 @@ static void lap(tide__kfac_t *k, int s, int64_t *t) {
   k->prof[s] += (double)(now - *t) * 1e-9;
   *t = now;
 }
-
-/* Steps between an inverse step and the swap: config.staleness, at most
- * inverse_every (one job at a time). */
-static long stale(const tide__kfac_t *k) {
-  return k->config.staleness < k->config.inverse_every ? k->config.staleness : k->config.inverse_every;
-}
-
-static int mine(const tide__kfac_t *k, const layer_t *l) { return !k->config.distribute || l->owner == k->rank; }
-
-static size_t layer_floats(const layer_t *l) { return (size_t)l->dim_g * l->dim_a; }
-
-/* Floats of A as stored (its diagonal, or the whole matrix) and packed for the allreduce. */
-static size_t a_floats(const layer_t *l) { return l->diag ? (size_t)l->dim_a : (size_t)l->dim_a * l->dim_a; }
-static size_t a_packed(const layer_t *l) { return l->diag ? (size_t)l->dim_a : tide__kfac_packed(l->dim_a); }
-/* Floats of A's eigenvectors in use (none for a diagonal A). */
-static size_t qa_floats(const layer_t *l) { return l->diag ? 0 : (size_t)l->rank[TIDE_KFAC_A] * l->dim_a; }
-static size_t qg_floats(const layer_t *l) { return (size_t)l->rank[TIDE_KFAC_G] * l->dim_g; }
-static int low_rank(const layer_t *l) { return l->rank[TIDE_KFAC_A] < l->dim_a || l->rank[TIDE_KFAC_G] < l->dim_g; }
 
 /* Factor f's decomposition into q, d: whole (ssyevd) or its top
  * l->rank[f] eigenpairs; m (the factor) may be q. */
@@ -308,7 +203,7 @@ static void *job_main(void *arg) {
 /* Waits for the job, if one runs; its result. The job is arithmetic on
  * buffers it alone touches until then, so it ends on its own (no deadline
  * or abort flag to poll). */
-static int finish_job(tide__kfac_t *k) {
+int tide__kfac_finish_job(tide__kfac_t *k) {
   if (k->job_started) {
     int64_t t0 = tide__now_ns();
     pthread_join(k->job, NULL);
@@ -349,11 +244,10 @@ static void start_job(tide__kfac_t *k, long step) {
 
 static int share_spread(tide_trainer_t *tr, tide__kfac_t *k, size_t i);
 static int settle(tide__kfac_t *k);
-static int rebalance(tide_trainer_t *tr, tide__kfac_t *k);
 
 /* Swaps the pending decompositions in (every rank, at the same step). */
 static int swap_in(tide_trainer_t *tr, tide__kfac_t *k) {
-  int rc = finish_job(k);
+  int rc = tide__kfac_finish_job(k);
   if (rc != 0)
     return tide__trainer_fail(tr, rc, "K-FAC: a background eigendecomposition started at step %ld failed",
                               k->swap_step - stale(k));
@@ -382,7 +276,7 @@ static int any_pending(const tide__kfac_t *k) {
 
 void tide__kfac_destroy(tide__kfac_t *k) {
   if (k == NULL) return;
-  (void)finish_job(k);
+  (void)tide__kfac_finish_job(k);
   if (k->reqs != NULL) (void)settle(k); /* the pack is lent to them */
   log_profile(k);
   for (size_t i = 0; k->layers != NULL && i < k->nlayers; i++) {
@@ -509,81 +403,6 @@ static void spread_layers(tide__kfac_t *k) {
   }
 }
 
-/* What rank r sends in the allgather: [P_l, dot_l] of each layer it owns
- * that is not spread, then its rows of W of each spread layer. */
-static size_t rank_floats(const tide__kfac_t *k, int r) {
-  size_t n = 0;
-  for (size_t i = 0; i < k->nlayers; i++) {
-    const layer_t *l = &k->layers[i];
-    if (l->spread) {
-      size_t off, len;
-      tide_block((size_t)l->dim_g, k->ranks, r, &off, &len);
-      n += len * (size_t)l->dim_a;
-    } else if (l->owner == r) {
-      n += layer_floats(l) + 1;
-    }
-  }
-  return n;
-}
-
-/* The cost formula of a layer's decompositions: dim^3 a factor (ssyevd),
- * ~4 (rank + extra) dim^2 at low rank, dim for a diagonal A. */
-static double formula_cost(const layer_t *l) {
-  double cost = 0;
-  for (int f = 0; f < 2; f++) {
-    double dim = f == TIDE_KFAC_A ? l->dim_a : l->dim_g;
-    cost += f == TIDE_KFAC_A && l->diag ? dim
-            : l->rank[f] < dim           ? 4.0 * (l->rank[f] + TIDE__KFAC_TOP_EXTRA) * dim * dim
-                                         : pow(dim, 3);
-  }
-  return cost;
-}
-
-/* KAISA's greedy assignment: layers by cost[i] from the largest (the first
- * on ties), each to the least loaded rank (the lowest on ties), into
- * owner; returns the busiest rank's load. load holds ranks doubles, done n
- * chars. */
-static double greedy(const double *cost, size_t n, int ranks, double *load, char *done, int *owner) {
-  memset(load, 0, (size_t)ranks * sizeof *load);
-  memset(done, 0, n);
-  for (size_t m = 0; m < n; m++) {
-    size_t best = 0;
-    double best_cost = -1;
-    for (size_t i = 0; i < n; i++)
-      if (!done[i] && cost[i] > best_cost) best = i, best_cost = cost[i];
-    int r = 0;
-    for (int q = 1; q < ranks; q++)
-      if (load[q] < load[r]) r = q;
-    done[best] = 1;
-    load[r] += best_cost;
-    owner[best] = r;
-  }
-  double most = 0;
-  for (int r = 0; r < ranks; r++) most = fmax(most, load[r]);
-  return most;
-}
-
-/* The owners at creation, by the cost formula. */
-static int assign(tide__kfac_t *k) {
-  double *load = tide__calloc((size_t)k->ranks, sizeof *load), *cost = tide__calloc(k->nlayers, sizeof *cost);
-  char *done = tide__calloc(k->nlayers, 1);
-  int *owner = tide__calloc(k->nlayers, sizeof *owner);
-  int rc = load == NULL || cost == NULL || done == NULL || owner == NULL ? TIDE_ENOMEM : 0;
-  if (rc == 0) {
-    for (size_t i = 0; i < k->nlayers; i++) {
-      cost[i] = formula_cost(&k->layers[i]);
-      k->layers[i].cost_s = -1;
-    }
-    greedy(cost, k->nlayers, k->ranks, load, done, owner);
-    for (size_t i = 0; i < k->nlayers; i++) k->layers[i].owner = owner[i];
-  }
-  tide__free(load);
-  tide__free(cost);
-  tide__free(done);
-  tide__free(owner);
-  return rc;
-}
-
 int tide_trainer_kfac(tide_trainer_t *tr, const tide_kfac_config_t *config, const tide_kfac_layer_t *layers,
                       size_t nlayers) {
   if (tr == NULL) {
@@ -654,7 +473,7 @@ int tide_trainer_kfac(tide_trainer_t *tr, const tide_kfac_config_t *config, cons
   if (rc == 0 && k->nlayers == 0)
     rc = tide__trainer_fail(tr, TIDE_EINVAL, "tide_trainer_kfac: config.max_dim %d leaves none of the %zu layers to "
                             "precondition: raise it, or 0 to keep every layer", config->max_dim, nlayers);
-  if (rc == 0) rc = assign(k);
+  if (rc == 0) rc = tide__kfac_assign(k);
   if (rc == 0) spread_layers(k);
   /* Every rank must run the same layers and options: compare a digest. */
   if (rc == 0) {
@@ -717,7 +536,7 @@ int tide_trainer_kfac(tide_trainer_t *tr, const tide_kfac_config_t *config, cons
     tide__kfac_destroy(k);
     return rc == TIDE_ENOMEM ? tide__trainer_fail(tr, rc, "tide_trainer_kfac: out of memory for the factors") : rc;
   }
-  for (int r = 0; r < k->ranks; r++) k->counts[r] = rank_floats(k, r);
+  for (int r = 0; r < k->ranks; r++) k->counts[r] = tide__kfac_rank_floats(k, r);
   k->swap_step = -1;
   tr->kfac = k;
   if (tr->rank == 0)
@@ -1054,7 +873,7 @@ int tide__kfac_stage(tide_trainer_t *tr, tide__kfac_t *k, const tide__mean_t *me
   }
   /* Nothing is pending here (staleness <= inverse_every): the owners may move. */
   if (refresh && tr->step > 0 && k->config.rebalance && k->config.distribute && k->ranks > 1 && !any_pending(k) &&
-      (rc = rebalance(tr, k)) != 0)
+      (rc = tide__kfac_rebalance(tr, k)) != 0)
     return rc;
   for (size_t i = 0; i < k->nlayers; i++) {
     layer_t *l = &k->layers[i];
@@ -1165,314 +984,4 @@ int tide__kfac_stage(tide_trainer_t *tr, tide__kfac_t *k, const tide__mean_t *me
   k->prof_steps++;
   k->add_s = k->start_s = 0;
   return 0;
-}
-
-/* ---- state (tide_trainer_state_get/set) ----------------------------------- */
-
-/* Per layer, in layer order: A, G, then the decomposition the layer's
- * preconditioning uses: a 0/1 flag (decomposed yet), Q_A, d_A, Q_G, d_G
- * (of a low-rank factor only its kept rows of Q);
- * with config.staleness > 0 then the pending one the same way (flag 1: in
- * the background job, to be swapped in; get waits for the job). The
- * decompositions live on their owners; get gathers them, so the state
- * does not depend on the rank count and restores on any. */
-static size_t eigen_floats(const layer_t *l) {
-  return 1 + qa_floats(l) + (size_t)l->dim_a + qg_floats(l) + (size_t)l->dim_g;
-}
-
-static size_t factor_floats(const layer_t *l) {
-  return a_floats(l) + (size_t)l->dim_g * l->dim_g;
-}
-
-/* The decompositions a layer's state holds: in use, and pending. */
-static size_t sections(const tide__kfac_t *k) { return k->config.staleness > 0 ? 2 : 1; }
-
-size_t tide__kfac_state_floats(const tide__kfac_t *k) {
-  size_t n = 0;
-  for (size_t i = 0; k != NULL && i < k->nlayers; i++)
-    n += factor_floats(&k->layers[i]) + sections(k) * eigen_floats(&k->layers[i]);
-  return n;
-}
-
-static float *put(float *out, const float *src, size_t n) {
-  memcpy(out, src, n * sizeof *out);
-  return out + n;
-}
-
-/* The layer's decompositions (sections of them) from its owner. */
-static void eigen_pack(const tide__kfac_t *k, const layer_t *l, float *out) {
-  size_t na = (size_t)l->dim_a, ng = (size_t)l->dim_g;
-  for (size_t s = 0; s < sections(k); s++) {
-    int have = s == 0 ? l->decomposed : l->pending;
-    float *const *q = s == 0 ? l->q : l->qn, *const *d = s == 0 ? l->d : l->dn;
-    float *next = out + eigen_floats(l);
-    *out++ = have ? 1.0f : 0.0f;
-    if (!have) {
-      memset(out, 0, (eigen_floats(l) - 1) * sizeof *out);
-    } else {
-      if (!l->diag) out = put(out, q[TIDE_KFAC_A], qa_floats(l));
-      out = put(out, d[TIDE_KFAC_A], na);
-      out = put(out, q[TIDE_KFAC_G], qg_floats(l));
-      put(out, d[TIDE_KFAC_G], ng);
-    }
-    out = next;
-  }
-}
-
-int tide__kfac_state_get(const tide_trainer_t *tr, void *out) {
-  tide__kfac_t *k = tr->kfac;
-  if (k == NULL) return 0;
-  /* The pending decompositions go into the state done (the same bits as
-   * when they are swapped in); a failed one fails the swap later too. */
-  int rc = finish_job(k);
-  if (rc != 0) {
-    TIDE_ERROR("tide_trainer_state_get: a background K-FAC eigendecomposition failed");
-    return rc;
-  }
-  size_t total = tide__kfac_state_floats(k), own = 0, per = sections(k);
-  for (size_t i = 0; i < k->nlayers; i++)
-    if (mine(k, &k->layers[i])) own += per * eigen_floats(&k->layers[i]);
-  int gather = k->config.distribute && k->ranks > 1;
-  size_t *counts = gather ? tide__calloc((size_t)k->ranks, sizeof *counts) : NULL;
-  float *state = tide__malloc(total * sizeof *state), *send = gather ? tide__malloc(own * sizeof *send) : NULL,
-        *recv = gather ? tide__malloc((total ? total : 1) * sizeof *recv) : NULL;
-  if (state == NULL || (gather && (counts == NULL || send == NULL || recv == NULL))) rc = TIDE_ENOMEM;
-  if (rc == 0 && gather) {
-    float *s = send;
-    for (size_t i = 0; i < k->nlayers; i++) {
-      const layer_t *l = &k->layers[i];
-      counts[l->owner] += per * eigen_floats(l);
-      if (l->owner != k->rank) continue;
-      eigen_pack(k, l, s);
-      s += per * eigen_floats(l);
-    }
-    rc = tide_allgatherv(tr->comm, send, own, recv, counts, TIDE_F32);
-    if (rc != 0)
-      TIDE_ERROR("tide_trainer_state_get: gathering the K-FAC decompositions: %s", tide_comm_last_error(tr->comm));
-  }
-  if (rc == 0) {
-    /* Each layer's place in the state, then its decomposition from recv
-     * (owners in rank order) or from this rank. */
-    size_t *at = tide__calloc(k->nlayers, sizeof *at);
-    if (at == NULL) rc = TIDE_ENOMEM;
-    float *p = state;
-    for (size_t i = 0; rc == 0 && i < k->nlayers; i++) {
-      const layer_t *l = &k->layers[i];
-      p = put(p, l->a, a_floats(l));
-      p = put(p, l->g, (size_t)l->dim_g * l->dim_g);
-      at[i] = (size_t)(p - state);
-      if (!gather) eigen_pack(k, l, p);
-      p += per * eigen_floats(l);
-    }
-    size_t offset = 0;
-    for (int r = 0; rc == 0 && gather && r < k->ranks; r++)
-      for (size_t i = 0; i < k->nlayers; i++) {
-        const layer_t *l = &k->layers[i];
-        if (l->owner != r) continue;
-        memcpy(state + at[i], recv + offset, per * eigen_floats(l) * sizeof *state);
-        offset += per * eigen_floats(l);
-      }
-    tide__free(at);
-  }
-  if (rc == 0) memcpy(out, state, total * sizeof *state);
-  tide__free(counts);
-  tide__free(state);
-  tide__free(send);
-  tide__free(recv);
-  return rc;
-}
-
-const char *tide__kfac_state_check(const tide__kfac_t *k, const void *in, size_t floats) {
-  if (floats == 0) return NULL; /* a state without K-FAC: the factors start from I */
-  if (k == NULL) return "the state has K-FAC factors and this trainer has no K-FAC (tide_trainer_kfac first)";
-  if (floats != tide__kfac_state_floats(k)) return "the state's K-FAC layers are not this trainer's";
-  const char *p = in;
-  for (size_t i = 0; i < k->nlayers; i++) {
-    const layer_t *l = &k->layers[i];
-    p += factor_floats(l) * sizeof(float);
-    for (size_t s = 0; s < sections(k); s++) {
-      float flag;
-      memcpy(&flag, p, sizeof flag);
-      if (flag != 0.0f && flag != 1.0f) return "the state's K-FAC part is damaged";
-      p += eigen_floats(l) * sizeof(float);
-    }
-  }
-  return NULL;
-}
-
-static const char *take(float *dst, const char *src, size_t n) {
-  memcpy(dst, src, n * sizeof *dst);
-  return src + n * sizeof *dst;
-}
-
-void tide__kfac_state_set(tide__kfac_t *k, const void *in, size_t floats) {
-  if (k == NULL || floats == 0) return;
-  (void)finish_job(k); /* its results are replaced */
-  k->job_rc = 0;
-  k->swap_step = -1; /* derived from the restored step at the next stage */
-  const char *p = in;
-  for (size_t i = 0; i < k->nlayers; i++) {
-    layer_t *l = &k->layers[i];
-    size_t na = (size_t)l->dim_a, ng = (size_t)l->dim_g;
-    p = take(l->a, p, a_floats(l));
-    p = take(l->g, p, ng * ng);
-    for (size_t s = 0; s < sections(k); s++) {
-      float flag, **q = s == 0 ? l->q : l->qn, **d = s == 0 ? l->d : l->dn;
-      const char *next = p + eigen_floats(l) * sizeof(float);
-      memcpy(&flag, p, sizeof flag);
-      if (s == 1) l->pending = (mine(k, l) || l->spread) && flag == 1.0f;
-      if (mine(k, l) || (l->spread && s == 0)) {
-        if (s == 0) l->decomposed = flag == 1.0f;
-        p += sizeof flag;
-        if (!l->diag) p = take(q[TIDE_KFAC_A], p, qa_floats(l));
-        p = take(d[TIDE_KFAC_A], p, na);
-        p = take(q[TIDE_KFAC_G], p, qg_floats(l));
-        take(d[TIDE_KFAC_G], p, ng);
-      }
-      p = next;
-    }
-  }
-}
-
-/* ---- owners by measured cost (config.rebalance) ----------------------------- */
-
-void tide__kfac_fake_costs(tide__kfac_t *k, const double *seconds) {
-  if (k != NULL) k->fake_s = seconds;
-}
-
-int tide__kfac_owner(const tide__kfac_t *k, size_t layer) {
-  return k != NULL && layer < k->nlayers ? k->layers[layer].owner : -1;
-}
-
-/* Allocates (have) or frees the decomposition buffers an owner keeps and
- * other ranks do not: q, d (a spread layer's are on every rank) and, with
- * staleness, qn, dn. */
-static int owner_buffers(tide__kfac_t *k, layer_t *l, int have) {
-  size_t na = a_floats(l), ng = (size_t)l->dim_g * l->dim_g;
-  const size_t n[2][2] = {{l->diag ? 0 : na, ng}, {(size_t)l->dim_a, (size_t)l->dim_g}};
-  float **bufs[2][2] = {{l->q, l->d}, {l->qn, l->dn}};
-  int rc = 0;
-  for (int set = l->spread ? 1 : 0; set < (k->config.staleness > 0 ? 2 : 1); set++)
-    for (int f = 0; f < 2; f++) {
-      float **q = &bufs[set][0][f], **d = &bufs[set][1][f];
-      tide__free(*q);
-      tide__free(*d);
-      *q = have && n[0][f] > 0 ? tide__malloc(n[0][f] * sizeof **q) : NULL;
-      *d = have ? tide__malloc(n[1][f] * sizeof **d) : NULL;
-      if (have && ((n[0][f] > 0 && *q == NULL) || *d == NULL)) rc = TIDE_ENOMEM;
-    }
-  return rc;
-}
-
-/* Layer i moves from its owner to rank `to`. With staleness the
- * decomposition in use serves until the swap, so the old owner broadcasts
- * it (with its decomposed flag); without, the new owner decomposes it in
- * this step anyway (it is due). */
-static int move_layer(tide_trainer_t *tr, tide__kfac_t *k, size_t i, int to) {
-  layer_t *l = &k->layers[i];
-  int from = l->owner, rc = 0;
-  size_t n = eigen_floats(l);
-  float *buf = NULL;
-  if (stale(k) > 0 && !l->spread) {
-    if ((buf = tide__malloc(sections(k) * n * sizeof *buf)) == NULL) return TIDE_ENOMEM;
-    if (k->rank == from) eigen_pack(k, l, buf);
-    if ((rc = tide_broadcast(tr->comm, buf, n, TIDE_F32, from)) != 0) {
-      tide__free(buf);
-      return tide__trainer_fail(tr, rc, "K-FAC: moving layer %zu's decomposition to rank %d: %s", i, to,
-                                tide_comm_last_error(tr->comm));
-    }
-  }
-  if (k->rank == from) rc = owner_buffers(k, l, 0);
-  if (k->rank == to && (rc = owner_buffers(k, l, 1)) == 0 && buf != NULL) {
-    const char *p = (const char *)(buf + 1);
-    l->decomposed = buf[0] == 1.0f;
-    if (!l->diag) p = take(l->q[TIDE_KFAC_A], p, qa_floats(l));
-    p = take(l->d[TIDE_KFAC_A], p, (size_t)l->dim_a);
-    p = take(l->q[TIDE_KFAC_G], p, qg_floats(l));
-    take(l->d[TIDE_KFAC_G], p, (size_t)l->dim_g);
-  }
-  if (!l->spread && k->rank != to) l->decomposed = 0;
-  l->owner = to;
-  tide__free(buf);
-  return rc;
-}
-
-/* At an inverse step s > 0, nothing pending: the owners share what their
- * layers cost them since the last share, in seconds a step (the
- * decompositions over inverse_every, plus the mean preconditioning), in
- * one allreduce (MAX: only the owner's is >= 0), and every rank re-runs
- * the greedy assignment with them: the formula, scaled to seconds by the
- * measured layers, for one never measured. The layers move when that takes
- * more than a tenth off the busiest rank's load. The inputs are the
- * all-reduced seconds, so every rank computes the same owners; which rank
- * decomposes and preconditions a layer changes no bit (the same LAPACK
- * and BLAS calls on the same bits). */
-static int rebalance(tide_trainer_t *tr, tide__kfac_t *k) {
-  size_t n = k->nlayers;
-  double *cost = tide__malloc(n * sizeof *cost), *load = tide__malloc((size_t)k->ranks * sizeof *load);
-  int *owner = tide__malloc(n * sizeof *owner);
-  char *done = tide__malloc(n);
-  int rc = cost == NULL || load == NULL || owner == NULL || done == NULL ? TIDE_ENOMEM : 0;
-  if (rc != 0) rc = tide__trainer_fail(tr, rc, "K-FAC: out of memory for the layer owners");
-  for (size_t i = 0; rc == 0 && i < n; i++) {
-    layer_t *l = &k->layers[i];
-    cost[i] = -1;
-    if (l->owner == k->rank && (l->decomp_s > 0 || l->precond_n > 0))
-      cost[i] = l->decomp_s / (double)k->config.inverse_every + (l->precond_n ? l->precond_s / l->precond_n : 0);
-    if (l->owner == k->rank && k->fake_s != NULL) cost[i] = k->fake_s[i];
-    l->decomp_s = l->precond_s = 0;
-    l->precond_n = 0;
-  }
-  if (rc == 0 && (rc = tide_allreduce(tr->comm, cost, cost, n, TIDE_F64, TIDE_MAX)) != 0)
-    rc = tide__trainer_fail(tr, rc, "K-FAC: allreduce of the layers' measured costs: %s",
-                            tide_comm_last_error(tr->comm));
-  double measured = 0, formula = 0;
-  for (size_t i = 0; rc == 0 && i < n; i++) {
-    layer_t *l = &k->layers[i];
-    if (cost[i] >= 0) l->cost_s = cost[i];
-    if (l->cost_s >= 0) measured += l->cost_s, formula += formula_cost(l);
-  }
-  if (rc != 0 || measured <= 0 || formula <= 0) goto out;
-  double now = 0;
-  memset(load, 0, (size_t)k->ranks * sizeof *load);
-  for (size_t i = 0; i < n; i++) {
-    const layer_t *l = &k->layers[i];
-    cost[i] = l->cost_s >= 0 ? l->cost_s : formula_cost(l) * measured / formula;
-    load[l->owner] += cost[i];
-  }
-  for (int r = 0; r < k->ranks; r++) now = fmax(now, load[r]);
-  double after = greedy(cost, n, k->ranks, load, done, owner);
-  int moved = 0;
-  if (after < 0.9 * now) {
-    for (size_t i = 0; rc == 0 && i < n; i++)
-      if (owner[i] != k->layers[i].owner && (rc = move_layer(tr, k, i, owner[i])) == 0) moved++;
-    size_t own = 0;
-    for (size_t i = 0; rc == 0 && i < n; i++)
-      if (mine(k, &k->layers[i]) || k->layers[i].spread) own += layer_floats(&k->layers[i]) + 1;
-    float *send = rc == 0 ? tide__realloc(k->send, (own ? own : 1) * sizeof *send) : NULL;
-    if (rc == 0 && send == NULL) rc = TIDE_ENOMEM;
-    if (rc == TIDE_ENOMEM) rc = tide__trainer_fail(tr, rc, "K-FAC: out of memory moving layers to new owners");
-    if (rc != 0) goto out;
-    k->send = send;
-    for (int r = 0; r < k->ranks; r++) k->counts[r] = rank_floats(k, r);
-  }
-  if (k->rank == 0) { /* a move at INFO; the owners kept at DEBUG */
-    char line[1024];
-    int len = snprintf(line, sizeof line, "K-FAC: %d layer%s moved at step %ld by measured cost (busiest rank "
-                       "%.3f ms a step, %s %.3f): owners", moved, moved == 1 ? "" : "s", tr->step,
-                       1e3 * (moved ? after : now), moved ? "was" : "greedy", 1e3 * (moved ? now : after));
-    for (size_t i = 0; i < n && len > 0 && (size_t)len < sizeof line; i++)
-      len += snprintf(line + len, sizeof line - (size_t)len, "%s %s %d (%.3f ms)", i ? "," : "",
-                      tr->tensors[k->layers[i].desc.weight].name, k->layers[i].owner, 1e3 * cost[i]);
-    if (moved)
-      TIDE_INFO("%s", line);
-    else
-      TIDE_DEBUG("%s", line);
-  }
-out:
-  tide__free(cost);
-  tide__free(load);
-  tide__free(owner);
-  tide__free(done);
-  return rc;
 }
