@@ -12,11 +12,9 @@
  * the background job, to be swapped in; get waits for the job). The
  * decompositions live on their owners; get gathers them, so the state
  * does not depend on the rank count and restores on any. */
-
 static size_t factor_floats(const layer_t *l) {
   return a_floats(l) + (size_t)l->dim_g * l->dim_g;
 }
-
 
 size_t tide__kfac_state_floats(const tide__kfac_t *k) {
   size_t n = 0;
