@@ -133,12 +133,13 @@ static void bitwise_identical(tide_comm_t *comm, size_t count, tide_dtype_t t, t
   free(want);
 }
 
-void coll_suite_run(tide_comm_t *comm, size_t max_count) {
+void coll_suite_run(tide_comm_t *comm, size_t max_count, int dtype) {
   int rank = tide_comm_rank(comm), size = tide_comm_size(comm);
   size_t max = counts_list[NCOUNTS - 1] * (size_t)size + 64;
   uint8_t *send = malloc(max * 8), *recv = malloc(max * 8);
   CHECK(send && recv);
   for (int t = 0; t < TIDE_DTYPE_COUNT; t++) {
+    if (dtype >= 0 && t != dtype) continue;
     size_t es = tide_dtype_size((tide_dtype_t)t);
     for (size_t c = 0; c < NCOUNTS; c++) {
       size_t count = counts_list[c];

@@ -43,7 +43,7 @@ static int all_collectives(int rank, int size, void *arg) {
   CHECK_OK(tide_comm_init(&comm));
   CHECK(tide_comm_rank(comm) == rank && tide_comm_size(comm) == size);
   const char *max_count = getenv("TIDE_TEST_MAX_COUNT");
-  coll_suite_run(comm, max_count != NULL ? strtoull(max_count, NULL, 10) : 0);
+  coll_suite_run(comm, max_count != NULL ? strtoull(max_count, NULL, 10) : 0, -1);
   tide_comm_destroy(comm);
   return 0;
 }

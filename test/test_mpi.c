@@ -99,7 +99,7 @@ static int scenario_suite(const char *arg) {
     CHECK_OK(tide_allreduce(cross, &one, &sum, 1, TIDE_I32, TIDE_SUM));
     CHECK(sum == tide_comm_size(cross));
   }
-  coll_suite_run(comm, (size_t)atol(arg));
+  coll_suite_run(comm, (size_t)atol(arg), -1);
   if (getenv("TEST_BIG") != NULL) big_messages(comm);
   tide_comm_destroy(comm);
   int finalized = 0;
@@ -207,7 +207,7 @@ static int scenario_user(const char *arg) {
   int token = wrank, got = -1;
   MPI_Request req;
   MPI_Irecv(&got, 1, MPI_INT, MPI_ANY_SOURCE, 1, MPI_COMM_WORLD, &req);
-  coll_suite_run(comm, (size_t)atol(arg));
+  coll_suite_run(comm, (size_t)atol(arg), -1);
   MPI_Send(&token, 1, MPI_INT, wrank, 1, MPI_COMM_WORLD);
   MPI_Wait(&req, MPI_STATUS_IGNORE);
   CHECK(got == wrank);
